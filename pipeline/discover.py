@@ -1,0 +1,121 @@
+"""Find every input file: recursive, sorted, classified by content, never leaving the root.
+
+Every path under INPUT becomes exactly one `Candidate`; nothing is skipped silently. Problems
+found while walking (a link pointing outside the root, a broken link, a FIFO) travel with the
+candidate as a `problem` and end as a quarantine row, so manifest rows equal files discovered.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.keys import assign_keys
+from pipeline.sniff import HEAD_BYTES, sniff
+
+
+@dataclass
+class Candidate:
+    source: str  # POSIX path relative to the input root (the link's own path for a link)
+    path: str  # absolute path to read
+    kind: str  # image | text | other, from the content
+    fmt: str  # the format the magic bytes name
+    label: str | None = None
+    key: str = ""
+    problem: str | None = None  # a reason decided while walking (outside_root, unreadable, ...)
+    detail: str = ""
+
+
+def display_path(rel: str) -> str:
+    """A relative path as valid UTF-8: bytes that are not UTF-8 in a file name become ``\\xNN``."""
+    try:
+        rel.encode("utf-8")
+        return rel
+    except UnicodeEncodeError:
+        return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _read_head(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(HEAD_BYTES + 512)
+
+
+def _classify(rel: str, abspath: str, root_real: str) -> Candidate:
+    name = rel.rsplit("/", 1)[-1]
+    try:
+        real = os.path.realpath(abspath)
+        if os.path.islink(abspath) and not _within(real, root_real):
+            return Candidate(rel, abspath, "other", "link", problem="outside_root",
+                             detail=f"symbolic link to {os.readlink(abspath)} leaves the input folder")
+        st = os.stat(abspath)
+        if not stat.S_ISREG(st.st_mode):
+            return Candidate(rel, abspath, "other", "special file", problem="unsupported_format",
+                             detail="not a regular file (FIFO, socket or device)")
+        head = _read_head(abspath)
+    except FileNotFoundError:
+        return Candidate(rel, abspath, "other", "link", problem="unreadable", detail="broken symbolic link")
+    except OSError as e:
+        return Candidate(rel, abspath, "other", "?", problem="unreadable", detail=f"{type(e).__name__}: {e.strerror or e}")
+    kind, fmt = sniff(head, name)
+    return Candidate(rel, real, kind, fmt)
+
+
+def _walk(root: str, root_real: str, rel: str, seen_dirs: set[str]):
+    """Yield (relative path, absolute path) of every non-directory entry, following in-root links."""
+    here = os.path.join(root, rel) if rel else root
+    try:
+        entries = sorted(os.scandir(here), key=lambda e: e.name)
+    except OSError as e:
+        yield rel, here, f"directory not readable: {e.strerror or e}"
+        return
+    for entry in entries:
+        child = f"{rel}/{entry.name}" if rel else entry.name
+        try:
+            is_dir = entry.is_dir(follow_symlinks=True)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            real = os.path.realpath(entry.path)
+            if entry.is_symlink() and not _within(real, root_real):
+                yield child, entry.path, None  # classified as outside_root
+                continue
+            if real in seen_dirs:
+                continue  # a link back into a folder already walked: its files are listed once
+            seen_dirs.add(real)
+            yield from _walk(root, root_real, child, seen_dirs)
+        else:
+            yield child, entry.path, None
+
+
+def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str] | None = None) -> list[Candidate]:
+    """Every file under ``root``, sorted by relative path, with kinds, labels and keys assigned.
+
+    Labels come from ``labels`` (relative path -> label) when given, else from the first folder
+    of the path (``root/<label>/...``); files directly in the root have none.
+    """
+    root_s = os.path.abspath(root)
+    root_real = os.path.realpath(root_s)
+    out: list[Candidate] = []
+    for rel, abspath, walk_error in _walk(root_s, root_real, "", {root_real}):
+        if exclude and rel in exclude:
+            continue
+        if walk_error:
+            out.append(Candidate(display_path(rel) or ".", abspath, "other", "directory", problem="unreadable", detail=walk_error))
+            continue
+        cand = _classify(rel, abspath, root_real)
+        cand.source = display_path(rel)
+        out.append(cand)
+    out.sort(key=lambda c: c.source)
+    for c in out:
+        if labels is not None:
+            c.label = labels.get(c.source)
+        elif "/" in c.source:
+            c.label = c.source.split("/", 1)[0]
+    assign_keys(out)
+    return out

@@ -1,0 +1,85 @@
+"""One small executor: map a pure per-item function over items in worker processes and yield
+the results in input order, with a bounded number of items in flight.
+
+Ordered results make determinism and resume free. Workers are separate processes, so a decoder
+that crashes (a segfault in a C library on a hostile file) takes down a worker, not the run:
+the items in flight are retried one by one in a fresh pool, and the one that crashes again is
+handed to ``on_crash``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class OrderedPool:
+    def __init__(self, fn: Callable[[T], R], workers: int, initializer=None, initargs=()):
+        self.fn, self.workers = fn, max(1, workers)
+        self.initializer, self.initargs = initializer, initargs
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _new_pool(self, workers: int) -> ProcessPoolExecutor:
+        # spawn, not fork: the parent may hold threads (progress bar, pyarrow) that fork would copy mid-state
+        return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
+                                   initializer=self.initializer, initargs=self.initargs)
+
+    def map(self, items: Iterable[T], on_crash: Callable[[T, BaseException], R], window: int | None = None) -> Iterator[R]:
+        window = window or self.workers * 4
+        self._pool = self._new_pool(self.workers)
+        pending: deque[tuple[T, Future]] = deque()
+        it = iter(items)
+        try:
+            while True:
+                while len(pending) < window:
+                    try:
+                        item = next(it)
+                    except StopIteration:
+                        break
+                    pending.append((item, self._submit(item)))
+                if not pending:
+                    return
+                item, fut = pending[0]
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    yield from self._recover(pending, on_crash)
+                    continue
+                pending.popleft()
+                yield result
+        finally:
+            self.close()
+
+    def _submit(self, item: T) -> Future:
+        try:
+            return self._pool.submit(self.fn, item)
+        except BrokenProcessPool:
+            fut: Future = Future()
+            fut.set_exception(BrokenProcessPool("pool broken"))
+            return fut
+
+    def _recover(self, pending: deque, on_crash) -> Iterator[R]:
+        """The pool died: run each in-flight item alone to find the one that kills its worker."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        while pending:
+            item, _ = pending.popleft()
+            solo = self._new_pool(1)
+            try:
+                yield solo.submit(self.fn, item).result()
+            except BrokenProcessPool as e:
+                yield on_crash(item, e)
+            finally:
+                solo.shutdown(wait=True, cancel_futures=True)
+        self._pool = self._new_pool(self.workers)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

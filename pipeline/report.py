@@ -1,0 +1,41 @@
+"""`report.json`: what a clean run did, in counts (by status, reason, kind, encoding, label)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pipeline import __version__
+
+
+class ReportBuilder:
+    def __init__(self):
+        self.status, self.reason, self.kind = Counter(), Counter(), Counter()
+        self.encoding, self.label_kept = Counter(), Counter()
+        self.total = 0
+
+    def add(self, row: dict) -> None:
+        self.total += 1
+        self.status[row["status"]] += 1
+        self.kind[row["kind"]] += 1
+        if row["reason"]:
+            self.reason[row["reason"]] += 1
+        if row["encoding"]:
+            self.encoding[row["encoding"]] += 1
+        if row["status"] == "kept":
+            self.label_kept[row["label"] if row["label"] is not None else ""] += 1
+
+    def build(self, settings: dict, timings: dict, extra: dict | None = None) -> dict:
+        s = lambda c: dict(sorted(c.items()))  # noqa: E731 - sorted for byte-stable output
+        return {
+            "schema_version": 1,
+            "tool": f"pipe {__version__}",
+            "files": self.total,
+            "by_status": {k: self.status.get(k, 0) for k in ("kept", "duplicate", "quarantined")},
+            "by_reason": s(self.reason),
+            "by_kind": s(self.kind),
+            "by_encoding": s(self.encoding),
+            "kept_by_label": s(self.label_kept),
+            "settings": settings,
+            **(extra or {}),
+            "timings": timings,
+        }

@@ -1,0 +1,43 @@
+"""Shared test fixtures. Every test builds its own data in a temporary folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli():
+    """Invoke `pipe ...` in-process; returns the click Result (exit_code, stdout, stderr)."""
+    from pipeline.cli import app
+
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(app, [str(a) for a in args], prog_name="pipe")
+
+    return invoke
+
+
+def pipe_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture
+def pipe_proc():
+    """Run `python -m pipeline ...` as a real process (for signals, exit codes, import cost)."""
+
+    def run(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], capture_output=True, text=True,
+                              env=pipe_env(), timeout=timeout, **kw)
+
+    return run

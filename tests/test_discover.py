@@ -1,0 +1,66 @@
+"""Discovery: every file once, sorted, by content, never leaving the input root."""
+
+import os
+
+from pipeline.discover import discover
+from tests.factories import photo, write
+
+
+def test_sorted_and_labelled_by_class_folder(tmp_path):
+    photo(tmp_path / "dogs" / "b.jpg")
+    photo(tmp_path / "cats" / "a.jpg")
+    write(tmp_path / "loose.txt", "hello")
+    cands = discover(tmp_path)
+    assert [c.source for c in cands] == ["cats/a.jpg", "dogs/b.jpg", "loose.txt"]
+    assert [c.label for c in cands] == ["cats", "dogs", None]
+    assert [c.kind for c in cands] == ["image", "image", "text"]
+
+
+def test_content_not_extension_decides(tmp_path):
+    png = photo(tmp_path / "x" / "really_png.jpg", fmt="PNG")
+    write(tmp_path / "x" / "text.png", "just words")
+    write(tmp_path / "x" / "archive.jpg", b"PK\x03\x04" + bytes(60))
+    kinds = {c.source: (c.kind, c.fmt) for c in discover(tmp_path)}
+    assert kinds["x/really_png.jpg"] == ("image", "PNG")
+    assert kinds["x/text.png"][0] == "image"  # named like an image: the decoder decides (and refuses)
+    assert kinds["x/archive.jpg"] == ("other", "ZIP archive")
+    assert png.exists()
+
+
+def test_symlink_out_of_root_is_a_row_not_followed(tmp_path):
+    outside = tmp_path / "outside"
+    photo(outside / "secret.jpg")
+    root = tmp_path / "root"
+    photo(root / "c" / "ok.jpg")
+    os.symlink(outside / "secret.jpg", root / "c" / "link.jpg")
+    os.symlink(outside, root / "dirlink")
+    cands = {c.source: c for c in discover(root)}
+    assert cands["c/link.jpg"].problem == "outside_root"
+    assert cands["dirlink"].problem == "outside_root"
+    assert not any("secret" in s for s in cands)
+
+
+def test_symlink_inside_root_and_cycles(tmp_path):
+    photo(tmp_path / "a" / "x.jpg")
+    os.symlink(tmp_path / "a" / "x.jpg", tmp_path / "a" / "y.jpg")
+    os.symlink(tmp_path, tmp_path / "a" / "loop")  # a cycle back to the root
+    cands = {c.source: c for c in discover(tmp_path)}
+    assert set(cands) == {"a/x.jpg", "a/y.jpg"}
+    assert cands["a/y.jpg"].problem is None
+
+
+def test_broken_link_and_fifo_are_reported(tmp_path):
+    os.symlink(tmp_path / "missing", tmp_path / "broken.jpg")
+    os.mkfifo(tmp_path / "pipe.txt")
+    cands = {c.source: c for c in discover(tmp_path)}
+    assert cands["broken.jpg"].problem == "unreadable"
+    assert cands["pipe.txt"].problem == "unsupported_format"
+
+
+def test_non_utf8_file_name_becomes_valid_text(tmp_path):
+    name = b"caf\xe9.txt"  # latin-1 bytes in a file name
+    with open(os.path.join(os.fsencode(tmp_path), name), "wb") as f:
+        f.write(b"hello")
+    (c,) = discover(tmp_path)
+    c.source.encode("utf-8")  # must not raise
+    assert c.source == "caf\\xe9.txt"
