@@ -16,6 +16,9 @@ The order is what makes the verdicts right and the work cheap:
 from __future__ import annotations
 
 import io
+import logging
+import os
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 
@@ -27,6 +30,10 @@ from pipeline.resize import dct_shrink, orient
 
 Image.MAX_IMAGE_PIXELS = None  # --max-pixels is checked here, from the header, before decoding
 ImageFile.LOAD_TRUNCATED_IMAGES = False
+# Pillow logs what it raises anyway ("More samples per pixel than can be decoded"); the raised
+# error becomes the file's detail, the log line would only scribble over the progress bar
+logging.getLogger("PIL").addHandler(logging.NullHandler())
+logging.getLogger("PIL").propagate = False
 
 NO_DECODER = {"HEIC": "HEIC/HEIF (install pillow-heif to read it)", "HEIF": "HEIF (install pillow-heif to read it)",
               "JPEG XL": "JPEG XL (no decoder installed)", "BigTIFF": "BigTIFF"}
@@ -137,7 +144,10 @@ def _decode_pillow(checked: containers.Checked, fmt: str, t: Target, d: Decoded)
         d.format = fmt or (im.format or "")
         _check_size(d, t)
         try:
-            im.load()
+            if fmt == "TIFF":
+                _load_tiff(im, d.notes)
+            else:
+                im.load()
         except Reject:
             raise
         except Exception as e:  # noqa: BLE001 - every decoder failure is a verdict
@@ -151,6 +161,26 @@ def _decode_pillow(checked: containers.Checked, fmt: str, t: Target, d: Decoded)
         d.notes.append(f"decoder warning: {w.message}")
     d.image = orient(rgb, orientation)
     return d
+
+
+def _load_tiff(im: Image.Image, notes: list[str]) -> None:
+    """libtiff reports some damage (a broken deflate strip) only on stderr, and Pillow then
+    returns the image with the rest of the strip black: listen to stderr while it decodes."""
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            im.load()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        said = sink.read(4096).decode("utf-8", "replace").strip()
+    for line in filter(None, (x.strip() for x in said.splitlines())):
+        if "warning" in line.lower():
+            notes.append(f"libtiff: {line}")
+        else:
+            raise Reject("corrupt", f"damaged image data (TIFF, libtiff: {line})")
 
 
 def _fix_png_transparency_key(im: Image.Image, checked: containers.Checked, notes: list[str]) -> None:

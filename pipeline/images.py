@@ -15,16 +15,7 @@ detection.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
-
-import xxhash
-from PIL import Image
-
-from pipeline.decode import Decoded, Target, decode
-from pipeline.perceptual import phash
-from pipeline.reject import Reject
-from pipeline.resize import fit
 
 BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0), "grey": (128, 128, 128), "gray": (128, 128, 128)}
 
@@ -53,7 +44,19 @@ class ImageOutcome:
     notes: list[str] = field(default_factory=list)
 
 
+def preload() -> None:
+    """Import the decoders (numpy, Pillow, libjpeg-turbo, LittleCMS): done once per worker at
+    start-up. The main process never needs them, so `pipe clean` itself starts fast."""
+    import pipeline.decode  # noqa: F401
+    import pipeline.perceptual  # noqa: F401
+
+
 def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
+    from pipeline.decode import Decoded, Target, decode
+    from pipeline.perceptual import phash
+    from pipeline.reject import Reject
+    from pipeline.resize import fit
+
     out = ImageOutcome()
     d = Decoded()
     try:
@@ -76,15 +79,19 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     return out
 
 
-def pixel_hash(rgb: Image.Image) -> str:
+def pixel_hash(rgb) -> str:
     """Exact-duplicate key: xxh3-128 of the size and the RGB bytes."""
+    import xxhash
+
     h = xxhash.xxh3_128()
     h.update(f"{rgb.width}x{rgb.height}".encode())
     h.update(rgb.tobytes())
     return h.hexdigest()
 
 
-def encode(im: Image.Image, fmt: str, quality: int) -> bytes:
+def encode(im, fmt: str, quality: int) -> bytes:
+    import io
+
     buf = io.BytesIO()
     if fmt == "jpg":
         im.save(buf, "JPEG", quality=quality, optimize=False)

@@ -161,10 +161,14 @@ def _read_frame(h: JpegHeader, marker: int, payload: bytes) -> None:
     h.width = int.from_bytes(payload[3:5], "big")
     h.components = payload[5]
     h.sof = SOF_SUPPORTED[marker]
-    if precision != 8:
+    if precision in (12, 16):
         raise Reject("unsupported_format", f"{precision}-bit JPEG: only 8-bit JPEGs can be decoded")
+    if precision != 8:
+        raise Reject("corrupt", f"JPEG frame header gives an impossible precision of {precision} bits")
+    if h.components == 2:
+        raise Reject("unsupported_format", "JPEG with 2 colour components")
     if h.components not in (1, 3, 4):
-        raise Reject("unsupported_format", f"JPEG with {h.components} colour components")
+        raise Reject("corrupt", f"JPEG frame header gives an impossible {h.components} colour components")
     if h.width == 0 or h.height == 0:
         raise Reject("corrupt", f"JPEG frame header gives a size of {h.width}x{h.height}")
 
