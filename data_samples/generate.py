@@ -54,6 +54,10 @@ def background(rng) -> tuple[str, Image.Image]:
     return name, Image.fromarray(arr.clip(0, 255).astype(np.uint8))
 
 
+def where(x: float, y: float) -> str:
+    return f"{('top', 'middle', 'bottom')[min(2, int(3 * y / H))]} {('left', 'centre', 'right')[min(2, int(3 * x / W))]}"
+
+
 def draw_circles(rng) -> tuple[Image.Image, str]:
     bg_name, im = background(rng)
     d = ImageDraw.Draw(im)
@@ -63,7 +67,8 @@ def draw_circles(rng) -> tuple[Image.Image, str]:
         r = int(rng.integers(18, 60))
         x, y = int(rng.integers(r, W - r)), int(rng.integers(r, H - r))
         d.ellipse([x - r, y - r, x + r, y + r], fill=c)
-    return im, f"{n} {name} circle{'s' if n > 1 else ''} on a {bg_name} background"
+    size = "large" if r > 40 else "small"
+    return im, f"{n} {name} circle{'s' if n > 1 else ''} on a {bg_name} background, a {size} one at the {where(x, y)}"
 
 
 def draw_stripes(rng) -> tuple[Image.Image, str]:
@@ -72,7 +77,9 @@ def draw_stripes(rng) -> tuple[Image.Image, str]:
     y, x = np.mgrid[0:H, 0:W]
     band = (np.cos(angle) * x + np.sin(angle) * y) % period < period / 2
     arr = np.where(band[..., None], np.array(c1), np.array(c2)) + rng.normal(0, 6, (H, W, 3))
-    return Image.fromarray(arr.clip(0, 255).astype(np.uint8)), f"{n1} and {n2} stripes"
+    tilt = ("horizontal", "diagonal", "vertical", "diagonal")[int(angle / (np.pi / 4) + 0.5) % 4]
+    width = "thin" if period < 17 else "wide"
+    return Image.fromarray(arr.clip(0, 255).astype(np.uint8)), f"{width} {tilt} {n1} and {n2} stripes"
 
 
 def draw_triangles(rng) -> tuple[Image.Image, str]:
@@ -84,7 +91,7 @@ def draw_triangles(rng) -> tuple[Image.Image, str]:
         cx, cy, r = int(rng.integers(50, W - 50)), int(rng.integers(50, H - 50)), int(rng.integers(25, 55))
         a0 = rng.uniform(0, 2 * np.pi)
         d.polygon([(cx + r * np.cos(a0 + k * 2 * np.pi / 3), cy + r * np.sin(a0 + k * 2 * np.pi / 3)) for k in range(3)], fill=c)
-    return im, f"{n} {name} triangle{'s' if n > 1 else ''} on a {bg_name} background"
+    return im, f"{n} {name} triangle{'s' if n > 1 else ''} on a {bg_name} background, one at the {where(cx, cy)}"
 
 
 DRAW = {"circles": draw_circles, "stripes": draw_stripes, "triangles": draw_triangles}
@@ -113,6 +120,7 @@ def put(root: Path, rel: str, data: bytes, expect: tuple[str, str | None] | None
 def generate(root: Path) -> None:
     rng = np.random.default_rng(SEED)
     images: dict[str, Image.Image] = {}
+    captions: set[str] = set()
     for cls in CLASSES:
         singular = cls[:-1]
         for i in range(PER_CLASS):
@@ -121,7 +129,10 @@ def generate(root: Path) -> None:
             rel = f"{cls}/{singular}_{i:03d}.jpg"
             images[rel] = im
             put(root, rel, jpeg(im))
-            if i % 3 == 0:  # captions beside a third of the images; some with Windows line ends
+            if i % 3 == 0:  # captions beside a third of the images; some with a BOM and Windows line ends
+                while caption in captions:  # generated captions can repeat; real ones rarely do
+                    caption += ", again"
+                captions.add(caption)
                 text = f"a photo of {caption}\n" if i % 2 else f"\ufeffA photo of {caption}.\r\n"
                 put(root, rel[:-4] + ".txt", text.encode("utf-8"))
     nasty_files(root, rng, images)

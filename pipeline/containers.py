@@ -141,6 +141,9 @@ def _png(data: bytes) -> Checked:
                 raise Reject("corrupt", f"bad CRC in the PNG chunk {name}: its data is damaged")
             c.notes.append(f"bad CRC in the ancillary PNG chunk {name} (chunk ignored)")
             drop.append((pos, end))
+        if first and ctype == b"CgBI":
+            raise Reject("unsupported_format", "Apple-optimised PNG (CgBI chunk, from an iOS app bundle): "
+                         "not a standard PNG; convert it with a CgBI-aware tool")
         if first:
             if ctype != b"IHDR" or length != 13:
                 raise Reject("corrupt", "PNG does not start with an IHDR chunk")

@@ -175,6 +175,12 @@ def test_formats_without_a_decoder_and_non_images_are_unsupported(data, words):
     assert reason == "unsupported_format" and words in o.detail, o.detail
 
 
+def test_apple_cgbi_png_is_unsupported_not_corrupt():
+    cgbi = nasty.png_chunk(b"CgBI", b"\x50\x00\x20\x06")
+    reason, o = verdict(GOOD_PNG[:8] + cgbi + GOOD_PNG[8:])
+    assert reason == "unsupported_format" and "CgBI" in o.detail
+
+
 def test_a_png_named_jpg_is_judged_by_its_content():
     # clean_image never sees the name: the bytes decide
     assert verdict(GOOD_PNG)[0] is None
