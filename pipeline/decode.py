@@ -36,9 +36,9 @@ logging.getLogger("PIL").addHandler(logging.NullHandler())
 logging.getLogger("PIL").propagate = False
 
 NO_DECODER = {"HEIC": "HEIC/HEIF (install pillow-heif to read it)", "HEIF": "HEIF (install pillow-heif to read it)",
-              "JPEG XL": "JPEG XL (no decoder installed)", "BigTIFF": "BigTIFF"}
-PIL_FORMATS = {"PNG": "PNG", "GIF": "GIF", "WEBP": "WEBP", "TIFF": "TIFF", "BMP": "BMP", "AVIF": "AVIF",
-               "JPEG2000": "JPEG2000"}
+              "JPEG XL": "JPEG XL (no decoder installed)"}
+PIL_FORMATS = {"PNG": "PNG", "GIF": "GIF", "WEBP": "WEBP", "TIFF": "TIFF", "BigTIFF": "TIFF", "BMP": "BMP",
+               "AVIF": "AVIF", "JPEG2000": "JPEG2000"}
 
 
 @dataclass
@@ -58,6 +58,7 @@ class Decoded:
     height: int = 0
     format: str = ""
     image: Image.Image | None = None  # upright RGB; smaller than width x height after a DCT shrink
+    pixels: object = None  # the same pixels as an (H, W, 3) uint8 array, when the decoder gave one
     notes: list[str] = field(default_factory=list)
 
 
@@ -110,6 +111,8 @@ def _decode_jpeg(data: bytes, t: Target, d: Decoded) -> Decoded:
             arr = 255 - arr
         im = Image.frombytes("CMYK", (arr.shape[1], arr.shape[0]), arr.tobytes())
     d.image = orient(colour.to_rgb(im, t.background, h.icc, d.notes), orientation)
+    if d.image is im and im.mode == "RGB":
+        d.pixels = arr  # untouched by colour or orientation: hash it without another copy
     return d
 
 
@@ -144,7 +147,7 @@ def _decode_pillow(checked: containers.Checked, fmt: str, t: Target, d: Decoded)
         d.format = fmt or (im.format or "")
         _check_size(d, t)
         try:
-            if fmt == "TIFF":
+            if fmt in ("TIFF", "BigTIFF"):
                 _load_tiff(im, d.notes)
             else:
                 im.load()

@@ -72,20 +72,21 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     if out.reason is not None:
         return out
     rgb = d.image
-    out.content_hash = pixel_hash(rgb)
+    out.content_hash = pixel_hash(rgb, d.pixels)
     out.phash = phash(rgb)
     final = fit(rgb, s.size, s.resize_mode, s.background)
     out.data, out.ext = encode(final, s.format, s.quality), s.format
     return out
 
 
-def pixel_hash(rgb) -> str:
-    """Exact-duplicate key: xxh3-128 of the size and the RGB bytes."""
+def pixel_hash(rgb, pixels=None) -> str:
+    """Exact-duplicate key: xxh3-128 of the size and the RGB bytes (``pixels``, when given, is
+    the same bytes as an (H, W, 3) uint8 array, hashed without copying them out of Pillow)."""
     import xxhash
 
     h = xxhash.xxh3_128()
     h.update(f"{rgb.width}x{rgb.height}".encode())
-    h.update(rgb.tobytes())
+    h.update(pixels if pixels is not None and pixels.flags.c_contiguous else rgb.tobytes())
     return h.hexdigest()
 
 

@@ -48,7 +48,8 @@ SOF_SUPPORTED = {0xC0: "baseline", 0xC1: "extended sequential", 0xC2: "progressi
                  0xC9: "arithmetic sequential", 0xCA: "arithmetic progressive"}
 SOF_UNSUPPORTED = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical progressive",
                    0xC7: "hierarchical lossless", 0xCB: "arithmetic lossless", 0xCD: "hierarchical arithmetic",
-                   0xCE: "hierarchical arithmetic progressive", 0xCF: "hierarchical arithmetic lossless"}
+                   0xCE: "hierarchical arithmetic progressive", 0xCF: "hierarchical arithmetic lossless",
+                   0xF7: "JPEG-LS"}
 PARAMLESS = {0x01} | set(range(0xD0, 0xD8))  # TEM, RST0-7: no length field
 ICC_TAG = b"ICC_PROFILE\x00"
 
@@ -71,10 +72,9 @@ def read_header(data: bytes) -> JpegHeader:
     if data[:2] != b"\xff\xd8":
         raise Reject("corrupt", "JPEG without a start-of-image marker")
     h = JpegHeader()
-    out: list[bytes] = [b"\xff\xd8"]  # the repaired header, piece by piece
+    out: list[bytes] = [b"\xff\xd8"]  # the header as it will be decoded, segment by segment
     icc_chunks: list[tuple[int, int, bytes]] = []
-    repaired = False
-    pos, n = 2, len(data)
+    repaired, pos = False, 2
     while True:
         marker, seg, junk = _next_marker(data, pos)
         if junk:
@@ -84,55 +84,68 @@ def read_header(data: bytes) -> JpegHeader:
             out.append(bytes((0xFF, marker)))
             pos = seg + 2
             continue
-        if marker == SOI:
-            raise Reject("corrupt", "JPEG with a second start-of-image marker in its header")
-        if marker == EOI:
-            raise Reject("corrupt", "JPEG ends (EOI marker) before any image data")
-        if seg + 4 > n:
-            raise Reject("truncated", f"the file ends inside the JPEG header (marker 0x{marker:02x})")
-        length = int.from_bytes(data[seg + 2 : seg + 4], "big")
-        if length < 2:
-            raise Reject("corrupt", f"JPEG marker 0x{marker:02x} has an impossible length {length}")
-        end = seg + 2 + length
-        if end > n:
-            raise Reject("truncated", f"the file ends inside the JPEG header (marker 0x{marker:02x})")
-        segment = data[seg:end]
-        payload = segment[4:]
-        if marker == 0xE0 and payload[:5] == b"JFIF\x00" and len(payload) >= 7 and payload[5] != 1:
-            h.notes.append(f"unknown JFIF version {payload[5]}.{payload[6]:02d} (read as 1.x)")
-            segment = segment[:9] + b"\x01" + segment[10:]
-            repaired = True
-        elif marker == 0xE1 and payload[:6] == b"Exif\x00\x00" and h.exif is None:
-            h.exif = payload
-        elif marker == 0xE2 and payload[:12] == ICC_TAG and len(payload) >= 14:
-            icc_chunks.append((payload[12], payload[13], payload[14:]))
-        elif marker == 0xEE and payload[:5] == b"Adobe" and len(payload) >= 12:
-            h.adobe_transform = payload[11]
-            if payload[11] > 2:  # patched below, once the frame says how many components
-                h.notes.append(f"unknown Adobe colour transform {payload[11]} (read as YCbCr/YCCK, as libjpeg does)")
-                repaired = True
-        elif marker in SOF_UNSUPPORTED:
-            raise Reject("unsupported_format", f"{SOF_UNSUPPORTED[marker]} JPEG (SOF 0x{marker:02x}): no decoder for it")
-        elif marker in SOF_SUPPORTED:
-            _read_frame(h, marker, payload)
-        elif marker == SOS:
-            if not h.sof:
-                raise Reject("corrupt", "JPEG scan before any frame header (no SOF marker)")
-            segment, fixed = _sequential_scan_params(h, segment)
-            repaired |= fixed
-            out.append(segment)
-            break
+        pos = _segment_end(data, marker, seg)
+        segment, fixed = _read_segment(h, marker, data[seg:pos], icc_chunks)
         out.append(segment)
-        pos = end
-    h.icc = _assemble_icc(icc_chunks, h.notes)
-    if icc_chunks and h.icc is None or len(icc_chunks) != len({c[0] for c in icc_chunks}):
-        # libjpeg-turbo checks ICC chunks too ("bad ICC marker"); they carry no pixels: drop them
-        out = [s for s in out if not (s[:2] == b"\xff\xe2" and s[4:16] == ICC_TAG)]
-        repaired = True
+        repaired |= fixed
+        if marker == SOS:
+            break
+    repaired |= _settle_icc(h, icc_chunks, out)
     if h.adobe_transform is not None and h.adobe_transform > 2:
-        out = [_patch_adobe(s, 2 if h.components == 4 else 1) for s in out]
-    h.data = b"".join(out) + data[end:] if repaired else data
+        out[:] = [_patch_adobe(s, 2 if h.components == 4 else 1) for s in out]
+    h.data = b"".join(out) + data[pos:] if repaired else data
     return h
+
+
+def _segment_end(data: bytes, marker: int, seg: int) -> int:
+    if marker == SOI:
+        raise Reject("corrupt", "JPEG with a second start-of-image marker in its header")
+    if marker == EOI:
+        raise Reject("corrupt", "JPEG ends (EOI marker) before any image data")
+    if seg + 4 > len(data):
+        raise Reject("truncated", f"the file ends inside the JPEG header (marker 0x{marker:02x})")
+    length = int.from_bytes(data[seg + 2 : seg + 4], "big")
+    if length < 2:
+        raise Reject("corrupt", f"JPEG marker 0x{marker:02x} has an impossible length {length}")
+    if seg + 2 + length > len(data):
+        raise Reject("truncated", f"the file ends inside the JPEG header (marker 0x{marker:02x})")
+    return seg + 2 + length
+
+
+def _read_segment(h: JpegHeader, marker: int, segment: bytes, icc_chunks: list) -> tuple[bytes, bool]:
+    """Take what we need from one header segment; return it (repaired or not) and whether it was."""
+    payload = segment[4:]
+    if marker == 0xE0 and payload[:5] == b"JFIF\x00" and len(payload) >= 7 and payload[5] != 1:
+        h.notes.append(f"unknown JFIF version {payload[5]}.{payload[6]:02d} (read as 1.x)")
+        return segment[:9] + b"\x01" + segment[10:], True
+    if marker == 0xE1 and payload[:6] == b"Exif\x00\x00" and h.exif is None:
+        h.exif = payload
+    elif marker == 0xE2 and payload[:12] == ICC_TAG and len(payload) >= 14:
+        icc_chunks.append((payload[12], payload[13], payload[14:]))
+    elif marker == 0xEE and payload[:5] == b"Adobe" and len(payload) >= 12:
+        h.adobe_transform = payload[11]
+        if payload[11] > 2:  # patched once the frame says how many components there are
+            h.notes.append(f"unknown Adobe colour transform {payload[11]} (read as YCbCr/YCCK, as libjpeg does)")
+            return segment, True
+    elif marker in SOF_UNSUPPORTED:
+        raise Reject("unsupported_format", f"{SOF_UNSUPPORTED[marker]} JPEG (SOF 0x{marker:02x}): no decoder for it")
+    elif marker in SOF_SUPPORTED:
+        _read_frame(h, marker, payload)
+    elif marker == SOS:
+        if not h.sof:
+            raise Reject("corrupt", "JPEG scan before any frame header (no SOF marker)")
+        return _sequential_scan_params(h, segment)
+    return segment, False
+
+
+def _settle_icc(h: JpegHeader, icc_chunks: list, out: list[bytes]) -> bool:
+    """Assemble the ICC profile; drop odd ICC chunks from the copy (libjpeg-turbo would call them
+    "bad ICC marker" in strict mode; they carry no pixels)."""
+    h.icc = _assemble_icc(icc_chunks, h.notes)
+    if (icc_chunks and h.icc is None) or len(icc_chunks) != len({c[0] for c in icc_chunks}):
+        out[:] = [s for s in out if not (s[:2] == b"\xff\xe2" and s[4:16] == ICC_TAG)]
+        return True
+    return False
 
 
 def _next_marker(data: bytes, pos: int) -> tuple[int, int, int]:
@@ -237,7 +250,8 @@ def classify(message: str) -> tuple[str, str]:
     low = m.lower()
     if "premature end of jpeg file" in low:
         return "truncated", f"the file ends before the JPEG image data does (libjpeg: {m})"
-    if "precision" in low or "unsupported jpeg process" in low or "not implemented" in low:
+    if any(w in low for w in ("precision", "unsupported jpeg process", "not implemented", "sorry",
+                              "omitted at compile time")):
         return "unsupported_format", f"libjpeg: {m}"  # (the header walk catches these first)
     if _EXTRANEOUS.search(low):
         return "corrupt", f"damaged JPEG image data: a scan ends early (libjpeg: {m})"

@@ -141,6 +141,11 @@ def test_tiff_truncated(compression):
     assert reason == "truncated", o.detail
 
 
+def test_bigtiff_decodes():
+    data = saved("TIFF", big_tiff=True)
+    assert data[:4] == b"II+\x00" and verdict(data)[0] is None
+
+
 def test_tiff_damaged_deflate_data_is_corrupt():
     data = bytearray(saved("TIFF", compression="tiff_deflate"))
     data[200:260] = bytes(60)

@@ -61,6 +61,13 @@ def test_output_is_deterministic():
     assert a.data == b.data and a.content_hash == b.content_hash and a.phash == b.phash
 
 
+def test_jpeg_key_equals_the_key_of_its_decoded_pixels_in_a_png():
+    # a small JPEG is decoded at full size: a PNG of exactly those pixels is the same image
+    jpg = saved("JPEG", quality=90)
+    png = saved("PNG", np.asarray(Image.open(io.BytesIO(jpg)).convert("RGB")))
+    assert clean_image(jpg, ImageSettings()).content_hash == clean_image(png, ImageSettings()).content_hash
+
+
 def test_pixel_hash_includes_the_shape():
     flat = np.zeros((10, 20, 3), np.uint8)
     assert pixel_hash(Image.fromarray(flat)) != pixel_hash(Image.fromarray(flat.reshape(20, 10, 3)))
