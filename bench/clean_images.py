@@ -2,6 +2,7 @@
 
     python bench/clean_images.py            # the full run (300 + 300 JPEGs, 100 vs 1000 images)
     python bench/clean_images.py --quick    # a sanity run in about a minute
+    python bench/clean_images.py --profile  # where the time goes: start-up, then per image
 
 The naive way is the loop everyone writes first: for each file, open, convert("RGB"),
 resize(LANCZOS) to 512x512, save as JPEG q90. Ours is `pipe clean --workers 1 --resize-mode
@@ -186,6 +187,48 @@ def mean_psnr(clean_dir: Path, naive_dir: Path) -> float:
     return float(np.mean(values))
 
 
+# -- where the time goes ----------------------------------------------------------------------
+
+PROFILE = """
+import cProfile, pstats, sys, time
+from pathlib import Path
+from pipeline.clean import WorkerSettings
+from pipeline.discover import discover
+from pipeline.images import ImageSettings
+from pipeline.process import init_worker, process
+from pipeline.text import TextSettings
+
+cands = discover(Path(sys.argv[1]))
+init_worker(WorkerSettings(sys.argv[2], ImageSettings(resize_mode="stretch"), TextSettings()))
+process(cands[0])
+prof = cProfile.Profile()
+t = time.perf_counter()
+prof.enable()
+for c in cands:
+    process(c)
+prof.disable()
+print(f"per image, in one worker: {(time.perf_counter() - t) / len(cands) * 1000:.1f} ms; by function (tottime):")
+pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+"""
+
+
+def profile(src: Path, work: Path) -> None:
+    """Fixed costs (interpreter + CLI, worker start-up) and the per-image breakdown in a worker."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for what, code in (("python + pipe CLI imports", "import pipeline.cli, pipeline.clean"),
+                       ("worker start-up (imports the decoders)", "import pipeline.process; from pipeline.images import preload; preload(); import simplejpeg, xxhash")):
+        t = min(_wall([sys.executable, "-c", code], env) for _ in range(3))
+        print(f"{what}: {t:.2f} s")
+    shutil.rmtree(work / "profile", ignore_errors=True)
+    subprocess.run([sys.executable, "-c", PROFILE, str(src), str(work / "profile")], env=env, check=True)
+
+
+def _wall(cmd: list[str], env: dict) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True)
+    return time.perf_counter() - t
+
+
 # -- the benchmark --------------------------------------------------------------------------
 
 def main() -> None:
@@ -193,8 +236,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sets, one repeat: does it work?")
     ap.add_argument("--repeat", type=int, default=None, help="runs per measurement, the best counts (default 3; quick 1)")
     ap.add_argument("--out", type=Path, default=REPO / "bench-out", help="data and outputs (default bench-out/)")
+    ap.add_argument("--profile", action="store_true", help="only show where the time goes (fixed costs, per image)")
     args = ap.parse_args()
     n, mem_sizes, repeat = (30, (32, 128), 1) if args.quick else (300, (100, 1000), 3)
+    if args.profile:
+        return profile(make_set(args.out / "data" / "2048x1536-30", 30, 2048, 1536, seed=2048), args.out)
     repeat = args.repeat or repeat
     work = args.out
     print(f"pipe clean vs the naive loop ({'quick' if args.quick else 'full'}: {n} images per size, best of {repeat}); "

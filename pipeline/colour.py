@@ -106,35 +106,35 @@ def _apply(transform, im: Image.Image) -> Image.Image:
 
 def _transform(icc: bytes, mode: str, notes: list[str]):
     """A cached LittleCMS transform from ``icc`` to sRGB; None when sRGB already or unusable."""
-    from PIL import ImageCms
-
     key = (hashlib.sha1(icc).digest(), mode)
     if key in _TRANSFORMS:
         _TRANSFORMS.move_to_end(key)
-        transform = _TRANSFORMS[key]
-        if transform is None and key[0] in _BAD:
-            notes.append(_BAD[key[0]])
-        return transform
-    transform = None
-    try:
-        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
-        space = profile.profile.xcolor_space.strip()
-        wanted = {"RGB": "RGB", "CMYK": "CMYK"}[mode]
-        if space != wanted:
-            raise ValueError(f"a {space} profile on a {mode} image")
-        if not _is_srgb(profile):
-            transform = ImageCms.buildTransform(profile, _srgb(), mode, "RGB",
-                                                renderingIntent=ImageCms.Intent.PERCEPTUAL)
-    except Exception as e:  # noqa: BLE001 - unreadable or mismatched profiles are ignored, not fatal
-        _BAD[key[0]] = f"unusable ICC profile ignored ({type(e).__name__}: {e})"
-        notes.append(_BAD[key[0]])
-    _TRANSFORMS[key] = transform
-    if len(_TRANSFORMS) > _MAX_TRANSFORMS:
-        _TRANSFORMS.popitem(last=False)
+    else:
+        _TRANSFORMS[key] = _build(icc, mode)
+        if len(_TRANSFORMS) > _MAX_TRANSFORMS:
+            _TRANSFORMS.popitem(last=False)
+    transform, problem = _TRANSFORMS[key]
+    if problem:
+        notes.append(problem)
     return transform
 
 
-_BAD: dict[bytes, str] = {}
+def _build(icc: bytes, mode: str):
+    """(transform or None, a note when the profile cannot be used)."""
+    from PIL import ImageCms
+
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        space = profile.profile.xcolor_space.strip()
+        if space != mode:
+            raise ValueError(f"a {space} profile on a {mode} image")
+        if _is_srgb(profile):
+            return None, ""
+        return ImageCms.buildTransform(profile, _srgb(), mode, "RGB", renderingIntent=ImageCms.Intent.PERCEPTUAL), ""
+    except Exception as e:  # noqa: BLE001 - unreadable or mismatched profiles are ignored, not fatal
+        return None, f"unusable ICC profile ignored ({type(e).__name__}: {e})"
+
+
 _SRGB = None
 
 

@@ -199,6 +199,9 @@ def _fix_png_transparency_key(im: Image.Image, checked: containers.Checked, note
 
 
 def _open(data: bytes, fmt: str) -> Image.Image:
+    Image.init()
+    if fmt in PIL_FORMATS and PIL_FORMATS[fmt] not in Image.OPEN:
+        raise Reject("unsupported_format", f"{fmt}: this Pillow build has no decoder for it")
     try:
         return Image.open(io.BytesIO(data), formats=[PIL_FORMATS[fmt]] if fmt in PIL_FORMATS else None)
     except Image.UnidentifiedImageError:

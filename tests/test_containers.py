@@ -186,6 +186,13 @@ def test_apple_cgbi_png_is_unsupported_not_corrupt():
     assert reason == "unsupported_format" and "CgBI" in o.detail
 
 
+def test_a_format_this_pillow_cannot_decode_is_unsupported(monkeypatch):
+    data = saved("AVIF")
+    monkeypatch.delitem(Image.OPEN, "AVIF")  # a Pillow built without libavif
+    reason, o = verdict(data)
+    assert reason == "unsupported_format" and "AVIF" in o.detail
+
+
 def test_a_png_named_jpg_is_judged_by_its_content():
     # clean_image never sees the name: the bytes decide
     assert verdict(GOOD_PNG)[0] is None
