@@ -75,12 +75,18 @@ def load(path: Path | None) -> Policy:
     """The policy in ``path`` (defaults when None); any problem with the file is a UsageError."""
     if path is None:
         return Policy()
-    from pipeline.config import load_toml
+    from pipeline.config import tomllib
     from pipeline.schemas import load_schema, validate_or_usage_error
 
-    if path.is_dir():
-        raise UsageError(f"policy file {path} is a folder, not a TOML file")
-    data = load_toml(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"policy file not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"policy file {path} is a folder, not a TOML file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"policy file {path} is not valid TOML: {e}") from None
     _reject_unknown(data, set(load_schema("policy")["properties"]), path, "")
     _reject_unknown(data.get("severity", {}) if isinstance(data.get("severity"), dict) else {},
                     set(CHECK_NAMES), path, "[severity] ")
