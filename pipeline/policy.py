@@ -58,7 +58,7 @@ class Policy:
     near_duplicate_phash_distance: int = 4
     """Two images whose 64-bit perceptual hashes differ in at most this many bits are the same picture."""
     near_duplicate_text_similarity: float = 0.8
-    """Two texts whose estimated Jaccard similarity (word 3-gram MinHash) is at least this are the same text."""
+    """Two texts whose estimated Jaccard similarity (MinHash of character 5-grams) is at least this are the same text."""
     severity: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY))
     """Check name -> error | warning."""
 

@@ -58,10 +58,31 @@ def inspect_image(data: bytes, deep: bool = False, want_phash: bool = False) -> 
     if deep:
         f.exact = xxhash.xxh3_128_hexdigest(im.convert("RGB").tobytes())
     if want_phash:
-        from pipeline.perceptual import phash
-
-        f.phash = phash(im)
+        f.phash = content_phash(im)
     return f
+
+
+def content_phash(im: Image.Image) -> int:
+    """Perceptual hash of the picture without the letterbox bars `pipe clean --resize-mode pad` adds,
+    so two different pictures padded the same way do not look alike through their bars."""
+    import numpy as np
+
+    from pipeline.perceptual import phash
+
+    grey = np.asarray(im.convert("L"), dtype=np.int16)
+    return phash(Image.fromarray(trim_uniform_borders(grey).astype(np.uint8)))
+
+
+def trim_uniform_borders(grey, tol: int = 12):
+    """The array without its outer rows and columns that are all the corner colour (within ``tol``)."""
+    import numpy as np
+
+    corners = [grey[0, 0], grey[0, -1], grey[-1, 0], grey[-1, -1]]
+    off = np.abs(grey - int(np.median(corners))) > tol
+    rows, cols = np.nonzero(off.any(axis=1))[0], np.nonzero(off.any(axis=0))[0]
+    if not len(rows) or rows[-1] - rows[0] < 7 or cols[-1] - cols[0] < 7:
+        return grey  # (nearly) uniform: nothing to trim to
+    return grey[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
 
 
 def text_problem(data: bytes) -> str | None:
