@@ -87,3 +87,77 @@ def edit_json(path: Path, fn) -> None:
     doc = json.loads(path.read_text(encoding="utf-8"))
     fn(doc)
     path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+
+
+# ---- shard dirs: built with the real `pipe shard`, broken by rewriting a shard like another tool would
+
+
+def run_shard(clean_dir: Path, out: Path) -> Path:
+    from pipeline import shard
+
+    shard.run(shard.ShardConfig(clean_dir, out, val_fraction=0.1, max_count=4, seed=0, workers=1), show_progress=False)
+    return out
+
+
+def read_samples(tar_path: Path) -> list[tuple[str, dict[str, bytes]]]:
+    """[(key, {ext: bytes})] in shard order."""
+    import tarfile
+
+    out: list[tuple[str, dict[str, bytes]]] = []
+    with tarfile.open(tar_path) as tar:
+        for m in tar:
+            key, _, ext = m.name.partition(".")
+            if not out or out[-1][0] != key:
+                out.append((key, {}))
+            out[-1][1][ext] = tar.extractfile(m).read()
+    return out
+
+
+def rewrite_shard(shard_dir: Path, name: str, fn) -> None:
+    """Replace shard ``name`` by ``fn(samples)`` written with Python's tarfile, then reindex so
+    sizes, checksums, counts and offsets agree again: only the content change remains."""
+    import io
+    import tarfile
+
+    samples = fn(read_samples(shard_dir / name))
+    with tarfile.open(shard_dir / name, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    reindex(shard_dir)
+
+
+def reindex(shard_dir: Path) -> None:
+    """Recompute every shard's bytes, sha256, count and offsets, and the split totals, in index.json."""
+    import hashlib
+    import tarfile
+    from collections import Counter
+
+    index = json.loads((shard_dir / "index.json").read_text())
+    per_split = {"train": Counter(), "val": Counter()}
+    for e in index["shards"]:
+        path = shard_dir / e["name"]
+        data = path.read_bytes()
+        offsets, keys = [], []
+        with tarfile.open(path) as tar:
+            for m in tar:
+                key = m.name.partition(".")[0]
+                if not keys or keys[-1] != key:
+                    keys.append(key)
+                    offsets.append(m.offset)
+                raw = tar.extractfile(m).read() if m.name.endswith(".cls") else b""
+                if raw.strip().isdigit():
+                    cls = int(raw)
+                    if cls < len(index["classes"]):
+                        per_split[e["split"]][index["classes"][cls]] += 1
+        e.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), count=len(keys), offsets=offsets)
+    for split, c in per_split.items():
+        index["counts"][split]["samples"] = sum(e["count"] for e in index["shards"] if e["split"] == split)
+        index["counts"][split]["per_class"] = {name: c.get(name, 0) for name in index["classes"]}
+    (shard_dir / "index.json").write_text(json.dumps(index, indent=1))
+
+
+def shard_names(shard_dir: Path, split: str) -> list[str]:
+    return [e["name"] for e in json.loads((shard_dir / "index.json").read_text())["shards"] if e["split"] == split]

@@ -67,3 +67,9 @@ def test_bad_policies_are_usage_errors(tmp_path, text, expect):
 def test_missing_policy_file(tmp_path):
     with pytest.raises(UsageError, match="policy file not found"):
         policy.load(tmp_path / "nope.toml")
+
+
+def test_check_names_are_the_checks_that_exist():
+    from pipeline.checks import clean_dir, shard_dir
+
+    assert set(policy.CHECK_NAMES) == set(clean_dir.names()) | set(shard_dir.names())
