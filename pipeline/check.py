@@ -104,6 +104,8 @@ def run(cfg: CheckConfig) -> CheckReport:
         raise UsageError("give at least one folder to check")
     if cfg.workers < 0:
         raise UsageError(f"--workers must be 0 (all cores) or more, got {cfg.workers}")
+    if cfg.input is not None and not cfg.input.is_dir():
+        raise UsageError(f"--input {cfg.input} is not a folder")
     policy = load_policy(cfg.policy)  # a bad policy stops us before any work
     kinds = [(d, detect(d)) for d in cfg.dirs]  # so does a bad folder, even the last one
     folders = []

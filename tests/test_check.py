@@ -148,3 +148,8 @@ def test_check_never_imports_torch(good):
             f"r = CliRunner().invoke(app, ['check', {str(good[1])!r}, '--deep', '--json']); "
             "assert r.exit_code in (0, 1), r.output; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
+
+
+def test_input_that_is_not_a_folder_is_usage_error(cli, good, tmp_path):
+    r = cli("check", good[1], "--input", tmp_path / "nope")
+    assert r.exit_code == 2 and "--input" in one_line_error(r)

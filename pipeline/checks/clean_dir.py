@@ -87,7 +87,7 @@ def _read_manifest(path: Path, problems: list[str]) -> list[dict] | None:
 def _find_input(root: Path, report: dict | None, override: Path | None) -> tuple[Path | None, str]:
     """The input folder: --input, else report.json's settings.input, else the absolute path .pipe/state.json keeps."""
     if override is not None:
-        return (override, "") if override.is_dir() else (None, f"--input {override} is not a folder")
+        return override, ""  # checked to be a folder by the stage
     tried = []
     if report and isinstance(report.get("settings"), dict) and report["settings"].get("input"):
         tried.append(Path(report["settings"]["input"]))
@@ -123,13 +123,14 @@ def _inspect_outputs(d: CleanDir) -> None:
 
 
 def check_schema(d: CleanDir, p: Policy) -> CheckResult:
+    from pipeline.checks.validate import each_error
     from pipeline.schemas import errors
 
     found = list(d.problems)
     if d.report is not None:
         found += [f"report.json: {e}" for e in errors(d.report, "report")]
-    for r in d.rows or []:
-        found += [f"manifest row {r.get('source')!r}: {e}" for e in errors(r, "manifest_row")]
+    rows = d.rows or []
+    found += [f"manifest row {rows[i].get('source')!r}: {e}" for i, e in each_error(rows, "manifest_row")]
     n = len(d.rows or []) + (d.report is not None)
     return verdict("schema", found, n, "documents break their schema",
                    f"report.json and {len(d.rows or [])} manifest rows match their schemas")
