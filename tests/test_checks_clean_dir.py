@@ -207,3 +207,10 @@ def test_decodes_only_with_deep(good, broken):
     deep = check(broken, good[2], deep=True)
     assert failing(deep) == {"decodes"}
     assert out.name in result(deep, "decodes").message
+
+
+def test_report_that_is_not_an_object_fails_schema_without_crashing_other_checks(good, broken):
+    (broken / "report.json").write_text("[1, 2, 3]")
+    report = check(broken, good[2])
+    assert failing(report) == {"schema"}
+    assert not any("crashed" in r.message for r in report.results)

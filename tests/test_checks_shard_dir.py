@@ -75,18 +75,25 @@ def test_schema(good, broken, how):
     assert ("made_by_hand" if how == "index" else "not valid UTF-8 JSON") in result(report, "schema").message
 
 
-@pytest.mark.parametrize("how", ["bit_flip_in_padding", "unindexed_shard"])
+@pytest.mark.parametrize("how", ["bit_flip_in_padding", "bit_flip_in_end_marker", "unindexed_shard"])
 def test_shard_checksums(good, broken, how):
+    import tarfile
+
     name = shard_names(broken, "train")[0]
+    data = bytearray((broken / name).read_bytes())
     if how == "bit_flip_in_padding":
-        data = bytearray((broken / name).read_bytes())
-        data[-700] ^= 0x01  # inside the end-of-archive blocks: tar readers skip it, the checksum does not
+        with tarfile.open(broken / name) as tar:
+            cls = next(m for m in tar if m.name.endswith(".cls"))
+        data[cls.offset_data + cls.size + 10] ^= 0x01  # zero padding after the data: readers skip it
+        (broken / name).write_bytes(bytes(data))
+    elif how == "bit_flip_in_end_marker":
+        data[-700] ^= 0x01  # readers take a damaged end marker as the end: nothing is lost
         (broken / name).write_bytes(bytes(data))
     else:
         shutil.copy(broken / name, broken / "train-000099.tar")
     report = check(broken, good[1])
     assert failing(report) == {"shard_checksums"}
-    assert (name if how == "bit_flip_in_padding" else "train-000099.tar") in result(report, "shard_checksums").message
+    assert ("train-000099.tar" if how == "unindexed_shard" else name) in result(report, "shard_checksums").message
 
 
 @pytest.mark.parametrize("how", ["offset", "count"])
@@ -238,3 +245,14 @@ def test_shards_are_read_in_worker_processes_with_the_same_result(good, broken, 
     replace_image(broken, image_bytes(noise_rgb(48, 48, seed=7)))
     report = check(broken, good[1], workers=2)
     assert failing(report) == {"image_size"}
+
+
+def test_damaged_header_mid_shard_is_named(good, broken):
+    name = shard_names(broken, "train")[0]
+    offsets = json.loads((broken / "index.json").read_text())["shards"][0]["offsets"]
+    data = bytearray((broken / name).read_bytes())
+    data[offsets[2] + 148] ^= 0x07  # the header checksum of the third sample's first member
+    (broken / name).write_bytes(bytes(data))
+    report = check(broken, good[1])
+    assert {"shard_checksums", "shard_counts"} <= failing(report)
+    assert "unreachable" in result(report, "shard_counts").message

@@ -43,6 +43,11 @@ class CleanDir:
     def kept(self) -> list[dict]:
         return [r for r in self.rows or [] if r.get("status") == "kept"]
 
+    def settings(self) -> dict:
+        """report.json's settings, or {} when the report is missing or malformed (the schema check says so)."""
+        s = self.report.get("settings") if isinstance(self.report, dict) else None
+        return s if isinstance(s, dict) else {}
+
 
 def is_clean_dir(root: Path) -> bool:
     return (root / "manifest.parquet").is_file()
@@ -57,7 +62,7 @@ def load(root: Path, deep: bool = False, input_override: Path | None = None) -> 
     d = CleanDir(root, deep)
     d.report = _read_json(root / "report.json", d.problems)
     d.rows = _read_manifest(root / "manifest.parquet", d.problems)
-    d.input, d.input_note = _find_input(root, d.report, input_override)
+    d.input, d.input_note = _find_input(root, d.settings(), input_override)
     if d.rows is not None:
         _inspect_outputs(d)
     return d
@@ -84,13 +89,13 @@ def _read_manifest(path: Path, problems: list[str]) -> list[dict] | None:
         return None
 
 
-def _find_input(root: Path, report: dict | None, override: Path | None) -> tuple[Path | None, str]:
+def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path | None, str]:
     """The input folder: --input, else report.json's settings.input, else the absolute path .pipe/state.json keeps."""
     if override is not None:
         return override, ""  # checked to be a folder by the stage
     tried = []
-    if report and isinstance(report.get("settings"), dict) and report["settings"].get("input"):
-        tried.append(Path(report["settings"]["input"]))
+    if isinstance(settings.get("input"), str) and settings["input"]:
+        tried.append(Path(settings["input"]))
     try:
         state = json.loads((root / ".pipe" / "state.json").read_text(encoding="utf-8"))
         if state.get("input"):
@@ -105,10 +110,13 @@ def _find_input(root: Path, report: dict | None, override: Path | None) -> tuple
 
 
 def _inspect_outputs(d: CleanDir) -> None:
+    root = d.root.resolve()
     for r in d.kept():
-        out = r.get("output") or ""
-        path = d.root / out
+        out = str(r.get("output") or "")
+        path = (d.root / out).resolve()
         try:
+            if root not in path.parents:
+                raise FileNotFoundError(out)  # "" or a path leaving CLEAN_DIR names no output of ours
             data = path.read_bytes()
         except OSError:
             d.missing.append(out)
@@ -159,8 +167,8 @@ def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
 
 
 def _labels_file(d: CleanDir) -> set[str]:
-    labels = ((d.report or {}).get("settings") or {}).get("labels")
-    if not labels or d.input is None:
+    labels = d.settings().get("labels")
+    if not isinstance(labels, str) or not labels or d.input is None:
         return set()
     try:
         return {Path(labels).resolve().relative_to(d.input.resolve()).as_posix()}
@@ -260,7 +268,8 @@ def expected_size(declared, p: Policy) -> int | None:
 
 
 def check_image_size(d: CleanDir, p: Policy) -> CheckResult:
-    declared = ((d.report or {}).get("settings") or {}).get("size")
+    declared = d.settings().get("size")
+    declared = declared if isinstance(declared, int) and not isinstance(declared, bool) else None
     return image_size(d.images, expected_size(declared, p), "image_size")
 
 

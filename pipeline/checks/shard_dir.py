@@ -146,7 +146,8 @@ def check_shard_counts(d: ShardDir, p: Policy) -> CheckResult:
         if s.error:
             offenders.append(f"{e['name']}: {s.error}")
         if s.count != e.get("count"):
-            offenders.append(f"{e['name']}: {s.count} samples, index says {e.get('count')}")
+            why = f" ({s.stopped_early})" if s.stopped_early else ""
+            offenders.append(f"{e['name']}: {s.count} samples, index says {e.get('count')}{why}")
         if isinstance(e.get("offsets"), list) and s.offsets != e["offsets"]:
             at = next((i for i, (a, b) in enumerate(zip(s.offsets, e["offsets"])) if a != b), min(len(s.offsets), len(e["offsets"])))
             offenders.append(f"{e['name']}: sample offsets differ from the index from sample {at} on")

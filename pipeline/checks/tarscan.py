@@ -55,6 +55,8 @@ class ShardScan:
     """What was looked at: images, texts, decoded (images decoded, fully or at reduced scale)."""
     error: str | None = None
     """The tar could not be read to its end (after len(keys) samples)."""
+    stopped_early: str | None = None
+    """Non-zero bytes lie after where tar readers stopped (a damaged header ends them quietly)."""
 
     @property
     def count(self) -> int:
@@ -89,16 +91,31 @@ def scan_shard(job: tuple[Path, str, ScanSettings]) -> ShardScan:
     except OSError as e:
         scan.found, scan.error = False, f"cannot open: {e.strerror or e}"
         return scan
+    stop = None
     with f:
         reader = _HashingReader(f)
         try:
             with tarfile.open(fileobj=reader, mode="r|") as tar:
                 _read_samples(tar, scan, s)
+                stop = tar.offset  # where tar readers stopped: the end marker, or a damaged header
         except (tarfile.TarError, OSError, EOFError) as e:
             scan.error = f"tar unreadable after {scan.count} samples: {e}"
         reader.drain()  # bytes past the end-of-archive marker count for size and checksum too
     scan.bytes, scan.sha256 = reader.n, reader.h.hexdigest()
+    if stop is not None and scan.error is None:
+        scan.stopped_early = _unreachable(path, stop, scan.count)
     return scan
+
+
+def _unreachable(path: Path, stop: int, count: int) -> str | None:
+    """tarfile ends quietly at a damaged header; data after where it stopped may be lost samples."""
+    with open(path, "rb") as f:
+        f.seek(stop)
+        rest = f.read()
+    if rest.strip(b"\0"):
+        return (f"tar readers stop at byte {stop} after {count} samples (a damaged header?); "
+                f"{len(rest.rstrip(bytes(1)))} bytes after it are unreachable")
+    return None
 
 
 def _read_samples(tar: tarfile.TarFile, scan: ShardScan, s: ScanSettings) -> None:
