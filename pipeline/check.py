@@ -34,7 +34,7 @@ class CheckConfig:
     input: Path | None = None
     """The raw input folder a clean dir was made from, when it is not where report.json says."""
     workers: int = 0
-    """Processes used to read shards; 0 means one per available core."""
+    """Processes that read shards and (with --deep) decode a clean dir's images; 0: one per core."""
 
 
 @dataclass
@@ -118,7 +118,7 @@ def run(cfg: CheckConfig) -> CheckReport:
 
 def run_folder(path: Path, kind: str, policy: Policy, cfg: CheckConfig) -> list[CheckResult]:
     if kind == "clean":
-        folder, checks = clean_dir.load(path, cfg.deep, cfg.input), clean_dir.CHECKS
+        folder, checks = clean_dir.load(path, cfg.deep, cfg.input, cfg.workers), clean_dir.CHECKS
     else:
         from pipeline.checks import shard_dir
 

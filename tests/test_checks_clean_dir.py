@@ -214,3 +214,15 @@ def test_report_that_is_not_an_object_fails_schema_without_crashing_other_checks
     report = check(broken, good[2])
     assert failing(report) == {"schema"}
     assert not any("crashed" in r.message for r in report.results)
+
+
+def test_deep_decoding_in_worker_processes_finds_the_same(good, broken, monkeypatch):
+    from pipeline.checks import clean_dir
+
+    monkeypatch.setattr(clean_dir, "IN_PROCESS_FILES", 0)
+    monkeypatch.setattr(clean_dir, "CHUNK", 3)
+    out = kept_output(broken)
+    out.write_bytes(out.read_bytes()[: len(out.read_bytes()) // 2])
+    report = check(broken, good[2], deep=True, workers=2)
+    assert failing(report) == {"decodes"}
+    assert result(report, "image_size").numbers["checked"] == 12

@@ -9,6 +9,7 @@ never a crash.
 from __future__ import annotations
 
 import json
+import os
 
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from pipeline.checks.result import CheckResult, fail, ok, skip, verdict
 from pipeline.policy import Policy
 
 KIND = "clean"
+IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
+CHUNK = 256  # outputs per worker task
+MISSING = "<missing>"  # an output the manifest names that is not on disk (a text's "no problem" is None)
 
 
 @dataclass
@@ -58,13 +62,13 @@ def looks_unfinished(root: Path) -> bool:
     return (root / ".pipe" / "state.json").is_file() and not is_clean_dir(root)
 
 
-def load(root: Path, deep: bool = False, input_override: Path | None = None) -> CleanDir:
+def load(root: Path, deep: bool = False, input_override: Path | None = None, workers: int = 0) -> CleanDir:
     d = CleanDir(root, deep)
     d.report = _read_json(root / "report.json", d.problems)
     d.rows = _read_manifest(root / "manifest.parquet", d.problems)
     d.input, d.input_note = _find_input(root, d.settings(), input_override)
     if d.rows is not None:
-        _inspect_outputs(d)
+        _inspect_outputs(d, workers)
     return d
 
 
@@ -109,22 +113,58 @@ def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path
     return None, f"the input folder {where} is not here; pass --input to compare"
 
 
-def _inspect_outputs(d: CleanDir) -> None:
+def _inspect_outputs(d: CleanDir, workers: int) -> None:
     root = d.root.resolve()
-    for r in d.kept():
-        out = str(r.get("output") or "")
-        path = (d.root / out).resolve()
+    jobs = [(str(r.get("output") or ""), r.get("kind"), str(root), d.deep) for r in d.kept() if r.get("kind") in ("image", "text")]
+    if d.deep and len(jobs) >= IN_PROCESS_FILES and workers != 1:
+        from pipeline.executor import OrderedPool
+
+        chunks = [jobs[i : i + CHUNK] for i in range(0, len(jobs), CHUNK)]
+        pool = OrderedPool(inspect_chunk, min(workers or _cores(), len(chunks)))
+        found = [x for part in pool.map(chunks, on_crash=_crashed_chunk) for x in part]
+    else:
+        found = inspect_chunk(jobs)
+    for out, kind, facts in found:
+        if facts is MISSING:
+            d.missing.append(out)
+        elif kind == "image":
+            d.images[out] = facts
+        else:
+            d.texts[out] = facts
+
+
+def inspect_chunk(jobs: list[tuple[str, str, str, bool]]) -> list[tuple[str, str, object]]:
+    """(output, kind, ImageFacts | text problem or None | MISSING) for each kept output (a worker's unit)."""
+    found = []
+    for out, kind, root, deep in jobs:
+        path = (Path(root) / out).resolve()
         try:
-            if root not in path.parents:
+            if Path(root) not in path.parents:
                 raise FileNotFoundError(out)  # "" or a path leaving CLEAN_DIR names no output of ours
             data = path.read_bytes()
         except OSError:
-            d.missing.append(out)
+            found.append((out, kind, MISSING))
             continue
-        if r.get("kind") == "image":
-            d.images[out] = inspect_image(data, deep=d.deep)
-        elif r.get("kind") == "text":
-            d.texts[out] = text_problem(data)
+        found.append((out, kind, inspect_image(data, deep=deep) if kind == "image" else text_problem(data)))
+    return found
+
+
+def _crashed_chunk(jobs, exc) -> list[tuple[str, str, object]]:
+    """A decoder killed its worker on one of these files: judge them one by one, in this process, header only."""
+    out = []
+    for o, kind, root, _ in jobs:
+        [(o, kind, facts)] = inspect_chunk([(o, kind, root, False)])
+        if kind == "image" and facts is not MISSING:
+            facts.error = facts.error or f"decoding crashed a worker process ({exc}) on this file or one near it"
+        out.append((o, kind, facts))
+    return out
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------- checks

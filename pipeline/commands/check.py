@@ -18,7 +18,7 @@ def check(
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schemas/check_report.schema.json) instead of a table.")] = False,
     junit: Annotated[Optional[Path], typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
     input: Annotated[Optional[Path], typer.Option(help="Raw input folder of a clean dir, when not where its report.json says.")] = None,
-    workers: Annotated[int, typer.Option(help="Processes reading shards (0 = one per core).")] = 0,
+    workers: Annotated[int, typer.Option(help="Processes reading shards and, with --deep, decoding images (0 = one per core).")] = 0,
 ) -> None:
     """Hold clean or shard dirs to a quality policy: the CI data-quality gate.
 
