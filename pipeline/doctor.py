@@ -36,6 +36,16 @@ DEFAULT_PORT = 29500  # torchrun's default --master-port
 
 
 @dataclass
+class DoctorConfig:
+    """Settings of `pipe doctor` (flags of the same name; `[doctor]` in a `--config` file)."""
+
+    port: int = DEFAULT_PORT
+    """Rendezvous port the run will use (torchrun --master-port)."""
+    run_dir: Path = Path(".")
+    """Where the run will write checkpoints and logs: free space and writability are checked there."""
+
+
+@dataclass
 class GPU:
     index: int
     name: str

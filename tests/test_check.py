@@ -153,3 +153,23 @@ def test_check_never_imports_torch(good):
 def test_input_that_is_not_a_folder_is_usage_error(cli, good, tmp_path):
     r = cli("check", good[1], "--input", tmp_path / "nope")
     assert r.exit_code == 2 and "--input" in one_line_error(r)
+
+
+def test_config_file_check_table_sets_the_policy(cli, good, tmp_path):
+    policy = policy_file(tmp_path, "min_samples_per_class = 4\nmax_class_imbalance = 3\nimage_size = 128\n")
+    cfg = tmp_path / "pipe.toml"
+    cfg.write_text(f'[check]\npolicy = "{policy}"\n')
+    r = cli("check", good[1], "--config", cfg, "--json")
+    assert [c["name"] for c in json.loads(r.stdout)["folders"][0]["checks"] if c["status"] == "fail"] == ["image_size"]
+    assert cli("check", good[1], "--config", cfg, "--policy", good[2]).exit_code == 0  # the flag wins
+    cfg.write_text("[check]\npolicy_file = 'x'\n")
+    assert cli("check", good[1], "--config", cfg).exit_code == 2
+
+
+def test_check_config_keys_match_the_config_schema():
+    import dataclasses
+
+    from pipeline.check import CheckConfig
+
+    fields = {f.name for f in dataclasses.fields(CheckConfig)} - {"dirs"}
+    assert set(schemas.load_schema("config")["properties"]["check"]["properties"]) == fields

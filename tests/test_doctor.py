@@ -214,3 +214,19 @@ def test_bad_port_is_usage_error(cli):
 def test_importing_doctor_does_not_import_torch():
     code = "import sys; import pipeline.doctor, pipeline.commands.doctor; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
+
+
+def test_config_file_doctor_table(cli, tmp_path):
+    cfg = tmp_path / "pipe.toml"
+    cfg.write_text(f'[doctor]\nport = 29601\nrun_dir = "{tmp_path}"\n')
+    facts = json.loads(cli("doctor", "--config", cfg, "--json").stdout)["facts"]
+    assert facts["port"] == 29601 and facts["run_dir"] == str(tmp_path)
+    facts = json.loads(cli("doctor", "--config", cfg, "--port", "29602", "--json").stdout)["facts"]
+    assert facts["port"] == 29602
+
+
+def test_doctor_config_keys_match_the_config_schema():
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(dr.DoctorConfig)}
+    assert set(schemas.load_schema("config")["properties"]["doctor"]["properties"]) == fields

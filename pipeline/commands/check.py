@@ -12,6 +12,7 @@ from pipeline.commands.common import exits_cleanly
 
 @exits_cleanly
 def check(
+    ctx: typer.Context,
     dirs: Annotated[list[Path], typer.Argument(help="Clean dirs (manifest.parquet) and/or shard dirs (index.json).", show_default=False)],
     policy: Annotated[Optional[Path], typer.Option(help="TOML file of thresholds and severities (schemas/policy.schema.json).")] = None,
     deep: Annotated[bool, typer.Option("--deep", help="Decode every image in every output and shard, not only headers.")] = False,
@@ -19,6 +20,7 @@ def check(
     junit: Annotated[Optional[Path], typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
     input: Annotated[Optional[Path], typer.Option(help="Raw input folder of a clean dir, when not where its report.json says.")] = None,
     workers: Annotated[int, typer.Option(help="Processes reading shards and, with --deep, decoding images (0 = one per core).")] = 0,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose [check] table sets any of these flags.")] = None,
 ) -> None:
     """Hold clean or shard dirs to a quality policy: the CI data-quality gate.
 
@@ -27,8 +29,10 @@ def check(
     """
     from pipeline import check as stage
     from pipeline import ui
+    from pipeline.config import explicit_params, load_section, resolve
 
-    report = stage.run(stage.CheckConfig(list(dirs), policy, deep, input, workers))
+    values = {"dirs": list(dirs), "policy": policy, "deep": deep, "input": input, "workers": workers}
+    report = stage.run(resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check")))
     if junit is not None:
         _write_junit(report, junit)
     if json:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -12,9 +12,11 @@ from pipeline.commands.common import exits_cleanly
 
 @exits_cleanly
 def doctor(
+    ctx: typer.Context,
     port: Annotated[int, typer.Option(help="Rendezvous port the run will use (torchrun --master-port).")] = 29500,
     run_dir: Annotated[Path, typer.Option(help="Where the run will write checkpoints and logs (free space, writable).")] = Path("."),
     json: Annotated[bool, typer.Option("--json", help="Print facts and verdicts as JSON (schemas/doctor_report.schema.json).")] = False,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose [doctor] table sets --port and --run-dir.")] = None,
 ) -> None:
     """Check this machine before a long run: versions that must fit together, GPUs and their links,
     backends, shared memory, CPUs, the rendezvous port, disk space.
@@ -24,11 +26,13 @@ def doctor(
     """
     from pipeline import doctor as dr
     from pipeline import ui
+    from pipeline.config import explicit_params, load_section, resolve
     from pipeline.errors import UsageError
 
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--port must be between 1 and 65535, got {port}")
-    facts = dr.gather(port, run_dir)
+    cfg = resolve(dr.DoctorConfig, {"port": port, "run_dir": run_dir}, explicit_params(ctx), load_section(config, "doctor"))
+    if not 1 <= cfg.port <= 65535:
+        raise UsageError(f"--port must be between 1 and 65535, got {cfg.port}")
+    facts = dr.gather(cfg.port, cfg.run_dir)
     lines = dr.diagnose(facts)
     if json:
         ui.print_json(dr.to_dict(facts, lines))
