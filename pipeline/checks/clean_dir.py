@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from pipeline.checks import classes as class_checks
@@ -44,8 +44,12 @@ class CleanDir:
     missing: list[str] = field(default_factory=list)
     """Kept outputs the manifest names that are not on disk."""
 
-    def kept(self) -> list[dict]:
+    @cached_property
+    def kept_rows(self) -> list[dict]:
         return [r for r in self.rows or [] if r.get("status") == "kept"]
+
+    def kept(self) -> list[dict]:
+        return self.kept_rows
 
     def settings(self) -> dict:
         """report.json's settings, or {} when the report is missing or malformed (the schema check says so)."""
