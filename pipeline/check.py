@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def detect(path: Path) -> str:
     raise UsageError(f"{path} is neither a clean dir (manifest.parquet from pipe clean) nor a shard dir (index.json from pipe shard)")
 
 
-def run(cfg: CheckConfig) -> CheckReport:
+def run(cfg: CheckConfig, show_progress: bool = False) -> CheckReport:
     if not cfg.dirs:
         raise UsageError("give at least one folder to check")
     if cfg.workers < 0:
@@ -111,19 +112,37 @@ def run(cfg: CheckConfig) -> CheckReport:
     folders = []
     for path, kind in kinds:
         t = time.perf_counter()
-        results = run_folder(path, kind, policy, cfg)
+        results = run_folder(path, kind, policy, cfg, show_progress)
         folders.append(FolderReport(path, kind, results, time.perf_counter() - t))
     return CheckReport(folders, policy, cfg.deep)
 
 
-def run_folder(path: Path, kind: str, policy: Policy, cfg: CheckConfig) -> list[CheckResult]:
+def run_folder(path: Path, kind: str, policy: Policy, cfg: CheckConfig, show_progress: bool = False) -> list[CheckResult]:
     if kind == "clean":
         folder, checks = clean_dir.load(path, cfg.deep, cfg.input, cfg.workers), clean_dir.CHECKS
     else:
         from pipeline.checks import shard_dir
 
-        folder, checks = shard_dir.load(path, cfg.deep, policy, cfg.workers), shard_dir.CHECKS
+        with _shard_progress(path, show_progress) as advance:
+            folder = shard_dir.load(path, cfg.deep, policy, cfg.workers, advance)
+        checks = shard_dir.CHECKS
     return [run_one(fn, folder, policy) for fn in checks]
+
+
+@contextmanager
+def _shard_progress(path: Path, enabled: bool):
+    """A bar on stderr over the shards being read (the long part of checking a shard dir)."""
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pipeline.ui import err_console
+
+    with Progress(TextColumn("[bold]check {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task(str(path), total=None)
+        yield lambda: bar.advance(task)
 
 
 def run_one(fn, folder, policy: Policy) -> CheckResult:

@@ -42,7 +42,8 @@ class ShardDir:
         return [(e, s) for e, s in zip(self.entries, self.scans) if e.get("split") == name]
 
 
-def load(root: Path, deep: bool, policy: Policy, workers: int = 0) -> ShardDir:
+def load(root: Path, deep: bool, policy: Policy, workers: int = 0, advance=lambda: None) -> ShardDir:
+    """Read index.json and scan every indexed shard; ``advance()`` is called once per shard read."""
     d = ShardDir(root, deep)
     try:
         d.index = json.loads((root / "index.json").read_text(encoding="utf-8"))
@@ -58,7 +59,7 @@ def load(root: Path, deep: bool, policy: Policy, workers: int = 0) -> ShardDir:
     d.classes = tuple(str(c) for c in classes) if isinstance(classes, list) else ()
     size = policy.image_size if policy.image_size is not None else _int_or_none(d.index.get("image_size"))
     settings = ScanSettings(deep, size, policy.image_mode, d.classes)
-    d.scans = _scan_all(root, d.entries, settings, workers)
+    d.scans = _scan_all(root, d.entries, settings, workers, advance)
     return d
 
 
@@ -66,16 +67,21 @@ def _int_or_none(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _scan_all(root: Path, entries: list[dict], s: ScanSettings, workers: int) -> list[ShardScan]:
+def _scan_all(root: Path, entries: list[dict], s: ScanSettings, workers: int, advance) -> list[ShardScan]:
     jobs = [(_inside(root, e["name"]), e["name"], s) for e in entries]
     total = sum(p.stat().st_size for p, _, _ in jobs if p.is_file())
     if len(jobs) < 2 or total < IN_PROCESS_BYTES or workers == 1:
-        return [scan_shard(j) for j in jobs]
-    from pipeline.executor import OrderedPool
+        results = map(scan_shard, jobs)
+    else:
+        from pipeline.executor import OrderedPool
 
-    n = min(workers or _cores(), len(jobs))
-    pool = OrderedPool(scan_shard, n)
-    return list(pool.map(jobs, on_crash=lambda job, e: ShardScan(job[1], error=f"reading it crashed a worker: {e}")))
+        pool = OrderedPool(scan_shard, min(workers or _cores(), len(jobs)))
+        results = pool.map(jobs, on_crash=lambda job, e: ShardScan(job[1], error=f"reading it crashed a worker: {e}"))
+    scans = []
+    for scan in results:
+        scans.append(scan)
+        advance()
+    return scans
 
 
 def _inside(root: Path, name: str) -> Path:

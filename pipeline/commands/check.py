@@ -32,7 +32,8 @@ def check(
     from pipeline.config import explicit_params, load_section, resolve
 
     values = {"dirs": list(dirs), "policy": policy, "deep": deep, "input": input, "workers": workers}
-    report = stage.run(resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check")))
+    report = stage.run(resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check")),
+                       show_progress=not json)
     if junit is not None:
         _write_junit(report, junit)
     if json:
