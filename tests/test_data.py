@@ -153,9 +153,13 @@ def test_undecodable_sample_names_shard_and_key(tmp_path):
     tar_path.write_bytes(bytes(data))
     reader = ShardReader(tmp_path / "shards", batch_size=2)
     key = victim.name.split(".")[0]
-    with pytest.raises(SampleDecodeError, match=rf"train-000000\.tar: sample {key} "):
-        for _ in make_loader(reader, 2):
-            pass
+    it = iter(make_loader(reader, 2))
+    try:
+        with pytest.raises(SampleDecodeError, match=rf"train-000000\.tar: sample {key} "):
+            for _ in it:
+                pass
+    finally:
+        it._shutdown_workers()
 
 
 def test_changed_shard_is_reported_not_misread(tmp_path):

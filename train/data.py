@@ -26,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import hashlib
+import multiprocessing as mp
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,7 +242,13 @@ def read_samples(f, shard: dict, begin: int, end: int) -> list[RawSample]:
 
 def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool = False, pin_memory: bool = False,
                 prefetch_factor: int = 2, multiprocessing_context=None) -> DataLoader:
-    """A DataLoader over ``reader``'s batches; decoding runs in ``num_workers`` processes."""
+    """A DataLoader over ``reader``'s batches; decoding runs in ``num_workers`` processes.
+
+    Workers are forked where the platform can (as under torchrun), also in ranks that the
+    elastic launcher started with spawn: a spawned worker would import torch again first.
+    """
+    if multiprocessing_context is None and num_workers > 0 and "fork" in mp.get_all_start_methods():
+        multiprocessing_context = "fork"
     return DataLoader(reader, batch_size=None, shuffle=False, num_workers=num_workers,
                       persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
                       prefetch_factor=prefetch_factor if num_workers > 0 else None,
