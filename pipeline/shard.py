@@ -56,7 +56,7 @@ class ShardConfig:
     """Most bytes in one shard, tar headers and padding counted; only a single larger sample exceeds it."""
     seed: int = 0
     """Seed of the split and of the shuffle before sharding."""
-    split_distance: int = 8
+    split_distance: int = 6
     """Images whose perceptual hashes differ in at most this many of 64 bits stay on one side of the split."""
     expected_ranks: int = 8
     """Ranks you expect to train with; with expected_workers, sizes the 'too few shards' warning."""

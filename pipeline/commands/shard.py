@@ -20,7 +20,7 @@ def shard(
     max_count: Annotated[int, typer.Option(help="Most samples per shard.")] = 1000,
     max_size: Annotated[int, typer.Option(help="Most bytes per shard (tar headers and padding counted).")] = 1 << 30,
     seed: Annotated[int, typer.Option(help="Seed of the split and the shuffle.")] = 0,
-    split_distance: Annotated[int, typer.Option(help="Images within this many perceptual-hash bits stay on one side of the split.")] = 8,
+    split_distance: Annotated[int, typer.Option(help="Images within this many perceptual-hash bits stay on one side of the split.")] = 6,
     expected_ranks: Annotated[int, typer.Option(help="Ranks you expect to train with (sizes the 'too few shards' warning).")] = 8,
     expected_workers: Annotated[int, typer.Option(help="Dataloader workers per rank you expect to train with.")] = 4,
     workers: Annotated[int, typer.Option(help="Processes that decode images to measure them (0 = one per core).")] = 0,
