@@ -249,10 +249,48 @@ def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool 
     """
     if multiprocessing_context is None and num_workers > 0 and "fork" in mp.get_all_start_methods():
         multiprocessing_context = "fork"
-    return DataLoader(reader, batch_size=None, shuffle=False, num_workers=num_workers,
+    return ShardLoader(reader, batch_size=None, shuffle=False, num_workers=num_workers,
                       persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
                       prefetch_factor=prefetch_factor if num_workers > 0 else None,
                       multiprocessing_context=multiprocessing_context if num_workers > 0 else None)
+
+
+class ShardLoader(DataLoader):
+    """A DataLoader whose sample errors read as one line (the shard, the key, what failed)
+    instead of "Caught ... in DataLoader worker process N" and the worker's traceback."""
+
+    def __iter__(self):
+        return _OneLineErrors(super().__iter__())
+
+
+class _OneLineErrors:
+    def __init__(self, it):
+        self.it = it
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+    def __getattr__(self, name):  # everything else (e.g. _shutdown_workers) is the DataLoader iterator's
+        return getattr(self.it, name)
+
+    def __next__(self):
+        try:
+            return next(self.it)
+        except SampleDecodeError as e:
+            raise SampleDecodeError(original_message(e)) from None
+
+
+def original_message(e: BaseException) -> str:
+    """The worker's own message inside a DataLoader re-raise (its traceback's last line)."""
+    text = str(e)
+    if "Original Traceback" not in text:
+        return text
+    last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), text)
+    name = type(e).__name__
+    return last.split(f"{name}: ", 1)[1] if f"{name}: " in last else last
 
 
 def close_loader(loader: DataLoader) -> None:

@@ -20,7 +20,8 @@ def main(cfg: TrainConfig) -> dict:
     """One rank's run; returns its samples/s per epoch."""
     import torch.distributed as dist
 
-    from train.data import ShardReader, close_loader, make_loader
+    from pipeline.errors import StageFailed
+    from train.data import SampleDecodeError, ShardReader, close_loader, make_loader
     from train.launch import process_group
 
     with process_group(cfg.backend) as me:
@@ -35,10 +36,13 @@ def main(cfg: TrainConfig) -> dict:
             for epoch in range(cfg.epochs):
                 reader.set_epoch(epoch)
                 n, keys, start = 0, [], time.perf_counter()
-                for batch in loader:
-                    n += len(batch["key"])
-                    if cfg.record_keys:
-                        keys.extend(batch["key"])
+                try:
+                    for batch in loader:
+                        n += len(batch["key"])
+                        if cfg.record_keys:
+                            keys.extend(batch["key"])
+                except SampleDecodeError as e:
+                    raise StageFailed(str(e)) from None
                 seconds = time.perf_counter() - start
                 rates.append(n / seconds if seconds > 0 else 0.0)
                 if cfg.record_keys:

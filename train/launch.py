@@ -16,8 +16,11 @@ without an active exception" when a group is still alive).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,7 +69,7 @@ def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[
     """
     validate(config)
     if under_torchrun():
-        return {int(os.environ["RANK"]): entry(arg)}
+        return {int(os.environ["RANK"]): _as_rank(entry, arg)}
     if config.nproc_per_node == 1 and config.nnodes == 1:
         return {0: _single_rank(entry, arg)}
     return _elastic(config, entry, arg)
@@ -103,6 +106,10 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
         # like torchrun --nnodes N --node-rank R --master-addr A --master-port P (static rendezvous)
         backend, endpoint, rdzv = "static", f"{config.master_addr}:{config.master_port}", {"rank": config.node_rank}
         run_id = "pipe-train"
+    if not os.environ.get("PIPE_DEBUG"):
+        # the agent logs each failed rank's whole traceback; we report it in one line (PIPE_DEBUG=1 shows it)
+        for name in ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // config.nproc_per_node)))
     spec = ElasticConfig(min_nodes=config.nnodes, max_nodes=config.nnodes, nproc_per_node=config.nproc_per_node,
                          run_id=run_id, rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=rdzv,
@@ -115,20 +122,68 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
 
 
 def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
-    """What each launched rank runs: the entry, with its exception recorded for the agent."""
+    """What each launched rank runs: the entry, with its exception recorded for the agent and
+    said in one line on stderr (the agent itself only reports the first failure it notices)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(entry)(arg)
+    try:
+        return record(_as_rank)(entry, arg)
+    except BaseException as e:
+        sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {one_line(e)}\n")
+        sys.stderr.flush()
+        raise
+
+
+def _as_rank(entry: Callable[[Any], Any], arg: Any) -> Any:
+    """Run one rank; a rank that only lost its peers says so, after a pause that lets the
+    launcher notice the rank that failed first (the cause) before this one."""
+    import time
+
+    try:
+        return entry(arg)
+    except Exception as e:
+        if not peer_lost(e):
+            raise
+        time.sleep(2)
+        raise StageFailed(f"rank {os.environ.get('RANK', '?')} lost contact with the other ranks: another rank failed "
+                          f"first and said why ({one_line(e)[:100]})") from None
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+             "Socket Timeout", "Connection refused")
+
+
+def peer_lost(e: BaseException | str) -> bool:
+    """True for the errors a rank gets when *another* rank died (collateral, not the cause)."""
+    text = e if isinstance(e, str) else str(e)
+    return any(p in text for p in PEER_LOST)
+
+
+def one_line(e: BaseException) -> str:
+    from pipeline.errors import StageFailed, UsageError
+
+    last = next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), "")
+    return last if isinstance(e, (StageFailed, UsageError)) else f"{type(e).__name__}: {last}"
 
 
 def _describe_failures(e) -> str:
-    parts = []
+    """One line: each failed rank and the exception it recorded (or how it died)."""
+    found = []
     for rank, failure in sorted(e.failures.items()):
-        message = failure.message if isinstance(failure.message, str) else ""
+        message = failure.message
+        if isinstance(message, dict):  # written by record(): {"message": "Type: text", "extraInfo": ...}
+            message = message.get("message", "")
+        if not isinstance(message, str) or message.startswith("To enable traceback"):
+            message = ""
         last = next((ln.strip() for ln in reversed(message.strip().splitlines()) if ln.strip()), "")
+        last = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", last)  # train.data.SampleDecodeError: -> SampleDecodeError:
+        last = re.sub(r"^(StageFailed|UsageError): ", "", last)  # our own errors are already sentences
         what = last or (f"exit code {failure.exitcode}" if failure.exitcode >= 0 else f"killed by signal {-failure.exitcode}")
-        parts.append(f"rank {rank}: {what}")
-    return "; ".join(parts) or str(e)
+        found.append((peer_lost(what), f"rank {rank}: {what}"))
+    causes = [text for lost, text in found if not lost]
+    if not causes:  # only collateral failures were noticed: the cause is in a rank's line above
+        return "; ".join(text for _, text in found) + " (a rank lost its peers: the rank that failed first said why above)"
+    return "; ".join(causes) or str(e)
 
 
 def free_port() -> int:
