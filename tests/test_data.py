@@ -206,3 +206,21 @@ def test_stock_webdataset_reads_every_indexed_sample(shards):
         assert s["json"]["label"] == index["classes"][s["cls"]]
         if "jpg" in s:
             assert np.asarray(s["jpg"]).shape == (size, size, 3)
+
+
+def test_state_dict_round_trip_and_refusals(shards):
+    reader = ShardReader(shards, "train", 0, 2, batch_size=2, seed=3)
+    loader = make_loader(reader, 2)
+    reader.set_epoch(2)
+    full = loader_keys(loader)
+    state = reader.state_dict(steps_done=4)
+    again = ShardReader(shards, "train", 0, 2, batch_size=2, seed=3)
+    resumed = make_loader(again, 2)
+    again.load_state_dict(state)
+    assert again.epoch == 2 and loader_keys(resumed) == full[8:]
+    other = ShardReader(shards, "train", 0, 3, batch_size=2, seed=3)
+    make_loader(other, 2)
+    with pytest.raises(ValueError, match="world_size 2 -> 3"):
+        other.load_state_dict(state)
+    other.load_state_dict(reader.state_dict(steps_done=reader.steps_per_epoch))  # epoch done: next one, any world
+    assert other.epoch == 3

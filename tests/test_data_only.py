@@ -148,3 +148,13 @@ def test_train_command_does_not_import_torch():
     code = ("import sys; import train.command, train.config, train.launch; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
+
+
+def test_config_schema_lists_every_train_setting():
+    import dataclasses
+
+    from pipeline import schemas
+    from train.config import TrainConfig
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(schemas.load_schema("config")["properties"]["train"]["properties"]) == fields

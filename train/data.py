@@ -84,6 +84,7 @@ class ShardReader(IterableDataset):
         self.steps_per_epoch = self.plan(0).steps  # depends only on the sample count, world and batch
         # epoch and samples already consumed this epoch, shared with the dataloader workers
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.num_workers = 0  # set by make_loader; the plan gives each worker a piece
 
     # -- position ------------------------------------------------------------------------------
 
@@ -101,6 +102,31 @@ class ShardReader(IterableDataset):
     @property
     def epoch(self) -> int:
         return int(self._position[0])
+
+    def state_dict(self, steps_done: int) -> dict:
+        """The reader's position after ``steps_done`` steps of the current epoch, for a checkpoint."""
+        return {"epoch": self.epoch, "consumed": steps_done * self.batch_size, "world_size": self.world_size,
+                "batch_size": self.batch_size, "num_workers": max(1, self.num_workers), "seed": self.seed,
+                "shuffle_buffer": self.shuffle_buffer, "steps_per_epoch": self.steps_per_epoch,
+                "fingerprint": self.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict`: mid-epoch exactly (same world size, batch, workers, seed
+        and shuffle buffer required, or samples would repeat or be skipped: ValueError says
+        which changed); at an epoch boundary anything may change."""
+        if state["fingerprint"] != self.fingerprint:
+            raise ValueError("the saved reader position belongs to another dataset (index.json differs)")
+        epoch, consumed = int(state["epoch"]), int(state["consumed"])
+        if consumed >= state["steps_per_epoch"] * state["batch_size"]:  # the epoch was finished
+            epoch, consumed = epoch + 1, 0
+        if consumed:
+            now = self.state_dict(0)
+            changed = [f"{k} {state[k]} -> {now[k]}" for k in ("world_size", "batch_size", "num_workers", "seed", "shuffle_buffer")
+                       if state[k] != now[k]]
+            if changed:
+                raise ValueError(f"cannot resume mid-epoch {epoch} with changed {', '.join(changed)}: resume with the "
+                                 "saved settings, or from the start of an epoch")
+        self.set_epoch(epoch, consumed)
 
     def plan(self, epoch: int) -> EpochPlan:
         return epoch_plan(self.counts, self.world_size, self.batch_size, self.seed, epoch, train=self.split == "train")
@@ -247,6 +273,7 @@ def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool 
     Workers are forked where the platform can (as under torchrun), also in ranks that the
     elastic launcher started with spawn: a spawned worker would import torch again first.
     """
+    reader.num_workers = num_workers
     if multiprocessing_context is None and num_workers > 0 and "fork" in mp.get_all_start_methods():
         multiprocessing_context = "fork"
     return ShardLoader(reader, batch_size=None, shuffle=False, num_workers=num_workers,
