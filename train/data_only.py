@@ -24,9 +24,13 @@ def main(cfg: TrainConfig) -> dict:
     from train.data import SampleDecodeError, ShardReader, close_loader, make_loader
     from train.launch import process_group
 
+    from pipeline import shard_index
+
+    counts = shard_index.load(cfg.shard_dir)["counts"]["train"]
+    fields = tuple(f for f, n in (("image", counts["images"]), ("text", counts["texts"])) if n)  # what the data has
     with process_group(cfg.backend) as me:
         reader = ShardReader(cfg.shard_dir, "train", me.rank, me.world_size, batch_size=cfg.batch_size,
-                             seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer)
+                             seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields)
         loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0)
         rates = []
         try:
