@@ -18,7 +18,6 @@ journal (`encode_keys`), not a Python list of ints.
 from __future__ import annotations
 
 import base64
-import re
 
 import numpy as np
 
@@ -28,7 +27,6 @@ BANDS = 16  # LSH bands; BINS / BANDS values per band
 _ROWS = BINS // BANDS
 _BIN_SHIFT = np.uint64(64 - 6)  # top 6 bits choose one of 64 bins
 _LOW = np.uint64((1 << 58) - 1)
-_SPACES = re.compile(r"\s+")
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _P = np.uint64(0x100000001B3)  # FNV prime, the rolling-hash multiplier
 
@@ -43,7 +41,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def normalize_for_shingles(text: str) -> str:
-    return _SPACES.sub(" ", text.casefold()).strip()
+    return " ".join(text.casefold().split())
 
 
 def shingles(text: str, n: int = SHINGLE) -> np.ndarray:
@@ -58,7 +56,8 @@ def shingles(text: str, n: int = SHINGLE) -> np.ndarray:
         h = np.zeros(len(cps) - n + 1, dtype=np.uint64)
         for k in range(n):
             h = h * _P + cps[k : len(cps) - n + 1 + k]
-        return np.unique(_mix(h))
+        h = np.sort(_mix(h))
+    return h[np.r_[True, h[1:] != h[:-1]]]  # unique (np.unique is several times slower)
 
 
 def signature(hashes: np.ndarray) -> np.ndarray:
