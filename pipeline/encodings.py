@@ -61,6 +61,7 @@ SUPERSET = {
     "iso8859-11": "cp874",
     "tis-620": "cp874",
 }
+MULTIBYTE = {"gb18030", "big5hkscs", "cp932", "shift_jis_2004", "cp949", "euc_jis_2004", "euc_kr", "johab"}
 # Tried last, when every guess failed: multi-byte encodings, whose strict decode of a whole file
 # is strong evidence. (No single-byte code page: those decode anything.)
 FALLBACKS = ("gb18030", "big5hkscs", "cp932", "cp949", "euc_jis_2004")
@@ -259,6 +260,11 @@ def _decodes(data: bytes, enc: str) -> bool:
         return False
 
 
+def _paired(text: str) -> bool:
+    """At least two characters beyond Latin-1 were made of paired bytes."""
+    return sum(1 for ch in text[:4000] if ord(ch) > 0x2E7F) >= 2
+
+
 def _first_high_byte(data: bytes) -> int:
     stripped = data.lstrip(bytes(range(0x80)))
     return len(data) - len(stripped)
@@ -309,9 +315,14 @@ def _first_strict(data: bytes, guesses: list[tuple[str, float]], tried: list[str
         return None
     # Weigh the decodes by implausibility: C1 control characters (an ISO-8859 reading of cp1252
     # quotes), and words that mix scripts, which is what a wrong single-byte code page makes of
-    # accented letters ("cafι" for "café"). Ties keep chardet's order.
-    scored = [(_implausibility(t), i) for i, (t, _e, _c) in enumerate(decoded)]
-    best_score, best = min(scored)
+    # accented letters ("cafι" for "café"). On a tie, a multi-byte encoding whose every high byte
+    # paired up into a character wins if chardet rated it about as well: a single-byte code page
+    # decodes any bytes, so its success says nothing, while chance pairings soon fail. Then
+    # chardet's order.
+    top = max(c for _t, _e, c in decoded)
+    scored = [(_implausibility(t), 0 if e in MULTIBYTE and c >= top / 2 and _paired(t) else 1, i)
+              for i, (t, e, c) in enumerate(decoded)]
+    best_score, _evidence, best = min(scored)
     if plausible_only and best_score > 0:
         return None
     return decoded[best]

@@ -85,3 +85,55 @@ def test_exact_duplicate_hash_ignores_line_endings_bom_and_trailing_space():
 def test_fingerprints_for_near_duplicates_are_compact():
     o = clean_text(LANGUAGES["de"][1].encode())
     assert isinstance(o.minhash, str) and len(o.minhash) < 100
+
+
+# --- through `pipe clean`: the exact bytes written, the reason for every rejected file ---------
+
+CAPTIONS = {  # file -> (bytes on disk, the UTF-8 text pipe must write)
+    "gbk.txt": ("一只橘色的小猫躺在沙发上睡觉，旁边放着一本书。".encode("gbk"), "一只橘色的小猫躺在沙发上睡觉，旁边放着一本书。"),
+    "big5.txt": ("一隻橘色的小貓躺在沙發上睡覺，旁邊放著一本書。".encode("big5"), "一隻橘色的小貓躺在沙發上睡覺，旁邊放著一本書。"),
+    "sjis.txt": ("オレンジ色の子猫がソファで寝ていて、隣に本があります。".encode("shift_jis"), "オレンジ色の子猫がソファで寝ていて、隣に本があります。"),
+    "euckr.txt": ("주황색 새끼 고양이가 소파에서 자고 있고 옆에 책이 있습니다.".encode("euc_kr"), "주황색 새끼 고양이가 소파에서 자고 있고 옆에 책이 있습니다."),
+    "koi8r.txt": ("Рыжий котёнок спит на диване, рядом лежит книга.".encode("koi8_r"), "Рыжий котёнок спит на диване, рядом лежит книга."),
+    "cp1252.txt": ("Un chaton roux dort sur le canapé – à côté, un livre “ouvert”.\r\n".encode("cp1252"),
+                   "Un chaton roux dort sur le canapé – à côté, un livre “ouvert”.\n"),
+    "utf16le_bom.txt": (b"\xff\xfe" + "Ein Kätzchen schläft.\r\nZweite Zeile".encode("utf-16-le"), "Ein Kätzchen schläft.\nZweite Zeile"),
+    "utf16be_bom.txt": (b"\xfe\xff" + "小猫在睡觉。".encode("utf-16-be"), "小猫在睡觉。"),
+    "utf16le.txt": ("A kitten sleeps on the sofa.".encode("utf-16-le"), "A kitten sleeps on the sofa."),
+    "utf16be.txt": ("Котёнок спит на диване.".encode("utf-16-be"), "Котёнок спит на диване."),
+    "utf8_bom.txt": (b"\xef\xbb\xbf" + "Ünïcödé with a BOM\n".encode(), "Ünïcödé with a BOM\n"),
+    "mojibake.txt": ("Le café était très agréable.".encode().decode("latin-1").encode(), "Le café était très agréable."),
+    "nfd.txt": ("Cafe\u0301 cre\u0300me".encode(), "Café crème"),
+}
+REJECTED = {  # file -> (bytes, reason)
+    "binary.txt": (bytes(range(256)) * 4, "binary_content"),
+    "empty.txt": (b"", "zero_bytes"),
+    "blank.txt": (b" \r\n\t\r\n", "empty_text"),
+    "lossy.txt": ("the caf\ufffd was closed".encode(), "garbled_text"),
+    "broken_bom.txt": (b"\xef\xbb\xbfcaf\xe9", "undecodable_text"),
+}
+
+
+def test_pipe_clean_writes_exact_utf8_and_says_why_it_rejects(tmp_path):
+    import pyarrow.parquet as pq
+
+    from pipeline import clean
+    from pipeline.clean import CleanConfig
+
+    src = tmp_path / "raw"
+    src.mkdir()
+    for name, (data, _) in {**CAPTIONS, **REJECTED}.items():
+        (src / name).write_bytes(data)
+    clean.run(CleanConfig(src, tmp_path / "clean", workers=2), show_progress=False)
+    rows = {r["source"]: r for r in pq.read_table(tmp_path / "clean" / "manifest.parquet").to_pylist()}
+    for name, (_, expected) in CAPTIONS.items():
+        r = rows[name]
+        assert r["status"] == "kept", (name, r["reason"], r["detail"])
+        assert (tmp_path / "clean" / r["output"]).read_bytes() == expected.encode("utf-8"), name
+        assert r["encoding"] and r["encoding_confidence"] is not None, name
+    assert "repaired mojibake" in rows["mojibake.txt"]["detail"]
+    for name, (_, reason) in REJECTED.items():
+        assert (rows[name]["status"], rows[name]["reason"]) == ("quarantined", reason), name
+        assert rows[name]["output"] == ""
+    assert rows["gbk.txt"]["encoding"] == "gb18030" and rows["sjis.txt"]["encoding"] == "cp932"
+    assert rows["utf16le.txt"]["encoding"] == "utf-16-le"
