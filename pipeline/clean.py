@@ -26,11 +26,11 @@ from pipeline.decide import DecideSettings, Outputs, decide
 from pipeline.discover import Candidate, discover
 from pipeline.errors import StageFailed, UsageError
 from pipeline.executor import OrderedPool
-from pipeline.fsutil import atomic_copy, atomic_write_text, sweep_tmp
+from pipeline.fsutil import atomic_copy, atomic_write_bytes, atomic_write_text, sweep_tmp
 from pipeline.images import BACKGROUNDS, ImageSettings
 from pipeline.journal import STATE_DIR, Journal
 from pipeline.manifest import ManifestWriter, row
-from pipeline.process import crashed, init_worker, process
+from pipeline.process import crashed, init_worker, output_path, process
 from pipeline.records import QUARANTINED, FileResult
 from pipeline.report import ReportBuilder
 from pipeline.text import TextSettings
@@ -224,6 +224,10 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
 
     t = time.perf_counter()
     results, reused = _process_all(cfg, candidates, journal, show_progress)
+    if lab is not None:
+        from pipeline.labels import attach_captions
+
+        label_notes.update(attach_captions(results, lab.captions))
     timings["process_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -290,6 +294,11 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     writer = ManifestWriter(out / "manifest.parquet")
     try:
         for r, d in zip(results, decisions):
+            if d.status == "kept" and r.caption is not None:  # a caption from the labels file
+                cap = output_path(r.source, r.key, "txt")
+                _write_if_changed(out / cap, r.caption.encode("utf-8"))
+                keep_outputs.add(cap)
+                d = dataclasses.replace(d, detail=f"{d.detail}: {cap}")
             if d.status == "kept":
                 keep_outputs.add(r.output)
                 _move_if_there(out / PARKED / r.output, out / r.output)
@@ -318,6 +327,15 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     except OSError as e:
         raise StageFailed(f"could not finish writing {out}: {e}") from None
     return doc
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
 
 
 def _move_if_there(src: Path, dest: Path) -> None:

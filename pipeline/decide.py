@@ -141,14 +141,20 @@ def _samples(results: list[FileResult]) -> list[Sample]:
     return order
 
 
-def _is_pair(smp: Sample) -> bool:
-    return smp.image is not None and smp.text is not None
+def _is_pair(smp: Sample, results=None) -> bool:
+    """An image with a caption: a caption file, or (given ``results``) a labels-file caption."""
+    if smp.image is None:
+        return False
+    return smp.text is not None or (results is not None and results[smp.image].caption is not None)
 
 
 def _pairs_fail_together(results, samples) -> None:
     for smp in samples:
         failed = [i for i in smp.files if results[i].reason]
         if not failed:
+            if smp.image is not None and smp.text is None and results[smp.image].caption_reason:
+                smp.status, smp.reason = QUARANTINED, "pair_rejected"
+                smp.detail = f"its caption in the labels file was rejected: {results[smp.image].caption_reason}"
             continue
         smp.status = QUARANTINED
         if _is_pair(smp):
@@ -194,6 +200,10 @@ def _signature(results, smp: Sample):
             return None
         else:
             parts.append(results[i].content_hash)
+    if smp.text is None and smp.image is not None and results[smp.image].caption is not None:
+        from pipeline.text import text_hash
+
+        parts[1] = text_hash(results[smp.image].caption)
     return tuple(parts) if any(parts) else None
 
 
@@ -264,7 +274,7 @@ def _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats) 
         tried = set()
         for cand, why in sorted(neighbours.get(k, ()), key=lambda c: rank[leader.get(c[0], c[0])]):
             target = leader.get(cand, cand)
-            if target in tried or len(tried) >= MAX_TRIES or _is_pair(samples[k]) != _is_pair(samples[target]):
+            if target in tried or len(tried) >= MAX_TRIES or _is_pair(samples[k], results) != _is_pair(samples[target], results):
                 continue
             tried.add(target)
             same, detail = _confirm(results, samples[k], samples[target], s, outputs, stats)
@@ -294,12 +304,12 @@ def _confirm(results, a: Sample, b: Sample, s, outputs: Outputs | None, stats) -
         if not same:
             return False, ""
         notes.append(detail)
-    if a.text is not None:
-        ra, rb = results[a.text], results[b.text]
-        if ra.content_hash != rb.content_hash:
+    if _is_pair(a, results) or a.image is None:
+        sig_a, sig_b = _signature(results, a), _signature(results, b)
+        if sig_a is None or sig_b is None or sig_a[1] != sig_b[1]:
             from pipeline.minhash import jaccard
 
-            sa, sb = outputs.shingles(ra), outputs.shingles(rb)
+            sa, sb = _caption_shingles(results, a, outputs), _caption_shingles(results, b, outputs)
             if sa is None or sb is None:
                 stats["unconfirmable"] += 1
                 return False, ""
@@ -307,9 +317,17 @@ def _confirm(results, a: Sample, b: Sample, s, outputs: Outputs | None, stats) -
             if j < s.near_text_jaccard:
                 return False, ""
             notes.append(f"{'caption ' if a.image is not None else ''}Jaccard similarity {j:.2f}")
-        elif a.image is not None:
+        else:
             notes.append("same caption")
     return True, "; ".join(notes)
+
+
+def _caption_shingles(results, smp: Sample, outputs: Outputs):
+    if smp.text is not None:
+        return outputs.shingles(results[smp.text])
+    from pipeline.minhash import shingles
+
+    return shingles(results[smp.image].caption)
 
 
 # --- label conflicts ----------------------------------------------------------------------
@@ -368,9 +386,15 @@ def _winning_label(samples, members, counts: Counter, policy: str):
 
 # --- back to files ------------------------------------------------------------------------
 
+INLINE_CAPTION = "with its caption from the labels file"
+
+
 def _to_files(results, samples, out: list[Decision]) -> None:
     for smp in samples:
         if smp.status == KEPT:
+            if smp.image is not None and smp.text is None and results[smp.image].caption is not None \
+                    and not results[smp.image].reason:
+                out[smp.image] = Decision(KEPT, None, None, INLINE_CAPTION)
             continue
         other = samples[smp.of] if smp.of is not None else None
         for i in smp.files:

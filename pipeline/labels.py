@@ -136,3 +136,32 @@ def check_against(lab: Labels, candidates) -> dict:
     _note(notes, "rows_naming_missing_files", missing)
     _note(notes, "files_without_label", unlabelled)
     return notes
+
+
+def attach_captions(results, captions: dict[str, str]) -> dict:
+    """Give each image the caption the labels file's text column has for it, normalised like a
+    caption file (or the reason it was rejected). A caption file beside the image wins."""
+    from pipeline.records import KIND_IMAGE, KIND_TEXT
+    from pipeline.text import clean_text
+
+    with_file = {r.key for r in results if r.kind == KIND_TEXT}
+    ignored, rejected, given = [], [], 0
+    for r in results:
+        r.caption = r.caption_reason = None  # from this run's labels file only, never the journal's
+        raw = captions.get(r.source)
+        if raw is None or r.kind != KIND_IMAGE:
+            continue
+        if r.key in with_file:
+            ignored.append(r.source)
+            continue
+        o = clean_text(raw.encode("utf-8"))
+        if o.reason:
+            r.caption_reason = f"{o.reason} ({o.detail})"
+            rejected.append(f"{r.source}: {o.reason}")
+        else:
+            r.caption = o.text
+            given += 1
+    notes: dict = {"captions": given} if given else {}
+    _note(notes, "captions_ignored_for_a_caption_file", ignored)
+    _note(notes, "captions_rejected", rejected)
+    return notes

@@ -67,6 +67,10 @@ class FileResult:
     output: str = ""  # path relative to CLEAN_DIR of the cleaned file (written by the worker)
     output_bytes: int = 0
     notes: list[str] = field(default_factory=list)  # harmless oddities kept, repairs made
+    # A caption given for an image in the --labels file's text column (normalised like a text
+    # file), or why it was rejected. Set by the main process on every run, from the labels file.
+    caption: str | None = None
+    caption_reason: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), ensure_ascii=False, separators=(",", ":"))

@@ -83,3 +83,34 @@ def test_binary_labels_file_is_a_usage_error(tmp_path, cli):
                                                ("/a.jpg", "a.jpg"), (".hidden/x.jpg", ".hidden/x.jpg")])
 def test_paths_are_normalised(raw_path, expected):
     assert normalize_path(raw_path) == expected
+
+
+def test_text_column_is_a_caption(tmp_path):
+    from tests.factories import image_bytes, noise_rgb
+
+    src = tmp_path / "raw"
+    same = image_bytes(noise_rgb(200, 150, seed=4), "PNG")
+    write(src / "a.png", same)
+    write(src / "b.png", same)  # same pixels, other caption: another sample
+    write(src / "c.png", same)  # same pixels and caption as a: a duplicate
+    photo(src / "d.jpg", seed=8)
+    write(src / "d.txt", "the caption file wins")
+    photo(src / "e.jpg", seed=9)
+    labels = write(tmp_path / "labels.csv", 'path,label,text\n'
+                   'a.png,cat,"A cat,\r\nasleep"\nb.png,cat,A dog\nc.png,cat,"A cat,\nasleep"\n'
+                   'd.jpg,cat,ignored\ne.jpg,cat,"caf\ufffd"\n'.encode("utf-8"))
+    report, rows = _run(src, tmp_path / "clean", labels)
+    out = tmp_path / "clean"
+    assert rows["a.png"]["status"] == rows["b.png"]["status"] == "kept"
+    assert (out / "data" / "a.txt").read_text(encoding="utf-8") == "A cat,\nasleep"
+    assert "caption from the labels file: data/a.txt" in rows["a.png"]["detail"]
+    assert rows["c.png"]["reason"] == "exact_duplicate" and not (out / "data" / "c.txt").exists()
+    assert (out / "data" / "d.txt").read_text() == "the caption file wins"
+    assert (rows["e.jpg"]["status"], rows["e.jpg"]["reason"]) == ("quarantined", "pair_rejected")
+    assert "garbled_text" in rows["e.jpg"]["detail"]
+    assert report["labels"]["captions"] == 3
+    assert report["labels"]["captions_ignored_for_a_caption_file"]["first"] == ["d.jpg"]
+    # a second run changes nothing
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "report.json"}
+    _run(src, out, labels)
+    assert before == {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "report.json"}
