@@ -25,11 +25,13 @@ import unicodedata
 from dataclasses import dataclass, field
 
 # chardet looks at this many bytes; enough for a stable guess, far less than reading it all.
-DETECT_WINDOW = 8192
+DETECT_WINDOW = 4096
 # Bytes inspected for the binary and UTF-16/32 byte-pattern checks.
 SNIFF_BYTES = 65536
 # More than this share of control bytes (NUL included) in the sniffed bytes means binary.
 MAX_CONTROL_SHARE = 0.01
+# Characters looked at when judging how plausible a decode is.
+PLAUSIBLE_CHARS = 4096
 # Below this chardet confidence a guess is weighed against alternatives by plausibility.
 LOW_CONFIDENCE = 0.5
 # chardet's guesses beyond this many are not worth a decode.
@@ -181,7 +183,7 @@ def _utf16_without_nuls(data: bytes) -> Decoded | None:
     (surrogates, private use, unassigned, many unrelated blocks); real UTF-16 text stays in a
     few scripts plus punctuation and spaces.
     """
-    sample = data[: min(len(data), SNIFF_BYTES) & ~1]
+    sample = data[: min(len(data), 2 * PLAUSIBLE_CHARS) & ~1]
     best = None
     for enc in ("utf-16-le", "utf-16-be"):
         try:
@@ -205,11 +207,16 @@ def _utf16_without_nuls(data: bytes) -> Decoded | None:
 def _plausible_text(text: str, min_breaks: float) -> bool:
     """Nearly all characters from common scripts, and at least ``min_breaks`` (a share of the
     characters) of spaces or CJK punctuation between them: prose has them every few words."""
+    text = text[:PLAUSIBLE_CHARS]
     if not text:
         return False
-    plausible = sum(1 for ch in text if ch in "\n\r\t" or any(lo <= ord(ch) <= hi for lo, hi in _PLAUSIBLE_UTF16))
-    breaks = sum(1 for ch in text if ch in " \n\t" or 0x3000 <= ord(ch) <= 0x303F or 0xFF00 <= ord(ch) <= 0xFF20)
-    return plausible / len(text) >= 0.98 and breaks >= min_breaks * len(text)
+    odd = len(_IMPLAUSIBLE_CHAR.findall(text))
+    breaks = len(_BREAK_CHAR.findall(text))
+    return odd <= 0.02 * len(text) and breaks >= min_breaks * len(text)
+
+
+_IMPLAUSIBLE_CHAR = re.compile("[^\t\n\r" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _PLAUSIBLE_UTF16) + "]")
+_BREAK_CHAR = re.compile("[\t\n \u3000-\u303f\uff00-\uff20]")
 
 
 def _iso2022(data: bytes) -> Decoded | None:
@@ -320,15 +327,21 @@ def _first_strict(data: bytes, guesses: list[tuple[str, float]], tried: list[str
     # decodes any bytes, so its success says nothing, while chance pairings soon fail. Then
     # chardet's order.
     top = max(c for _t, _e, c in decoded)
-    scored = [(_implausibility(t), 0 if e in MULTIBYTE and c >= top / 2 and _paired(t) else 1, i)
-              for i, (t, e, c) in enumerate(decoded)]
-    best_score, _evidence, best = min(scored)
-    if plausible_only and best_score > 0:
+    best = None
+    for i, (t, e, c) in enumerate(decoded):
+        evidence = 0 if e in MULTIBYTE and c >= top / 2 and _paired(t) else 1
+        if best is not None and (best[0] == 0 and evidence >= best[1]):
+            continue  # cannot beat a flawless earlier decode: skip the costly score
+        score = (_implausibility(t), evidence, i)
+        if best is None or score < best:
+            best = score
+    if plausible_only and best[0] > 0:
         return None
-    return decoded[best]
+    return decoded[best[2]]
 
 
 _C1 = re.compile("[\x80-\x9f]")
+_ASCII = "".join(map(chr, range(128)))
 # a non-ASCII symbol, digit-like sign or currency between two letters
 _WEDGED = re.compile(r"(?<=[^\W\d_])[\u00a0-\u00bf\u00d7\u00f7\u02c6-\u02dd\u2020-\u2022\u2030\u2039\u203a\u20ac\u2122](?=[^\W\d_])")
 _SCRIPT_CACHE: dict[str, str] = {}
@@ -346,18 +359,20 @@ def _script(ch: str) -> str:
     return s
 
 
-def _implausibility(text: str, limit: int = 20000) -> int:
+def _implausibility(text: str, limit: int = 1500) -> int:
     """How wrong a decode looks: C1 controls (an ISO-8859 reading of cp1252 quotes), words that
     mix scripts ("cafι" for "café"), and symbols wedged between letters ("¯ó³æ" for "Żółć")."""
-    return (len(_C1.findall(text, 0, limit)) + _mixed_script_words(text, limit)
-            + len(_WEDGED.findall(text, 0, limit)))
+    start = len(text) - len(text.lstrip(_ASCII))  # ASCII says nothing: look where the rest begins
+    start = max(0, start - 64)
+    text = text[start : start + limit]
+    return len(_C1.findall(text)) + _mixed_script_words(text, limit) + len(_WEDGED.findall(text))
 
 
 def _script_count(text: str) -> int:
     return len({_script(ch) for ch in text[:2000] if ch.isalpha()})
 
 
-def _mixed_script_words(text: str, limit: int = 20000) -> int:
+def _mixed_script_words(text: str, limit: int = PLAUSIBLE_CHARS) -> int:
     """Words that mix scripts, e.g. Latin with Greek ("cafι"): the mark of a wrong code page."""
     mixed = 0
     for m in _WORD.finditer(text, 0, limit):

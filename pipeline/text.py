@@ -15,6 +15,7 @@ The steps, each a check that keeps the text or returns a reason (datatrove style
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -111,6 +112,8 @@ def _fix_mojibake(text: str) -> tuple[str | None, str]:
     gbk = _utf8_read_as_gbk(text)
     if gbk is not None:
         return gbk, "utf-8 read as gbk"
+    if not _suspect().search(text):
+        return None, ""  # no UTF-8 lead character followed by a continuation one: nothing to fix
     import ftfy
     from ftfy.badness import is_bad
 
@@ -130,12 +133,32 @@ def _fix_mojibake(text: str) -> tuple[str | None, str]:
     return None, "mojibake (characters typical of a wrong decoding) that ftfy cannot repair"
 
 
+# The single-byte encodings ftfy can undo. UTF-8 read as any of them turns a lead byte
+# (0xC2-0xF4) into one character and the continuation byte after it (0x80-0xBF) into another;
+# mojibake always has such a pair, so texts without one skip ftfy's costlier badness scan.
+_MISREAD_AS = ("latin-1", "sloppy-windows-1252", "sloppy-windows-1250", "sloppy-windows-1251",
+               "sloppy-windows-1253", "sloppy-windows-1254", "sloppy-windows-1257", "iso-8859-2", "macroman", "cp437")
+
+
+@functools.cache
+def _suspect() -> re.Pattern:
+    import ftfy.bad_codecs  # noqa: F401 - registers the sloppy-windows-* codecs
+
+    leads = {ch for c in _MISREAD_AS for ch in bytes(range(0xC2, 0xF5)).decode(c)}
+    conts = {ch for c in _MISREAD_AS for ch in bytes(range(0x80, 0xC0)).decode(c)}
+    cls = lambda chars: "[" + re.escape("".join(sorted(chars))) + "]"  # noqa: E731
+    return re.compile(f"{cls(leads)}(?={cls(conts)})|[\x80-\x9f]")
+
+
+_HANZI = re.compile("[\u4e00-\u9fff]")
 # GBK lead bytes of common hanzi decoded from UTF-8 bytes: UTF-8 Chinese read as GBK looks like
 # "浣犲ソ" for "你好". Re-encoding as GBK and decoding as UTF-8 strictly succeeds only for that.
 def _utf8_read_as_gbk(text: str) -> str | None:
-    non_ascii = sum(1 for ch in text[:4000] if ord(ch) > 0x7F)
-    if non_ascii < 6:
-        return None  # too little evidence: a short real Chinese text could pass by chance
+    if not _HANZI.search(text):
+        return None
+    head = text[:4000]
+    if len(head.encode("utf-8")) - len(head) < 12:
+        return None  # under ~6 non-ASCII characters: a short real Chinese text could pass by chance
     try:
         repaired = text.encode("gb18030").decode("utf-8")
     except UnicodeError:
