@@ -20,12 +20,13 @@ contributes at most ``max_bucket`` members to any one lookup (its first ones, in
 
 from __future__ import annotations
 
+import sys
 from itertools import combinations
 
 import numpy as np
 
 BANDS = ((0, 21), (21, 21), (42, 22))  # (shift, bits)
-CHUNK = 1 << 22  # candidate pairs materialised at once
+CHUNK = 1 << 20  # candidate pairs materialised at once (about 40 MB of temporaries)
 
 
 def _masks(bits: int, radius: int) -> np.ndarray:
@@ -54,27 +55,31 @@ def candidate_pairs(hashes: np.ndarray, max_distance: int, max_bucket: int = 256
     found: list[np.ndarray] = []
     for shift, full_bits in BANDS:
         bits = min(full_bits, width)
-        band = ((h >> np.uint64(shift)) & np.uint64((1 << bits) - 1)).astype(np.int64)
+        band = ((h >> np.uint64(shift)) & np.uint64((1 << bits) - 1)).astype(np.int32)
         order = np.argsort(band, kind="stable").astype(np.int32)  # input order within a bucket
         band, hs = band[order], h[order]  # queries in band order: table reads become near-sequential
         counts = np.bincount(band, minlength=1 << bits)
-        # one 8-byte read per lookup: bucket start (high 32 bits) and size (low 32 bits)
         table = np.zeros(1 << bits, dtype=np.int64)
         np.cumsum(counts[:-1], out=table[1:])
         # Within a bucket (mask 0): each hash pairs with the ones after it in its bucket.
-        k = np.arange(n)
-        after = np.minimum((table + counts)[band] - k - 1, max_bucket)
-        found.extend(_expand(hs, order, k + 1, after, k, max_distance))
+        k = np.flatnonzero(counts[band] > 1)  # hashes that share their bucket (few)
+        after = np.minimum(table[band[k]] + counts[band[k]] - k - 1, max_bucket)
+        found.extend(_expand(hs, order, k, k + 1, after, max_distance))
+        del k, after
+        # one 8-byte read per lookup: bucket start (high 32 bits) and size (low 32 bits)
         table = (table << 32) | np.minimum(counts, max_bucket)
-        del counts, after
+        del counts
         # Across buckets: a pair (a, b) with band_a ^ band_b == mask is seen from both ends;
         # only the end whose band has a 0 at the mask's top bit looks (the other half is skipped).
         for mask in _masks(bits, radius)[1:]:
             top = 1 << (int(mask).bit_length() - 1)
-            k = np.flatnonzero((band & top) == 0)
-            packed = table[band[k] ^ mask]
-            found.extend(_expand(hs, order, packed >> 32, packed & 0xFFFFFFFF, k, max_distance))
-        del band, hs, table
+            packed = table[band ^ np.int32(mask)]
+            packed[(band & top) != 0] = 0  # the other end of these pairs looks instead
+            cnt = _low32(packed)
+            hit = np.flatnonzero(cnt)
+            found.extend(_expand(hs, order, hit, packed[hit] >> 32, cnt[hit].astype(np.int64), max_distance))
+            del packed, cnt, hit
+        del band, hs, table, order
     if not found:
         return np.zeros((0, 3), dtype=np.int64)
     pairs = np.concatenate(found)
@@ -84,16 +89,24 @@ def candidate_pairs(hashes: np.ndarray, max_distance: int, max_bucket: int = 256
     return pairs[first]
 
 
-def _expand(hs, order, lo, cnt, k, max_distance):
+def _low32(a: np.ndarray) -> np.ndarray:
+    """The low 32 bits of an int64 array, as a view where the byte order allows (no copy)."""
+    if sys.byteorder == "little":
+        return a.view(np.uint32)[0::2]
+    return (a & 0xFFFFFFFF).astype(np.uint32)
+
+
+def _expand(hs, order, k, lo, cnt, max_distance):
     """Turn lookups (query position k, bucket start lo, count), in band order, into the pairs of
     input indices within ``max_distance``, a chunk of lookups at a time."""
-    hit = np.flatnonzero(cnt > 0)
-    if len(hit) == 0:
+    keep = cnt > 0
+    if not keep.all():
+        k, lo, cnt = k[keep], lo[keep], cnt[keep]
+    if len(k) == 0:
         return
-    lo, cnt, k = lo[hit], cnt[hit], k[hit]
     ends = np.cumsum(cnt)
     begin = 0
-    while begin < len(hit):
+    while begin < len(k):
         base = ends[begin - 1] if begin else 0
         stop = max(int(np.searchsorted(ends, base + CHUNK, side="right")), begin + 1)
         sz = cnt[begin:stop]
