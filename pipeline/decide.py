@@ -32,7 +32,7 @@ import numpy as np
 from pipeline.records import DUPLICATE, KEPT, KIND_IMAGE, KIND_TEXT, QUARANTINED, Decision, FileResult
 
 KEEP = Decision(KEPT)
-MAX_TRIES = 16  # kept copies a sample is compared with, nearest hash first
+MAX_TRIES = 16  # kept copies one sample is compared with at most (best copies first)
 
 
 @dataclass(frozen=True)
