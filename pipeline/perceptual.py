@@ -8,8 +8,8 @@ hashes, so every candidate is confirmed on pixels (`same_picture`).
 
 The pixel check works on the cleaned outputs (``CLEAN_DIR/data/...``), reduced to about 128 px
 (`load_view`): the part of the output that shows the input (`content_box`, without padding) is
-registered (a crop of up to `MAX_CROP` per side, found from row and column intensity profiles),
-then compared as 16x16 thumbnails: the grey structure must correlate (`MIN_CORRELATION`) and
+registered (a crop of up to `MAX_CROP` per side: the best few per axis from row and column
+intensity profiles, the best pair of those on 2-D thumbnails), then compared as 16x16 thumbnails: the grey structure must correlate (`MIN_CORRELATION`) and
 the colours must agree up to one overall brightness gain (`MAX_RMSE`, `GAIN_RANGE`). Flat
 images have no structure to correlate; they must have the same colour.
 
@@ -55,7 +55,7 @@ def hamming(a: int, b: int) -> int:
 VIEW = 128  # side of the reduced output the check works on
 PROFILE = 128  # samples in the row/column intensity profiles used for registration
 THUMB = 16  # side of the thumbnails compared
-MAX_CROP = 0.015  # registration tries crops of 0 to 1.5% per side, in steps of CROP_STEP
+MAX_CROP = 0.02  # registration tries crops of 0 to 2% per side, in steps of CROP_STEP
 CROP_STEP = 0.005
 MIN_CORRELATION = 0.95  # grey structure, after registration
 MAX_RMSE = 8.0  # RGB levels (0-255), after one brightness gain
@@ -137,19 +137,20 @@ def _z(v: np.ndarray) -> np.ndarray:
     return (v - v.mean()) / s if s > 1e-3 else v - v.mean()
 
 
-def _register(pa: np.ndarray, pb: np.ndarray) -> tuple[str, float, float]:
-    """Which profile is a crop of the other, and by how much on each side: (a|b, lo, hi)."""
-    best = (np.inf, "a", 0.0, 0.0)
+def _register(pa: np.ndarray, pb: np.ndarray, top: int = 6) -> list[tuple[str, float, float]]:
+    """Which profile is a crop of the other, and by how much on each side: the ``top`` best
+    (a|b, lo, hi), best first."""
     za, zb = _z(pa), _z(pb)
     idx = np.arange(PROFILE)
+    scored = []
     for side, src, dst in (("a", pa, zb), ("b", pb, za)):
         for lo in _GRID:
             for hi in _GRID:
                 pos = (lo + _XS * (1 - lo - hi)) * PROFILE - 0.5
                 err = float(((_z(np.interp(pos, idx, src)) - dst) ** 2).mean())
-                if err < best[0] - 1e-9:  # ties keep the smaller crop (tried first)
-                    best = (err, side, float(lo), float(hi))
-    return best[1], best[2], best[3]
+                scored.append((round(err, 9), lo + hi, side, float(lo), float(hi)))  # ties: the smaller crop
+    scored.sort()
+    return [(side, lo, hi) for _e, _t, side, lo, hi in scored[:top]]
 
 
 def _shrink(box, lo: float, hi: float, axis: int):
@@ -164,27 +165,38 @@ def _shrink(box, lo: float, hi: float, axis: int):
 def compare(a: View, b: View) -> tuple[float, float, float, bool]:
     """(grey correlation, RGB RMSE after the best gain, gain, flat) of two registered views.
 
+    Registration: the best few crops per axis from the 1-D profiles (a profile averages many
+    rows, so on its own it can miss), then the combination whose 2-D thumbnails correlate best.
     When either is flat (no structure), correlation means nothing: it is 1.0 when both are
     flat, else 0.0, and the RMSE is the largest difference of the channel means."""
-    ba, bb = a.box, b.box
-    for axis, (pa, pb) in enumerate(((a.xprof, b.xprof), (a.yprof, b.yprof))):
-        side, lo, hi = _register(pa, pb)
-        if side == "a":
-            ba = _shrink(ba, lo, hi, axis)
-        else:
-            bb = _shrink(bb, lo, hi, axis)
-    ta, tb = _resample(a.img, ba, THUMB), _resample(b.img, bb, THUMB)
-    ga, gb = _grey(ta), _grey(tb)
-    za, zb = ga - ga.mean(), gb - gb.mean()
-    sa, sb = float(za.std()), float(zb.std())
-    corr = float((za * zb).mean() / (sa * sb)) if sa > FLAT_STD and sb > FLAT_STD else float("nan")
+    best = None
+    for rx in _register(a.xprof, b.xprof):
+        for ry in _register(a.yprof, b.yprof):
+            ba, bb = a.box, b.box
+            for axis, (side, lo, hi) in enumerate((rx, ry)):
+                if side == "a":
+                    ba = _shrink(ba, lo, hi, axis)
+                else:
+                    bb = _shrink(bb, lo, hi, axis)
+            ta, tb = _resample(a.img, ba, THUMB), _resample(b.img, bb, THUMB)
+            corr, sa, sb = _correlation(_grey(ta), _grey(tb))
+            if best is None or corr > best[0]:
+                best = (corr, ta, tb, sa, sb)
+    corr, ta, tb, sa, sb = best
+    flat = sa <= FLAT_STD or sb <= FLAT_STD
     gain = float((ta * tb).sum() / max(float((ta * ta).sum()), 1e-6))
     rmse = float(np.sqrt(((tb - gain * ta) ** 2).mean()))
-    flat = bool(np.isnan(corr))
     if flat:  # compare the colours themselves
         rmse = float(np.abs(ta.mean(axis=(0, 1)) - tb.mean(axis=(0, 1))).max())
         corr = 1.0 if sa <= FLAT_STD and sb <= FLAT_STD else 0.0
     return corr, rmse, gain, flat
+
+
+def _correlation(ga: np.ndarray, gb: np.ndarray) -> tuple[float, float, float]:
+    za, zb = ga - ga.mean(), gb - gb.mean()
+    sa, sb = float(za.std()), float(zb.std())
+    corr = float((za * zb).mean() / (sa * sb)) if sa > FLAT_STD and sb > FLAT_STD else -1.0
+    return corr, sa, sb
 
 
 def same_picture(a: View, b: View) -> tuple[bool, str]:
