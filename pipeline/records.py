@@ -63,7 +63,7 @@ class FileResult:
     encoding_confidence: float | None = None
     content_hash: str | None = None  # exact-duplicate key: decoded pixels / normalized text
     phash: int | None = None  # 64-bit perceptual hash (images), for near duplicates
-    minhash: list[int] | None = None  # text signature, for near duplicates
+    minhash: str | None = None  # text LSH band keys, base64 of 16 x uint32 (pipeline.minhash), for near duplicates
     output: str = ""  # path relative to CLEAN_DIR of the cleaned file (written by the worker)
     output_bytes: int = 0
     notes: list[str] = field(default_factory=list)  # harmless oddities kept, repairs made
