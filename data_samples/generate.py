@@ -37,6 +37,7 @@ COLOUR_NAMES = {"red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 2
 # what pipe clean should decide for each nasty file: (status, reason); "duplicate" means the
 # file or its twin ends as a duplicate (which one is kept is the dedup policy's business)
 EXPECTED: dict[str, tuple[str, str | None]] = {}
+UPRIGHT: dict[str, Image.Image] = {}  # what an EXIF-rotated file shows once its orientation is applied
 
 
 def colour(rng) -> tuple[str, tuple[int, int, int]]:
@@ -154,19 +155,23 @@ def nasty_files(root: Path, rng, images: dict[str, Image.Image]) -> None:
         b"<body><h1>Forbidden</h1></body></html>\n", ("quarantined", "unsupported_format"))
     put(root, "stripes/not_an_image.png", b"this file was saved with the wrong extension\n", ("quarantined", "unsupported_format"))
     put(root, "circles/thumbnail_16px.png", encode(c["circles/circle_003.jpg"].resize((16, 12)), "PNG"), ("quarantined", "too_small"))
-    # odd but fine images
-    rgba = c["circles/circle_004.jpg"].convert("RGBA")
+    # odd but fine images: each a picture of its own, so that dedup has no reason to touch it
+    def fresh(cls: str) -> Image.Image:
+        return DRAW[cls](rng)[0].filter(ImageFilter.GaussianBlur(0.6))
+
+    rgba = fresh("circles").convert("RGBA")
     alpha = np.full((H, W), 255, np.uint8)
     alpha[:, : W // 3] = 0  # a transparent left third: white in the output, not black
     rgba.putalpha(Image.fromarray(alpha))
     put(root, "circles/circle_alpha.png", encode(rgba, "PNG"), ("kept", None))
-    cmyk = c["triangles/triangle_003.jpg"].convert("CMYK")
+    cmyk = fresh("triangles").convert("CMYK")
     put(root, "triangles/triangle_cmyk.jpg", jpeg(cmyk, icc_profile=press_cmyk()), ("kept", None))
-    put(root, "triangles/triangle_rotated_exif6.jpg", nasty.exif_rotated(c["triangles/triangle_004.jpg"], 6, quality=85), ("kept", None))
-    put(root, "stripes/stripe_png_named.jpg", encode(c["stripes/stripe_003.jpg"], "PNG"), ("kept", None))
-    grey16 = (np.asarray(c["stripes/stripe_004.jpg"].convert("L")).astype(np.uint16) * 257)
+    UPRIGHT["triangles/triangle_rotated_exif6.jpg"] = upright = fresh("triangles")
+    put(root, "triangles/triangle_rotated_exif6.jpg", nasty.exif_rotated(upright, 6, quality=85), ("kept", None))
+    put(root, "stripes/stripe_png_named.jpg", encode(fresh("stripes"), "PNG"), ("kept", None))
+    grey16 = (np.asarray(fresh("stripes").convert("L")).astype(np.uint16) * 257)
     put(root, "stripes/stripe_16bit.png", nasty.png(grey16, 0, 16), ("kept", None))
-    frames = [c[f"circles/circle_{i:03d}.jpg"].convert("P", palette=Image.Palette.ADAPTIVE) for i in (5, 6)]
+    frames = [fresh("circles").convert("P", palette=Image.Palette.ADAPTIVE) for _ in range(2)]
     gif = io.BytesIO()
     frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:], duration=200, loop=0)
     put(root, "circles/circle_animated.gif", gif.getvalue(), ("kept", None))

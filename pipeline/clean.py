@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import __version__
-from pipeline.decide import DecideSettings, decide
+from pipeline.decide import DecideSettings, Outputs, decide
 from pipeline.discover import Candidate, discover
 from pipeline.errors import StageFailed, UsageError
 from pipeline.executor import OrderedPool
-from pipeline.fsutil import atomic_copy, atomic_write_text, sweep_tmp
+from pipeline.fsutil import atomic_copy, atomic_write_bytes, atomic_write_text, sweep_tmp
 from pipeline.images import BACKGROUNDS, ImageSettings
 from pipeline.journal import STATE_DIR, Journal
-from pipeline.process import crashed, init_worker, process
+from pipeline.process import crashed, init_worker, output_path, process
 from pipeline.records import QUARANTINED, FileResult
 from pipeline.report import ReportBuilder
 from pipeline.text import TextSettings
@@ -72,6 +72,12 @@ class CleanConfig:
     """A labels.csv or labels.jsonl (path,label[,text]) instead of class folders."""
     label_conflicts: str = "quarantine"
     """Copies of one content under different labels: quarantine (all copies), majority or first."""
+    near_dedup: bool = True
+    """Look for near duplicates (perceptual hash + pixels for images, MinHash + Jaccard for texts)."""
+    near_image_distance: int = 8
+    """Perceptual-hash bits two images may differ in to be compared on pixels (0-12; above 8 is slower)."""
+    near_text_jaccard: float = 0.8
+    """Shingle Jaccard similarity from which two texts are near duplicates (0.5-1)."""
     workers: int = 0
     """Worker processes; 0 means one per available core."""
     overwrite: bool = False
@@ -132,6 +138,8 @@ def validate(cfg: CleanConfig) -> CleanConfig:
         (cfg.max_pixels >= 1, f"--max-pixels must be positive, got {cfg.max_pixels}"),
         (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
         (cfg.label_conflicts in CONFLICT_POLICIES, f"--label-conflicts must be one of {', '.join(CONFLICT_POLICIES)}, got {cfg.label_conflicts!r}"),
+        (0 <= cfg.near_image_distance <= 12, f"--near-image-distance must be between 0 and 12 bits, got {cfg.near_image_distance}"),
+        (0.5 <= cfg.near_text_jaccard <= 1, f"--near-text-jaccard must be between 0.5 and 1, got {cfg.near_text_jaccard}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -207,24 +215,38 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
     _warm_up_manifest_writer()
     try:
         sweep_tmp(cfg.output)
-        labels, label_notes, exclude = _labels(cfg)
-        candidates = discover(cfg.input, labels, exclude)
+        lab = _labels(cfg)
+        candidates = discover(cfg.input, lab.labels if lab else None, lab.exclude if lab else None)
+        label_notes = {}
+        if lab is not None:
+            from pipeline.labels import check_against, share_within_samples
+
+            share_within_samples(candidates)
+            label_notes = {**lab.notes, **check_against(lab, candidates)}
         timings["discover_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
         results, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+        if lab is not None:
+            from pipeline.labels import attach_captions
+
+            label_notes.update(attach_captions(results, lab.captions))
         timings["process_s"] = time.perf_counter() - t
     finally:
         if pool is not None:
             pool.close()
 
     t = time.perf_counter()
-    decisions = decide(results, DecideSettings(label_conflicts=cfg.label_conflicts))
+    settings = DecideSettings(label_conflicts=cfg.label_conflicts, near_dedup=cfg.near_dedup,
+                              near_image_distance=cfg.near_image_distance, near_text_jaccard=cfg.near_text_jaccard,
+                              labels_required=lab is not None, resize_mode=cfg.resize_mode)
+    outcome = decide(results, settings, Outputs(cfg.output, PARKED, cfg.resize_mode))
     timings["decide_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    extra = {"reused": reused, **({"labels": label_notes} if label_notes else {})}
-    report = _finalize(cfg, results, decisions, journal, extra, timings)
+    extra = {"reused": reused, **({"labels": label_notes} if label_notes else {}),
+             "label_conflicts": outcome.label_conflicts, "near_duplicate_search": outcome.near}
+    report = _finalize(cfg, results, outcome.decisions, journal, extra, timings)
     timings["finalize_s"] = time.perf_counter() - t
     return report
 
@@ -244,12 +266,12 @@ def _warm_up_manifest_writer() -> None:
 
 
 def _labels(cfg: CleanConfig):
-    """Labels from --labels (issue: text and captions), else from class folders."""
+    """The --labels file, read (None: labels come from class folders)."""
     if cfg.labels is None:
-        return None, {}, set()
-    from pipeline.labels import load_labels
+        return None
+    from pipeline.labels import read_labels
 
-    return load_labels(cfg.labels, cfg.input)
+    return read_labels(cfg.labels, cfg.input)
 
 
 def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
@@ -301,6 +323,11 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     writer = ManifestWriter(out / "manifest.parquet")
     try:
         for r, d in zip(results, decisions):
+            if d.status == "kept" and r.caption is not None:  # a caption from the labels file
+                cap = output_path(r.source, r.key, "txt")
+                _write_if_changed(out / cap, r.caption.encode("utf-8"))
+                keep_outputs.add(cap)
+                d = dataclasses.replace(d, detail=f"{d.detail}: {cap}")
             if d.status == "kept":
                 keep_outputs.add(r.output)
                 _move_if_there(out / PARKED / r.output, out / r.output)
@@ -329,6 +356,15 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     except OSError as e:
         raise StageFailed(f"could not finish writing {out}: {e}") from None
     return doc
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
 
 
 def _move_if_there(src: Path, dest: Path) -> None:

@@ -63,10 +63,14 @@ class FileResult:
     encoding_confidence: float | None = None
     content_hash: str | None = None  # exact-duplicate key: decoded pixels / normalized text
     phash: int | None = None  # 64-bit perceptual hash (images), for near duplicates
-    minhash: list[int] | None = None  # text signature, for near duplicates
+    minhash: str | None = None  # text LSH band keys, base64 of 16 x uint32 (pipeline.minhash), for near duplicates
     output: str = ""  # path relative to CLEAN_DIR of the cleaned file (written by the worker)
     output_bytes: int = 0
     notes: list[str] = field(default_factory=list)  # harmless oddities kept, repairs made
+    # A caption given for an image in the --labels file's text column (normalised like a text
+    # file), or why it was rejected. Set by the main process on every run, from the labels file.
+    caption: str | None = None
+    caption_reason: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), ensure_ascii=False, separators=(",", ":"))

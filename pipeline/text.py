@@ -1,19 +1,34 @@
-"""Decode and normalise one text: bytes in, UTF-8 NFC text out, or a quarantine reason.
+"""Judge and normalise one text: bytes in, UTF-8 NFC text out, or a quarantine reason.
 
-(Minimal first version; see ARCHITECTURE.md for what the full one guarantees.)
+The steps, each a check that keeps the text or returns a reason (datatrove style):
+
+1. decode (`encodings.decode_bytes`): text or binary, which encoding, strictly;
+2. garbled text: mojibake (``Ã©``, ``â€™``, UTF-8 Chinese read as cp1252 or as GBK) is repaired
+   when the repair is certain (a whole-text re-encoding that leaves nothing suspicious behind),
+   else ``garbled_text``; U+FFFD (left by an earlier lossy conversion) is ``garbled_text``.
+   Correct text in any language is never touched: ftfy's badness heuristic decides whether to
+   look at all, and only ftfy's encoding fix is used (not its quote, width or ligature changes);
+3. normalise: ``\\n`` newlines, no byte-order mark, no control characters but tab and newline,
+   NFC; nothing left is ``empty_text``;
+4. fingerprints: an exact-duplicate hash of the normalised text and LSH keys for near duplicates.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import unicodedata
 from dataclasses import dataclass, field
 
 import xxhash
 
+from pipeline.encodings import decode_bytes
+
 
 @dataclass(frozen=True)
 class TextSettings:
-    pass
+    repair_mojibake: bool = True
+    """Repair certain mojibake (and say so) instead of quarantining it as garbled_text."""
 
 
 @dataclass
@@ -24,28 +39,130 @@ class TextOutcome:
     confidence: float | None = None
     text: str | None = None
     content_hash: str | None = None
-    minhash: str | None = None
+    minhash: str | None = None  # base64 LSH band keys (see pipeline.minhash)
     notes: list[str] = field(default_factory=list)
 
 
-def clean_text(data: bytes, s: TextSettings) -> TextOutcome:
-    if b"\x00" in data:
-        return TextOutcome("binary_content", "NUL bytes")
-    try:
-        text, enc, conf = data.decode("utf-8-sig"), "utf-8", 1.0
-    except UnicodeDecodeError:
-        import chardet
+# Line breaks other than \n: CRLF, CR, NEL, vertical tab, form feed, line/paragraph separators.
+_BREAKS = re.compile("\r\n|[\r\x85\x0b\x0c\u2028\u2029]")
+# C0/C1 controls except tab and newline, plus stray byte-order marks inside the text.
+_CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\ufeff]")
 
-        guess = chardet.detect(data)
-        enc, conf = guess["encoding"], guess["confidence"]
-        try:
-            text = data.decode(enc) if enc else None
-        except (UnicodeDecodeError, LookupError):
-            text = None
-        if text is None:
-            return TextOutcome("undecodable_text", f"no strict decode (chardet guessed {enc})", enc, conf)
-    text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
-    text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) != "Cc")
+
+def clean_text(data: bytes, s: TextSettings = TextSettings()) -> TextOutcome:
+    d = decode_bytes(data)
+    out = TextOutcome(encoding=d.encoding, confidence=d.confidence, notes=list(d.notes))
+    if d.text is None:
+        out.reason, out.detail = d.reason, d.detail
+        return out
+    text, reason, detail = repair_garbled(d.text, s.repair_mojibake)
+    if reason:
+        out.reason, out.detail = reason, detail
+        return out
+    if detail:
+        out.notes.append(detail)
+    text, removed = normalize(text)
+    if removed:
+        out.notes.append(f"removed {removed} control character{'s' if removed > 1 else ''}")
     if not text.strip():
-        return TextOutcome("empty_text", "nothing left after normalisation", enc, conf)
-    return TextOutcome(None, "", enc, conf, text, xxhash.xxh3_128_hexdigest(text.encode()))
+        out.reason, out.detail = "empty_text", "nothing but whitespace after normalisation"
+        return out
+    out.text = text
+    out.content_hash = text_hash(text)
+    from pipeline.minhash import encode_keys, text_keys
+
+    out.minhash = encode_keys(text_keys(text))
+    return out
+
+
+def normalize(text: str) -> tuple[str, int]:
+    """``\\n`` line breaks, no control characters but tab and newline, NFC. Returns (text, removed)."""
+    text = _BREAKS.sub("\n", text)
+    text, removed = _CONTROLS.subn("", text)
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text)
+    return text, removed
+
+
+def text_hash(text: str) -> str:
+    """Exact-duplicate key: the normalised text, ignoring trailing whitespace on lines and at the end."""
+    canonical = "\n".join(line.rstrip() for line in text.strip().split("\n"))
+    return xxhash.xxh3_128_hexdigest(canonical.encode("utf-8"))
+
+
+def repair_garbled(text: str, repair: bool = True) -> tuple[str, str | None, str]:
+    """Return (text, reason, detail): the text unchanged, repaired with a note, or garbled_text."""
+    if text.isascii():
+        return text, None, ""
+    fixed, how = _fix_mojibake(text)
+    if fixed is not None:
+        if not repair:
+            return text, "garbled_text", f"mojibake ({how}); repair is off"
+        return fixed, None, f"repaired mojibake ({how})"
+    if how:  # bad, but no certain repair
+        return text, "garbled_text", how
+    n = text.count("\ufffd")
+    if n:
+        return text, "garbled_text", f"{n} U+FFFD replacement character{'s' if n > 1 else ''}: lost in an earlier conversion"
+    return text, None, ""
+
+
+def _fix_mojibake(text: str) -> tuple[str | None, str]:
+    """(repaired text, how) when the repair is certain; (None, why) when garbled; (None, "") when fine."""
+    gbk = _utf8_read_as_gbk(text)
+    if gbk is not None:
+        return gbk, "utf-8 read as gbk"
+    if not _suspect().search(text):
+        return None, ""  # no UTF-8 lead character followed by a continuation one: nothing to fix
+    import ftfy
+    from ftfy.badness import is_bad
+
+    if not is_bad(text):
+        return None, ""
+    fixed, steps = ftfy.fix_encoding_and_explain(text)
+    kinds = [s[0] for s in steps]
+    # certain: a whole-text re-encoding (no partial patching, no lossy substitutions) after which
+    # nothing looks wrong any more, and no replacement character anywhere
+    certain = (fixed != text and kinds and all(k in ("encode", "decode") for k in kinds)
+               and not is_bad(fixed) and "\ufffd" not in text and "\ufffd" not in fixed)
+    if certain:
+        read_as = next((enc for k, enc in steps if k == "encode"), "?").replace("sloppy-", "")
+        return fixed, f"utf-8 read as {read_as}"
+    if fixed != text and steps:
+        return None, f"mojibake that cannot be repaired with certainty (ftfy: {', '.join(f'{a} {b}' for a, b in steps)})"
+    return None, "mojibake (characters typical of a wrong decoding) that ftfy cannot repair"
+
+
+# The single-byte encodings ftfy can undo. UTF-8 read as any of them turns a lead byte
+# (0xC2-0xF4) into one character and the continuation byte after it (0x80-0xBF) into another;
+# mojibake always has such a pair, so texts without one skip ftfy's costlier badness scan.
+_MISREAD_AS = ("latin-1", "sloppy-windows-1252", "sloppy-windows-1250", "sloppy-windows-1251",
+               "sloppy-windows-1253", "sloppy-windows-1254", "sloppy-windows-1257", "iso-8859-2", "macroman", "cp437")
+
+
+@functools.cache
+def _suspect() -> re.Pattern:
+    import ftfy.bad_codecs  # noqa: F401 - registers the sloppy-windows-* codecs
+
+    leads = {ch for c in _MISREAD_AS for ch in bytes(range(0xC2, 0xF5)).decode(c)}
+    conts = {ch for c in _MISREAD_AS for ch in bytes(range(0x80, 0xC0)).decode(c)}
+    cls = lambda chars: "[" + re.escape("".join(sorted(chars))) + "]"  # noqa: E731
+    return re.compile(f"{cls(leads)}(?={cls(conts)})|[\x80-\x9f]")
+
+
+_HANZI = re.compile("[\u4e00-\u9fff]")
+# GBK lead bytes of common hanzi decoded from UTF-8 bytes: UTF-8 Chinese read as GBK looks like
+# "浣犲ソ" for "你好". Re-encoding as GBK and decoding as UTF-8 strictly succeeds only for that.
+def _utf8_read_as_gbk(text: str) -> str | None:
+    if not _HANZI.search(text):
+        return None
+    head = text[:4000]
+    if len(head.encode("utf-8")) - len(head) < 12:
+        return None  # under ~6 non-ASCII characters: a short real Chinese text could pass by chance
+    try:
+        repaired = text.encode("gb18030").decode("utf-8")
+    except UnicodeError:
+        return None
+    if repaired == text or "\ufffd" in repaired:
+        return None
+    return repaired

@@ -1,0 +1,150 @@
+"""Near-duplicate texts: character shingles, MinHash signatures and LSH band keys.
+
+A text is a set of shingles (overlapping character n-grams of its casefolded, space-collapsed
+form; characters rather than words so that Chinese and Japanese, which have no spaces, work
+too). Two texts are near duplicates when the Jaccard similarity of their shingle sets reaches a
+threshold; decide confirms every candidate with the real Jaccard (`jaccard`).
+
+Candidates come from LSH: the signature (one-permutation MinHash with densification: a single
+hash per shingle, the minimum kept per bin, empty bins borrowed from the next one, so a 50 KB
+text costs one vectorised pass) is cut into bands; texts that agree on every value of some band
+are candidates. With 16 bands of 4 values, a pair at Jaccard 0.8 becomes a candidate with
+probability 1 - (1 - 0.8^4)^16 > 99.9%, at 0.7 98.8%, at 0.3 only 12%.
+
+What a worker stores per text is just the band keys, 16 x uint32 = 64 bytes, base64 in the
+journal (`encode_keys`), not a Python list of ints.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+SHINGLE = 5  # characters per shingle
+BINS = 64  # signature length
+BANDS = 16  # LSH bands; BINS / BANDS values per band
+_ROWS = BINS // BANDS
+_BIN_SHIFT = np.uint64(64 - 6)  # top 6 bits choose one of 64 bins
+_LOW = np.uint64((1 << 58) - 1)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_P = np.uint64(0x100000001B3)  # FNV prime, the rolling-hash multiplier
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads every input bit over the whole 64-bit word (wraps mod 2^64)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def normalize_for_shingles(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def shingles(text: str, n: int = SHINGLE) -> np.ndarray:
+    """Sorted unique 64-bit hashes of the character n-grams of ``text`` (normalised first)."""
+    t = normalize_for_shingles(text)
+    if not t:
+        return np.zeros(0, dtype=np.uint64)
+    cps = np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    if len(cps) < n:
+        n = len(cps)  # a text shorter than a shingle is one shingle
+    with np.errstate(over="ignore"):
+        h = np.zeros(len(cps) - n + 1, dtype=np.uint64)
+        for k in range(n):
+            h = h * _P + cps[k : len(cps) - n + 1 + k]
+        h = np.sort(_mix(h))
+    return h[np.r_[True, h[1:] != h[:-1]]]  # unique (np.unique is several times slower)
+
+
+def signature(hashes: np.ndarray) -> np.ndarray:
+    """One-permutation MinHash with rotation densification: ``BINS`` uint64 values."""
+    sig = np.zeros(BINS, dtype=np.uint64)
+    if len(hashes) == 0:
+        return sig
+    bins = (hashes >> _BIN_SHIFT).astype(np.int64)  # hashes are sorted, so each bin is a contiguous run
+    first = np.searchsorted(bins, np.arange(BINS))
+    filled = np.zeros(BINS, dtype=bool)
+    ok = first < len(hashes)
+    ok[ok] = bins[first[ok]] == np.arange(BINS)[ok]
+    sig[ok] = hashes[first[ok]] & _LOW
+    filled[ok] = True
+    if not filled.all():
+        # an empty bin takes the value of the next filled bin to its right (circularly), marked
+        # with the distance, so two texts with the same shingles fill it the same way
+        idx = np.flatnonzero(filled)
+        pos = np.arange(BINS)
+        nxt = idx[np.searchsorted(idx, pos) % len(idx)]
+        dist = ((nxt - pos) % BINS).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            sig = np.where(filled, sig, _mix(sig[nxt] + dist * _P))
+    return sig
+
+
+def band_keys(sig: np.ndarray) -> np.ndarray:
+    """``BANDS`` uint32 keys: texts sharing a key in the same band are LSH candidates."""
+    rows = sig.reshape(BANDS, _ROWS)
+    with np.errstate(over="ignore"):
+        k = np.zeros(BANDS, dtype=np.uint64)
+        for j in range(_ROWS):
+            k = _mix(k * _P + rows[:, j])
+    return (k >> np.uint64(32)).astype(np.uint32)
+
+
+def text_keys(text: str) -> np.ndarray:
+    return band_keys(signature(shingles(text)))
+
+
+def encode_keys(keys: np.ndarray) -> str:
+    return base64.b64encode(keys.astype("<u4").tobytes()).decode("ascii")
+
+
+def decode_keys(s: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(s), dtype="<u4")
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Exact Jaccard similarity of two shingle sets (sorted unique hash arrays)."""
+    if len(a) == 0 and len(b) == 0:
+        return 1.0
+    inter = len(np.intersect1d(a, b, assume_unique=True))
+    return inter / (len(a) + len(b) - inter)
+
+
+def candidate_pairs(keys: np.ndarray) -> np.ndarray:
+    """Pairs (i, j), i < j, of rows of ``keys`` (n x BANDS uint32) equal in at least one band.
+
+    Sorting each band groups equal keys; each member of a group is paired with the group's
+    first member and with its neighbour in the sorted order (a chain, not all pairs, so a
+    thousand copies of one boilerplate text give a thousand pairs, not half a million).
+    Confirmation against the kept copy happens in decide.
+    """
+    n = len(keys)
+    if n < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    out = []
+    for b in range(keys.shape[1]):
+        col = keys[:, b]
+        order = np.argsort(col, kind="stable")
+        s = col[order]
+        same = s[1:] == s[:-1]
+        if not same.any():
+            continue
+        # previous element in the same group
+        left, right = order[:-1][same], order[1:][same]
+        out.append(np.stack([left, right], axis=1))
+        # first member of the group
+        starts = np.r_[True, ~same]
+        group_first = order[np.maximum.accumulate(np.where(starts, np.arange(n), 0))]
+        members = order[1:][same]
+        heads = group_first[1:][same]
+        out.append(np.stack([heads, members], axis=1))
+    if not out:
+        return np.zeros((0, 2), dtype=np.int64)
+    pairs = np.concatenate(out).astype(np.int64)
+    pairs = np.sort(pairs, axis=1)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    return np.unique(pairs, axis=0)

@@ -1,0 +1,131 @@
+"""Text or binary, and which encoding: every decode strict, the exact text asserted."""
+
+import codecs
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.encodings import decode_bytes
+from tests.text_samples import LANGUAGES
+
+# (language, encoding the file is written in) for every legacy encoding we promise to read
+LEGACY = [(lang, enc) for lang, (encs, _t) in LANGUAGES.items() for enc in encs]
+
+
+@pytest.mark.parametrize("lang,enc", LEGACY, ids=[f"{lang}-{enc}" for lang, enc in LEGACY])
+def test_legacy_encodings_decode_to_the_exact_text(lang, enc):
+    text = LANGUAGES[lang][1]
+    d = decode_bytes(text.encode(enc))
+    assert d.reason is None, d.detail
+    assert d.text == text
+    assert codecs.lookup(d.encoding)  # a real Python codec name, for the manifest
+    assert 0 < d.confidence <= 1
+
+
+@pytest.mark.parametrize("enc", ["gbk", "big5", "shift_jis", "euc_kr", "koi8_r", "cp1252"])
+def test_one_sentence_captions(enc):
+    """Captions are short: one sentence must be enough."""
+    text = {"gbk": "一只橘色的小猫躺在沙发上睡觉。", "big5": "一隻橘色的小貓躺在沙發上睡覺。",
+            "shift_jis": "オレンジ色の子猫がソファで寝ています。", "euc_kr": "주황색 새끼 고양이가 소파에서 자고 있습니다.",
+            "koi8_r": "Рыжий котёнок спит на диване.", "cp1252": "Un chaton roux dort sur le canapé, “tranquille”."}[enc]
+    assert decode_bytes(text.encode(enc)).text == text
+
+
+@pytest.mark.parametrize("enc,bom", [("utf-16-le", True), ("utf-16-be", True), ("utf-16-le", False),
+                                     ("utf-16-be", False), ("utf-32-le", True), ("utf-32-be", False)])
+@pytest.mark.parametrize("lang", ["fr", "ru", "zh-Hans", "ja", "ko"])
+def test_utf16_and_utf32_with_and_without_bom(enc, bom, lang):
+    text = LANGUAGES[lang][1]
+    mark = {"utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE,
+            "utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE}[enc]
+    d = decode_bytes((mark if bom else b"") + text.encode(enc))
+    assert (d.text, d.encoding) == (text, enc)
+
+
+def test_utf8_with_bom_loses_the_bom_only():
+    d = decode_bytes(codecs.BOM_UTF8 + "héllo wörld\n".encode())
+    assert (d.text, d.encoding, d.confidence) == ("héllo wörld\n", "utf-8-sig", 1.0)
+
+
+def test_utf8_is_the_fast_path_with_full_confidence():
+    d = decode_bytes(LANGUAGES["ja"][1].encode())
+    assert (d.text, d.encoding, d.confidence) == (LANGUAGES["ja"][1], "utf-8", 1.0)
+
+
+def test_iso2022_jp_is_not_read_as_ascii():
+    text = LANGUAGES["ja"][1]
+    d = decode_bytes(text.encode("iso2022_jp"))
+    assert d.text == text and d.encoding.startswith("iso2022_jp")
+
+
+def test_legacy_text_whose_first_kilobytes_are_ascii():
+    """chardet sees a window starting at the first non-ASCII byte, not 8 KB of English header."""
+    text = "Title: travel notes\n" * 600 + LANGUAGES["zh-Hans"][1]
+    d = decode_bytes(text.encode("gbk"))
+    assert d.text == text and d.encoding == "gb18030"
+
+
+def test_a_prefix_guess_that_fails_later_falls_back():
+    """The first 8 KB look like Windows Shift_JIS (cp932); the end has JIS X 0213 characters
+    that only shift_jis_2004 holds. The guess fails on the whole file; the next one is tried."""
+    text = LANGUAGES["ja"][1] * 40 + "アイヌ語のㇰとㇱ、そして鷗外と𠀋。"
+    data = text.encode("shift_jis_2004")
+    with pytest.raises(UnicodeDecodeError):
+        data.decode("cp932")
+    d = decode_bytes(data)
+    assert (d.text, d.encoding) == (text, "shift_jis_2004")
+    assert "did not decode the whole file" in d.notes[0]
+
+
+@pytest.mark.parametrize("data,what", [
+    (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4, "png-like"),
+    (bytes(range(256)) * 8, "all bytes"),
+    (b"\x00" * 10, "NULs"),
+    (b"\x00\x01\x02\x03binary", "short binary"),
+    (bytes([7, 8, 1, 2, 3]) + b"abc", "control bytes, no NUL"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_binary_content(data, what):
+    d = decode_bytes(data)
+    assert d.reason == "binary_content" and d.text is None
+
+
+def test_16_bit_integers_are_binary_not_utf16():
+    import numpy as np
+
+    d = decode_bytes(np.arange(1000, dtype="<u2").tobytes())
+    assert d.reason == "binary_content"
+
+
+def test_a_stray_control_byte_does_not_make_text_binary():
+    d = decode_bytes(b"a caption with a bell\x07 in it, and more words after it")
+    assert d.reason is None and "\x07" in d.text  # removed later, by normalisation
+
+
+def test_undecodable_bytes_are_never_replaced():
+    # a UTF-8 byte-order mark followed by bytes that are not UTF-8
+    d = decode_bytes(codecs.BOM_UTF8 + "caf".encode() + b"\xe9 cr\xe8me")
+    assert d.reason == "undecodable_text" and d.text is None
+    assert "byte 6" in d.detail
+
+
+def test_truncated_utf16_is_undecodable():
+    d = decode_bytes(codecs.BOM_UTF16_LE + "a caption".encode("utf-16-le") + b"a")
+    assert d.reason == "undecodable_text" and "truncated" in d.detail
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_never_raises_and_never_lossy(data):
+    d = decode_bytes(data)
+    assert (d.text is None) == (d.reason is not None)
+    if d.text is not None:
+        assert "\ufffd" not in d.text or b"\xef\xbf\xbd" in data or d.encoding.startswith("utf-16")\
+            or d.encoding.startswith("utf-32")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=200))
+def test_any_utf8_text_round_trips(text):
+    d = decode_bytes(text.encode("utf-8"))
+    assert d.text == text and d.encoding == "utf-8"
