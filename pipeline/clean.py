@@ -323,6 +323,7 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     writer = ManifestWriter(out / "manifest.parquet")
     try:
         for r, d in zip(results, decisions):
+            cap = ""
             if d.status == "kept" and r.caption is not None:  # a caption from the labels file
                 cap = output_path(r.source, r.key, "txt")
                 _write_if_changed(out / cap, r.caption.encode("utf-8"))
@@ -343,7 +344,7 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
                         atomic_copy(cfg.input / r.source, dest)
                     except FileNotFoundError:  # gone since, or a name that is not UTF-8
                         keep_quarantine.discard(rel)
-            rec = row(r, d)
+            rec = row(r, d, cap)
             report.add(rec)
             writer.add(rec)
         _sweep(out / "data", keep_outputs, out)
