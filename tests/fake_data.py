@@ -38,7 +38,10 @@ class FakeReader:
         self.n, self.rank, self.world, self.batch_size, self.seed = n, rank, world, batch_size, seed
         self.split, self.num_classes, self.image_size, self.text_len = split, num_classes, image_size, text_len
         self.scale, self.shift = scale, shift
-        self.steps_per_epoch = (n // world) // batch_size
+        if split == "train":  # every rank the same whole number of batches; the rest waits for another epoch
+            self.steps_per_epoch = (n // world) // batch_size
+        else:  # validation reads everything, topping the last batches up with repeats marked invalid
+            self.steps_per_epoch = -(-n // (world * batch_size))
         self.epoch, self.consumed = 0, 0
         self.index = {"classes": CLASSES[:num_classes], "image_size": image_size}
 
@@ -59,12 +62,15 @@ class FakeReader:
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
-        order = torch.randperm(self.n, generator=g).tolist()
+        order = torch.randperm(self.n, generator=g).tolist() if self.split == "train" else list(range(self.n))
         per_rank = self.steps_per_epoch * self.batch_size
-        span = order[self.rank * per_rank:(self.rank + 1) * per_rank][self.consumed:]
+        slots = range(self.rank * per_rank, (self.rank + 1) * per_rank)
+        span = [(order[s % self.n], s < self.n) for s in slots][self.consumed:]
         for start in range(0, len(span) - self.batch_size + 1, self.batch_size):
-            samples = [self.sample(i) for i in span[start:start + self.batch_size]]
+            chunk = span[start:start + self.batch_size]
+            samples = [self.sample(i) for i, _ in chunk]
             yield {
+                "valid": torch.tensor([v for _, v in chunk]),
                 "image": torch.stack([s["image"] for s in samples]),
                 "text": torch.stack([s["text"] for s in samples]),
                 "text_len": torch.tensor([s["text_len"] for s in samples]),

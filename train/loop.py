@@ -51,12 +51,19 @@ class DataSource:
 
     A reader has ``set_epoch(epoch, consumed=0)`` and ``steps_per_epoch`` (per-rank batches per
     epoch, equal on every rank); the loader yields dicts: ``image`` [B,3,S,S] float normalised,
-    ``text`` [B,L] int64 byte ids, ``text_len`` [B], ``label`` [B], ``key`` list[str].
+    ``text`` [B,L] int64 byte ids, ``text_len`` [B], ``label`` [B], ``key`` list[str], and for
+    validation ``valid`` [B] bool (False for the repeats that fill the last batches so that
+    every rank runs the same number of steps; they are not counted).
     """
 
     train: Any
     val: Any | None
     loader: Callable[[Any], Iterable[dict]]
+    close: Callable[[], None] = lambda: None
+    """Stop the loaders' worker processes (before the process group goes away)."""
+    errors: tuple[type[BaseException], ...] = ()
+    """What the loader raises for bad data (a sample that does not decode); it ends the run as a
+    one-line failure naming the shard and key, not as an internal error."""
 
 
 def read_index(shard_dir: Path) -> tuple[dict, str]:
@@ -73,7 +80,7 @@ def read_index(shard_dir: Path) -> tuple[dict, str]:
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict) -> DataSource:
     """The real readers over SHARD_DIR (`train.data`)."""
-    from train.data import ShardReader, make_loader
+    from train.data import SampleDecodeError, ShardReader, close_loader, make_loader
 
     extra = {"shuffle_buffer": cfg.shuffle_buffer} if cfg.shuffle_buffer is not None else {}
 
@@ -82,8 +89,19 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
                            seed=cfg.seed, fields=fields, max_text_len=cfg.max_text_len, **extra)
 
     has_val = any(s.get("split") == "val" and s.get("count", 0) > 0 for s in index.get("shards", []))
-    return DataSource(train=reader("train"), val=reader("val") if has_val else None,
-                      loader=lambda r: make_loader(r, cfg.workers, persistent_workers=cfg.workers > 0))
+    loaders: dict[int, Any] = {}
+
+    def loader(r):  # one DataLoader per reader, made once: persistent workers survive the epochs
+        if id(r) not in loaders:
+            loaders[id(r)] = make_loader(r, cfg.workers, persistent_workers=cfg.workers > 0)
+        return loaders[id(r)]
+
+    def close():
+        for ld in loaders.values():
+            close_loader(ld)
+
+    return DataSource(train=reader("train"), val=reader("val") if has_val else None, loader=loader, close=close,
+                      errors=(SampleDecodeError,))
 
 
 # -- small pieces --------------------------------------------------------------------------------
@@ -312,6 +330,10 @@ class Trainer:
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
         self._say_setup(warmup)
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            self._say("warning: torchrun shares its rendezvous store with the ranks; after a restart a rank can read "
+                      "a dead rank's address and fail to connect (pytorch/pytorch#135712): export "
+                      "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun --max-restarts")
         if d.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.run_dir / "config.json", json.dumps(self._resolved(), indent=2) + "\n")
@@ -333,6 +355,7 @@ class Trainer:
                     self.state.step_in_epoch = 0
                 self._save(best=last_val is not None and last_val[0] < self.state.best_val_loss, val=last_val)
         finally:
+            self.data.close()  # dataloader workers stop before the process group is torn down
             self.monitor.close()
         elapsed = time.monotonic() - started
         summary = {
@@ -351,7 +374,7 @@ class Trainer:
         cfg, d, plan, state = self.cfg, self.d, self.plan, self.state
         # the reader continues mid-epoch: samples this rank already consumed in this epoch
         self.data.train.set_epoch(epoch, consumed=state.step_in_epoch * plan.accum * plan.batch_size)
-        batches = iter(self.data.loader(self.data.train))
+        batches = self._batches(self.data.train, f"epoch {epoch + 1}")
         self.model.train()
         try:
             while state.step_in_epoch < self.steps_per_epoch:
@@ -372,7 +395,19 @@ class Trainer:
                 _maybe_inject_fault(self.run_dir, state.step, d)
             return True
         finally:
-            del batches  # stops non-persistent dataloader workers before anything else happens
+            batches.close()  # drops the loader's iterator: non-persistent workers stop now, not at GC
+
+    def _batches(self, reader, where: str):
+        """The loader's batches; bad data ends the run in one line that names the shard and key."""
+        it = iter(self.data.loader(reader))
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except self.data.errors as e:
+                raise StageFailed(f"rank {self.d.rank}, {where}: {e}") from None
+            yield batch
 
     def _step(self, batches, epoch: int):
         """One optimizer step: ``accum`` micro-batches, one all-reduce, one update."""
@@ -424,14 +459,17 @@ class Trainer:
         sums = torch.zeros(3, dtype=torch.float64, device=d.device)  # loss sum, correct, samples
         model.eval()
         with torch.no_grad():
-            for batch in self.data.loader(self.data.val):
+            for batch in self._batches(self.data.val, "validation"):
                 batch = _to_device(batch, d.device)
                 with autocast(self.precision, d.device):
                     logits = forward(model, model, batch)
                 labels = batch["label"]
-                sums[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
-                sums[1] += (logits.argmax(dim=1) == labels).sum().double()
-                sums[2] += len(labels)
+                valid = batch.get("valid")
+                keep = valid.to(torch.float64) if valid is not None else torch.ones(len(labels), dtype=torch.float64, device=d.device)
+                losses = F.cross_entropy(logits.float(), labels, reduction="none").double()
+                sums[0] += (losses * keep).sum()
+                sums[1] += ((logits.argmax(dim=1) == labels).double() * keep).sum()
+                sums[2] += keep.sum()
         model.train()
         distributed.all_reduce_sum(sums, d)
         loss_sum, correct, n = sums.tolist()
