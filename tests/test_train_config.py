@@ -65,17 +65,17 @@ def _shards(tmp_path: Path) -> Path:
 
 def test_validate_names_the_problem(tmp_path):
     with pytest.raises(UsageError, match="no index.json"):
-        validate(TrainConfig(tmp_path / "nothing", tmp_path / "run"))
+        validate(TrainConfig(shard_dir=tmp_path / "nothing", output=tmp_path / "run"))
     shards = _shards(tmp_path)
     with pytest.raises(UsageError, match="nothing to unfreeze"):
-        validate(TrainConfig(shards, tmp_path / "run", freeze=0.3, unfreeze_at="2:0.5"))
+        validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", freeze=0.3, unfreeze_at="2:0.5"))
     with pytest.raises(UsageError, match="--precision"):
-        validate(TrainConfig(shards, tmp_path / "run", precision="fp8"))
+        validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", precision="fp8"))
     with pytest.raises(UsageError, match="--init-from"):
-        validate(TrainConfig(shards, tmp_path / "run", init_from=tmp_path / "missing.pt"))
+        validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", init_from=tmp_path / "missing.pt"))
     with pytest.raises(UsageError, match="not a multiple"):
-        validate(TrainConfig(shards, tmp_path / "run", batch_size=8, global_batch=20), world_size=2)
-    assert validate(TrainConfig(shards, tmp_path / "run", freeze=0.7, unfreeze_at="2")).freeze == 0.7
+        validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", batch_size=8, global_batch=20), world_size=2)
+    assert validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", freeze=0.7, unfreeze_at="2")).freeze == 0.7
 
 
 def test_command_line_beats_toml_beats_defaults(tmp_path):
@@ -99,21 +99,21 @@ def test_every_setting_is_in_the_schema_and_documented():
     """The [train] table and the dataclass must not drift apart: a field the schema lacks could not
     be set from a file, a schema key the dataclass lacks would be silently ignored."""
     props = load_schema("config")["properties"]["train"]["properties"]
-    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"shard_dir", "output"}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
     assert set(props) == fields
     assert all(p.get("description") for p in props.values())
     # a docstring under every field of the dataclass
     source = Path(__file__).resolve().parent.parent / "train" / "config.py"
-    cls = next(n for n in ast.parse(source.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "TrainConfig")
-    body = cls.body
-    for i, node in enumerate(body):
-        if isinstance(node, ast.AnnAssign):
-            nxt = body[i + 1] if i + 1 < len(body) else None
-            assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), f"{node.target.id} has no docstring"
+    for cls in (n for n in ast.parse(source.read_text()).body if isinstance(n, ast.ClassDef) and n.name.endswith("Config")):
+        body = cls.body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.AnnAssign):
+                nxt = body[i + 1] if i + 1 < len(body) else None
+                assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), f"{node.target.id} has no docstring"
 
 
 def test_fingerprint_covers_what_ranks_must_share(tmp_path):
-    a = TrainConfig(tmp_path, tmp_path / "run")
-    assert a.fingerprint() != TrainConfig(tmp_path, tmp_path / "run", lr=0.1).fingerprint()
+    a = TrainConfig(shard_dir=tmp_path, output=tmp_path / "run")
+    assert a.fingerprint() != TrainConfig(shard_dir=tmp_path, output=tmp_path / "run", lr=0.1).fingerprint()
     # where files live and how many loader workers a node runs may differ between nodes
-    assert a.fingerprint() == TrainConfig(tmp_path / "elsewhere", tmp_path / "r2", workers=7).fingerprint()
+    assert a.fingerprint() == TrainConfig(shard_dir=tmp_path / "elsewhere", output=tmp_path / "r2", workers=7).fingerprint()

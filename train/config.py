@@ -24,13 +24,39 @@ BUILTIN_MODELS = ("image", "text", "image-text")
 
 
 @dataclass
-class TrainConfig:
+class LaunchConfig:
+    """How the ranks are started and find each other (torchrun's flags of the same name)."""
+
+    nproc_per_node: int = 1
+    """Local ranks to start, through torch's elastic launcher; ignored under an external torchrun."""
+    nnodes: int = 1
+    """Machines taking part; each runs the same command with its own --node-rank."""
+    node_rank: int = 0
+    """This machine's number, 0..nnodes-1 (static rendezvous)."""
+    master_addr: str = "127.0.0.1"
+    """Address of node 0, reachable from every node."""
+    master_port: int = 0
+    """Rendezvous port on node 0; 0 picks a free one (single node only)."""
+    backend: str = "auto"
+    """Process-group backend: nccl, gloo, or auto (nccl when CUDA is there, gloo otherwise)."""
+    max_restarts: int = 0
+    """Times the elastic agent restarts the ranks after a failure (they resume from last.pt by themselves)."""
+    rdzv_timeout: int = 900
+    """Seconds to wait for every node to join the rendezvous before giving up with a message."""
+
+
+@dataclass
+class TrainConfig(LaunchConfig):
     """Settings of `pipe train` (flags of the same name; `[train]` in a `--config` file)."""
 
-    shard_dir: Path
+    shard_dir: Path = Path(".")
     """SHARD_DIR written by `pipe shard`; its index.json is the only entry point."""
-    output: Path
-    """RUN_DIR: checkpoints (last.pt, best.pt), metrics.jsonl, tb/ (TensorBoard), config.json."""
+    output: Path = Path("run")
+    """RUN_DIR: checkpoints (last.pt, best.pt), metrics.jsonl, tb/ (TensorBoard), config.json, keys/."""
+    data_only: bool = False
+    """Run only the data pipeline (no model) and report samples/s per rank."""
+    record_keys: bool = False
+    """Write the keys each rank consumed, per epoch, to RUN_DIR/keys/epoch{E}-rank{R}.txt."""
 
     # -- schedule ---------------------------------------------------------------------------
     epochs: int = 3
@@ -85,8 +111,8 @@ class TrainConfig:
     """Dataloader worker processes per rank (0: decode in the training process)."""
     max_text_len: int = 256
     """Bytes of text the models see per sample (longer texts are cut)."""
-    shuffle_buffer: int | None = None
-    """Samples in each worker's shuffle buffer (None: the reader's default)."""
+    shuffle_buffer: int = 512
+    """Samples each worker shuffles at a time (memory: this many undecoded samples per worker)."""
 
     # -- reproducibility, faults, launch ---------------------------------------------------------
     seed: int = 0
@@ -95,8 +121,6 @@ class TrainConfig:
     """Write last.pt every this many optimizer steps (0: only at the end of each epoch)."""
     resume: bool = False
     """Continue from RUN_DIR/last.pt (automatic after a restart under torchrun --max-restarts)."""
-    backend: str = "auto"
-    """Process-group backend: nccl, gloo, or auto (nccl when CUDA is there, gloo otherwise)."""
     log_every: int = 10
     """Optimizer steps between metric lines, TensorBoard points and the drift check."""
 
@@ -105,9 +129,15 @@ class TrainConfig:
         return {f.name: (str(v) if isinstance(v, Path) else v)
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
 
+    def launch_config(self) -> LaunchConfig:
+        return LaunchConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LaunchConfig)})
+
     # Settings that may differ between nodes without changing the run: where files live, how
-    # many processes decode, when things are logged. Everything else must agree on every rank.
-    LOCAL_SETTINGS = ("shard_dir", "output", "init_from", "workers", "resume", "log_every")
+    # many processes decode, when things are logged, how this node was launched. Everything
+    # else must agree on every rank.
+    LOCAL_SETTINGS = ("shard_dir", "output", "init_from", "workers", "resume", "log_every", "record_keys",
+                      "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts",
+                      "rdzv_timeout")
 
     def fingerprint(self) -> str:
         """Hash of the settings every rank must share; the preflight compares it across ranks."""

@@ -82,26 +82,25 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
     """The real readers over SHARD_DIR (`train.data`)."""
     from train.data import SampleDecodeError, ShardReader, close_loader, make_loader
 
-    extra = {"shuffle_buffer": cfg.shuffle_buffer} if cfg.shuffle_buffer is not None else {}
+    if "image" in fields and index.get("image_size") is None:
+        raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
 
     def reader(split: str):
         return ShardReader(cfg.shard_dir, split=split, rank=d.rank, world_size=d.world_size, batch_size=plan.batch_size,
-                           seed=cfg.seed, fields=fields, max_text_len=cfg.max_text_len, **extra)
+                           seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, max_text_len=cfg.max_text_len)
 
     has_val = any(s.get("split") == "val" and s.get("count", 0) > 0 for s in index.get("shards", []))
-    loaders: dict[int, Any] = {}
-
-    def loader(r):  # one DataLoader per reader, made once: persistent workers survive the epochs
-        if id(r) not in loaders:
-            loaders[id(r)] = make_loader(r, cfg.workers, persistent_workers=cfg.workers > 0)
-        return loaders[id(r)]
+    readers = [reader("train")] + ([reader("val")] if has_val else [])
+    # one DataLoader per reader, made now (the reader's resume position depends on its worker
+    # count) and kept: persistent workers survive from epoch to epoch
+    loaders = {id(r): make_loader(r, cfg.workers, persistent_workers=cfg.workers > 0) for r in readers}
 
     def close():
         for ld in loaders.values():
             close_loader(ld)
 
-    return DataSource(train=reader("train"), val=reader("val") if has_val else None, loader=loader, close=close,
-                      errors=(SampleDecodeError,))
+    return DataSource(train=readers[0], val=readers[1] if has_val else None, loader=lambda r: loaders[id(r)],
+                      close=close, errors=(SampleDecodeError,))
 
 
 # -- small pieces --------------------------------------------------------------------------------
@@ -265,6 +264,11 @@ def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: 
 
 
 # -- the run ---------------------------------------------------------------------------------------
+
+
+def main(cfg: TrainConfig) -> dict:
+    """What each rank runs under `train.launch` (our launcher, torchrun, or in-process)."""
+    return run(cfg)
 
 
 def run(cfg: TrainConfig, open_data=open_shards, console=None) -> dict:
@@ -532,7 +536,6 @@ class Trainer:
             self.state.best_val_loss, self.state.best_val_acc = val[0], val[1]
         if not self.d.is_main:
             return
-        consumed = self.state.step_in_epoch * self.plan.accum * self.plan.batch_size
         ckpt.save_atomic({
             "format": ckpt.CHECKPOINT_FORMAT,
             "model": unwrap(self.model).state_dict(),
@@ -541,8 +544,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "epoch": self.state.epoch, "step": self.state.step, "step_in_epoch": self.state.step_in_epoch,
             "best_val_loss": self.state.best_val_loss, "best_val_acc": self.state.best_val_acc,
-            "reader": {"epoch": self.state.epoch, "consumed": consumed, "world_size": self.d.world_size,
-                       "batch_size": self.plan.batch_size},
+            "reader": self._reader_state(),
             "rng": rngs,
             "config": self._resolved(),
             "dataset_fingerprint": self.fingerprint,
@@ -558,19 +560,41 @@ class Trainer:
         s = self.state
         s.epoch, s.step, s.step_in_epoch = state["epoch"], state["step"], state["step_in_epoch"]
         s.best_val_loss, s.best_val_acc = state["best_val_loss"], state["best_val_acc"]
-        reader = state["reader"]
-        same_layout = reader["world_size"] == self.d.world_size and reader["batch_size"] == self.plan.batch_size
-        if s.step_in_epoch and not same_layout:
-            # the position is "samples each rank consumed" in the old layout; it means other samples
-            # in a new one, so the epoch restarts rather than skipping samples silently
-            self._say(f"resume: the checkpoint is mid-epoch with {reader['world_size']} ranks x batch "
-                      f"{reader['batch_size']}, now {self.d.world_size} x {self.plan.batch_size}: epoch "
-                      f"{s.epoch + 1} starts again from its beginning (no sample skipped; some seen twice)")
+        changed = self._reader_layout_change(state["reader"]) if s.step_in_epoch else None
+        if changed:
+            # the position is "samples each rank consumed" in the old layout; in a new one it means
+            # other samples, so the epoch restarts rather than skipping samples silently
+            self._say(f"resume: {changed}; epoch {s.epoch + 1} starts again from its beginning (no sample "
+                      "skipped; the ones already seen this epoch are seen twice)")
+            s.step -= s.step_in_epoch
             s.step_in_epoch = 0
         rngs = state.get("rng") or []
         if len(rngs) == self.d.world_size:
             ckpt.set_rng_state(rngs[self.d.rank])
         self._say(f"resumed from {self.run_dir / ckpt.LAST}: epoch {s.epoch + 1}, step {s.step}")
+
+    def _reader_state(self) -> dict:
+        """The train reader's position: the epoch in progress and the samples this rank consumed."""
+        steps_done = self.state.step_in_epoch * self.plan.accum  # reader steps are micro-batches
+        reader = self.data.train
+        if hasattr(reader, "state_dict"):  # the real reader also records its layout (workers, seed, ...)
+            return {**reader.state_dict(steps_done), "epoch": self.state.epoch}
+        return {"epoch": self.state.epoch, "consumed": steps_done * self.plan.batch_size,
+                "world_size": self.d.world_size, "batch_size": self.plan.batch_size}
+
+    def _reader_layout_change(self, saved: dict) -> str | None:
+        """Why the saved mid-epoch position cannot be continued exactly now, or None."""
+        reader = self.data.train
+        if hasattr(reader, "load_state_dict"):
+            try:
+                reader.load_state_dict(saved)  # checks world size, batch, workers, seed, shuffle buffer
+            except ValueError as e:
+                return str(e)
+            return None
+        if (saved["world_size"], saved["batch_size"]) != (self.d.world_size, self.plan.batch_size):
+            return (f"the checkpoint is mid-epoch with {saved['world_size']} ranks x batch {saved['batch_size']}, "
+                    f"now {self.d.world_size} x {self.plan.batch_size}")
+        return None
 
     # -- talking -----------------------------------------------------------------------------------
 

@@ -1,0 +1,75 @@
+"""`pipe train --data-only`: the data pipeline alone, under the real launcher.
+
+Every rank reads its part of each epoch through `ShardReader` and a DataLoader exactly as
+training would, but feeds no model: the rate it reaches is the most the data side can deliver,
+which answers "is loading the bottleneck?". Rank 0 prints one line per rank per epoch.
+With ``--record-keys`` each rank writes the keys it consumed, in order, to
+``RUN_DIR/keys/epoch{E}-rank{R}.txt`` (the multi-process tests check exactly-once from them).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from pipeline.fsutil import atomic_write_text
+from train.config import TrainConfig
+
+
+def main(cfg: TrainConfig) -> dict:
+    """One rank's run; returns its samples/s per epoch."""
+    import torch.distributed as dist
+
+    from pipeline.errors import StageFailed
+    from train.data import SampleDecodeError, ShardReader, close_loader, make_loader
+    from train.launch import process_group
+
+    from pipeline import shard_index
+
+    counts = shard_index.load(cfg.shard_dir)["counts"]["train"]
+    fields = tuple(f for f, n in (("image", counts["images"]), ("text", counts["texts"])) if n)  # what the data has
+    with process_group(cfg.backend) as me:
+        reader = ShardReader(cfg.shard_dir, "train", me.rank, me.world_size, batch_size=cfg.batch_size,
+                             seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields)
+        loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0)
+        rates = []
+        try:
+            if me.rank == 0:
+                _say(f"data only: {me.world_size} ranks x {cfg.workers} workers, batch {cfg.batch_size}, "
+                     f"{reader.steps_per_epoch} steps per epoch ({me.backend})")
+            for epoch in range(cfg.epochs):
+                reader.set_epoch(epoch)
+                n, keys, start = 0, [], time.perf_counter()
+                try:
+                    for batch in loader:
+                        n += len(batch["key"])
+                        if cfg.record_keys:
+                            keys.extend(batch["key"])
+                except SampleDecodeError as e:
+                    raise StageFailed(str(e)) from None
+                seconds = time.perf_counter() - start
+                rates.append(n / seconds if seconds > 0 else 0.0)
+                if cfg.record_keys:
+                    atomic_write_text(cfg.output / "keys" / f"epoch{epoch}-rank{me.rank}.txt", "".join(k + "\n" for k in keys))
+                _report(epoch, me, n, seconds, dist)
+        finally:
+            close_loader(loader)  # workers stop before the process group goes away
+    return {"rank": me.rank, "samples_per_s": rates}
+
+
+def _report(epoch: int, me, n: int, seconds: float, dist) -> None:
+    gathered: list = [None] * me.world_size
+    dist.all_gather_object(gathered, (me.rank, me.host, n, seconds))
+    if me.rank != 0:
+        return
+    total = 0.0
+    for rank, host, count, secs in gathered:
+        rate = count / secs if secs > 0 else 0.0
+        total += rate
+        _say(f"epoch {epoch} rank {rank} ({host}): {count} samples in {secs:.2f} s = {rate:,.0f} samples/s")
+    _say(f"epoch {epoch} all ranks: {total:,.0f} samples/s")
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
