@@ -3,16 +3,12 @@
 It keeps the reader's promises the loop relies on: a new order every epoch from (seed, epoch),
 one contiguous span per rank, equal steps on every rank, ``set_epoch(epoch, consumed)`` resuming
 mid-epoch. Samples are learnable: the label's quadrant of the image is brighter, and the text names it.
-
-Run as a module it is a training entry point for subprocess tests (torchrun, SIGKILL):
-``python -m tests.fake_data CONFIG.json`` trains `train.loop` on this data.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -92,23 +88,3 @@ def open_fake(cfg, d, plan, fields, index, *, n_train: int = 96, n_val: int = 30
 
 def fake_source(**kw):
     return functools.partial(open_fake, **kw)
-
-
-def main(argv: list[str]) -> None:
-    """Train on fake data with the config in argv[0] (a JSON file of TrainConfig fields)."""
-    from pipeline.errors import StageFailed, UsageError
-    from train.config import TrainConfig
-    from train.loop import run
-
-    values = json.loads(Path(argv[0]).read_text())
-    data_kw = values.pop("_data", {})
-    cfg = TrainConfig(**{k: (Path(v) if k in ("shard_dir", "output", "init_from") and v else v) for k, v in values.items()})
-    try:
-        run(cfg, open_data=fake_source(**data_kw))
-    except (UsageError, StageFailed) as e:
-        sys.stderr.write(f"pipe: error: {e}\n")
-        sys.exit(getattr(e, "exit_code", 1))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

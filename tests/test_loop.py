@@ -200,39 +200,47 @@ def test_warmup_then_cosine():
     assert all(f(s) >= f(s + 1) for s in range(10, 120))
 
 
-# -- two ranks: SIGKILL under torchrun --max-restarts, resumed by itself ---------------------------
+# -- two ranks on real shards: SIGKILL, restarted by the elastic agent, resumed by itself ---------
 
-KILL_DATA = {"n_train": 48, "n_val": 13}  # 13 val samples: 2 ranks x 2 batches of 4, 3 slots topped up
+RUN_FLAGS = {"model": "image-text", "width": 8, "epochs": 2, "batch_size": 4, "accum": 2, "checkpoint_every": 2,
+             "workers": 1, "log_every": 1}
 
 
-def _kill_cfg(workdir: Path, name: str) -> dict:
-    write_index(workdir / "shards")
-    # 3 optimizer steps per epoch (24 samples per rank / (4 x accum 2)); a checkpoint every 2 steps
-    return dict(shard_dir=str(workdir / "shards"), output=str(workdir / name), epochs=2, batch_size=4, accum=2,
-                checkpoint_every=2, workers=0, width=8, log_every=1, model="image-text")
+def _real_shards(root: Path) -> Path:
+    from tests.train_shards import make_shards
+
+    # 48 train samples: 24 per rank = 6 batches of 4 = 3 optimizer steps (accum 2) per epoch; 12 val
+    return make_shards(root, n=60, classes=3, size=32)
 
 
 def reference_run_scenario(workdir):
-    """The uninterrupted 2-rank run the killed one must match."""
-    loop.run(TrainConfig(**{k: (Path(v) if k in ("shard_dir", "output") else v) for k, v in _kill_cfg(workdir, "whole").items()}),
-             open_data=fake_source(**KILL_DATA), console=Console(file=io.StringIO()))
-    return None
+    """The uninterrupted 2-rank run the killed one must match (each rank builds its own,
+    byte-identical copy of the shards, so the preflight's dataset hashes agree)."""
+    import torch.distributed as dist
+
+    shards = _real_shards(workdir / f"data-rank{os.environ['RANK']}")
+    loop.run(TrainConfig(shard_dir=shards, output=workdir / "whole", **RUN_FLAGS), console=Console(file=io.StringIO()))
+    assert not dist.is_initialized()
+    return str(shards)
 
 
-def test_sigkill_under_torchrun_restarts_resumes_and_ends_bit_identical(tmp_path):
+def _flags(values: dict) -> list[str]:
+    return [a for k, v in values.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def test_sigkill_restart_resumes_by_itself_and_ends_bit_identical(tmp_path):
+    """pipe train --nproc-per-node 2 --max-restarts 1; rank 1 SIGKILLs itself after step 5 (the last
+    checkpoint is step 4, mid-epoch 2): the elastic agent restarts both ranks, they resume from
+    last.pt mid-epoch (dataloader workers and all), and the weights end equal, bit for bit."""
     _, workdir = scenario_results(reference_run_scenario)
-    values = {**_kill_cfg(tmp_path, "killed"), "_data": KILL_DATA}
-    (tmp_path / "cfg.json").write_text(json.dumps(values))
-    env = {**pipe_env(), "PIPE_FAULT_KILL_AT_STEP": "5:1", "OMP_NUM_THREADS": "1",  # rank 1 dies after step 5
-           # a restarted rank can otherwise read the dead rank's address from the agent's store
-           # (pytorch/pytorch#135712); README says to set it with torchrun --max-restarts
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "tests.fake_data",
-                        str(tmp_path / "cfg.json")], capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
+    shards = _real_shards(tmp_path)
+    env = {**pipe_env(), "PIPE_FAULT_KILL_AT_STEP": "5:1"}
+    p = subprocess.run([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(tmp_path / "killed"),
+                        "--nproc-per-node", "2", "--max-restarts", "1", *_flags(RUN_FLAGS)],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "killed" / ".fault-injected").exists()
-    assert "resumed from" in p.stderr and "step 4" in p.stderr  # the last checkpoint before the kill
+    assert "resumed from" in p.stderr and "epoch 2, step 4" in p.stderr  # the last checkpoint before the kill
     assert "terminate called" not in p.stderr
     a, b = ckpt.load(workdir / "whole" / "last.pt"), ckpt.load(tmp_path / "killed" / "last.pt")
     assert a["step"] == b["step"] == 6
@@ -242,18 +250,19 @@ def test_sigkill_under_torchrun_restarts_resumes_and_ends_bit_identical(tmp_path
 
 
 def test_validation_is_exact_across_ranks():
-    """2 ranks, 13 val samples in batches of 4: the repeats that even out the ranks are not counted,
-    and the all-reduced loss and accuracy equal one process's over the whole val split."""
-    from tests.fake_data import FakeReader
+    """2 ranks, 12 val samples in batches of 4: the reader tops the ranks' last batches up with
+    repeats marked invalid; they are not counted, and the all-reduced loss and accuracy equal one
+    process's over the whole val split."""
+    from train.data import ShardReader
     from train.models import build_model
 
-    _, workdir = scenario_results(reference_run_scenario)
+    shards, workdir = scenario_results(reference_run_scenario)
     val = [r for r in _metrics(workdir / "whole") if r["kind"] == "val"][-1]
-    assert val["val_samples"] == 13
+    reader = ShardReader(shards[0], "val", 0, 1, batch_size=12, fields=("image", "text"))
+    assert val["val_samples"] == reader.steps_per_epoch * 12 == 12
     model = build_model("image-text", 3, width=8)
     model.load_state_dict(ckpt.load(workdir / "whole" / "last.pt")["model"])  # saved right after that validation
     model.eval()
-    reader = FakeReader(13, 0, 1, 13, 0, split="val")
     batch = next(iter(reader))
     with torch.no_grad():
         logits = model(image=batch["image"], text=batch["text"], text_len=batch["text_len"])

@@ -105,6 +105,14 @@ def check(cfg):
     index = shard_index.load(cfg.shard_dir)
     world = world_size(cfg.launch_config())
     validate_train(cfg, world)
+    if cfg.backend == "nccl":
+        import torch
+
+        from train.distributed import choose_backend
+
+        choose_backend("nccl", torch.cuda.is_available())  # without CUDA: a usage error here, not in every rank
+    if not cfg.data_only and cfg.model in ("image", "image-text") and index.get("image_size") is None:
+        raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
     plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world)
     cfg = dataclasses.replace(cfg, batch_size=plan.batch_size, accum=plan.accum, global_batch=plan.global_batch)
     counts = [s["count"] for s in index["shards"] if s["split"] == "train"]

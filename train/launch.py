@@ -139,7 +139,7 @@ def _is_rendezvous_failure(e: BaseException) -> bool:
 
 def rendezvous_message(config: LaunchConfig, e: BaseException) -> str:
     """What failed, where, and what to check, instead of a hang or a C++ stack."""
-    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__).rstrip(".")
     where = f"{config.master_addr}:{config.master_port}"
     if config.nnodes > 1 and config.node_rank == 0:
         role = (f"node 0 waited {config.rdzv_timeout} s at {where} for all {config.nnodes} nodes to join "
