@@ -127,10 +127,29 @@ def test_nccl_without_cuda_is_a_usage_error():
 
 
 def test_single_process_needs_no_group(monkeypatch):
-    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     d = distributed.setup("auto")
     assert (d.rank, d.world_size, d.backend) == (0, 1, None) and not dist.is_initialized()
     model = torch.nn.Linear(2, 2)
     assert distributed.wrap(model, d) is model
     distributed.teardown(d)
+
+
+def test_a_launched_single_rank_joins_a_real_group(monkeypatch):
+    """One rank under a launcher still initialises its backend (NCCL on a GPU box fails here, not
+    later on the cluster), but needs no DDP wrapper; teardown leaves no group behind."""
+    from tests.gloo import free_port
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    d = distributed.setup("gloo")
+    try:
+        assert dist.is_initialized() and d.backend == "gloo" and not d.is_distributed
+        model = torch.nn.Linear(2, 2)
+        assert distributed.wrap(model, d) is model
+    finally:
+        distributed.teardown(d)
+    assert not dist.is_initialized()

@@ -67,7 +67,7 @@ def train(
     backend: Annotated[str, typer.Option(help="auto (nccl with CUDA, else gloo), nccl or gloo.", rich_help_panel=LAUNCH)] = "auto",
     max_restarts: Annotated[int, typer.Option(help="Restarts of failed ranks by the elastic agent; they resume from last.pt.", rich_help_panel=LAUNCH)] = 0,
     rdzv_timeout: Annotated[int, typer.Option(help="Seconds to wait for every node to join.", rich_help_panel=LAUNCH)] = 900,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose [train] table sets any of these flags.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[train] table sets any of these flags.")] = None,
 ) -> None:
     """Fine-tune a model on SHARD_DIR with DDP (torchrun, or --nproc-per-node local ranks).
 

@@ -82,8 +82,10 @@ def setup(requested_backend: str = "auto", timeout_s: float = 600.0) -> Dist:
     else:
         device = torch.device("cpu")
     host = socket.gethostname()
-    if world == 1:
-        return Dist(0, 1, 0, 1, None, device, host)
+    if world == 1 and not os.environ.get("MASTER_ADDR"):
+        return Dist(0, 1, 0, 1, None, device, host)  # a plain process (tests, notebooks): no group needed
+    # Launched (torchrun, our launcher, even with one rank): join a real group, so that a single-GPU
+    # run initialises NCCL exactly as a large one does and fails here, not on the cluster.
     try:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 device_id=device if backend == "nccl" else None)

@@ -93,7 +93,9 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
     readers = [reader("train")] + ([reader("val")] if has_val else [])
     # one DataLoader per reader, made now (the reader's resume position depends on its worker
     # count) and kept: persistent workers survive from epoch to epoch
-    loaders = {id(r): make_loader(r, cfg.workers, persistent_workers=cfg.workers > 0) for r in readers}
+    loaders = {id(r): make_loader(r, cfg.workers, persistent_workers=cfg.workers > 0,
+                                  pin_memory=d.device.type == "cuda")  # page-locked: async copies to the GPU
+               for r in readers}
 
     def close():
         for ld in loaders.values():
@@ -212,10 +214,18 @@ def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
+def _set_device_flags(d: Dist) -> None:
+    """CPU ranks on one node share its cores: without a limit each rank starts one thread per core
+    and they fight (torchrun sets OMP_NUM_THREADS=1 for the same reason). On a GPU, let cuDNN pick
+    the fastest convolution for our fixed input size (bit-exact resume is promised on CPU only)."""
+    if d.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    else:
+        _set_threads(d)
+
+
 def _set_threads(d: Dist) -> None:
-    """CPU ranks on one node share its cores; without this each rank starts one thread per core
-    and they fight (torchrun sets OMP_NUM_THREADS=1 for the same reason)."""
-    if d.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+    if "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         torch.set_num_threads(max(1, cores // d.local_world_size))
 
@@ -290,7 +300,7 @@ class Trainer:
         self.cfg, self.d = cfg, d
         self.console = console or _console()
         self.run_dir = Path(cfg.output)
-        _set_threads(d)
+        _set_device_flags(d)
 
         # 1. what, where, with which batch arithmetic; every rank agrees or nobody starts
         self.plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, d.world_size)
