@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +30,10 @@ from pipeline.executor import OrderedPool
 from pipeline.fsutil import atomic_copy, atomic_write_text, sweep_tmp
 from pipeline.images import BACKGROUNDS, ImageSettings
 from pipeline.journal import STATE_DIR, Journal
-from pipeline.manifest import ManifestWriter, row
 from pipeline.process import crashed, init_worker, process
 from pipeline.records import QUARANTINED, FileResult
 from pipeline.report import ReportBuilder
 from pipeline.text import TextSettings
-from pipeline.ui import progress
 
 RESIZE_MODES = ("pad", "crop", "stretch")
 FORMATS = ("jpg", "png", "webp")
@@ -203,14 +202,21 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
     t = time.perf_counter()
     journal = prepare_output(cfg)
     (cfg.output / "manifest.parquet").unlink(missing_ok=True)  # no manifest until this run is complete
-    sweep_tmp(cfg.output)
-    labels, label_notes, exclude = _labels(cfg)
-    candidates = discover(cfg.input, labels, exclude)
-    timings["discover_s"] = time.perf_counter() - t
+    # a fresh run decodes everything: start the workers now, their start-up overlaps discovery
+    pool = _pool(cfg, cfg.workers or available_cores()).start() if not journal.path.exists() else None
+    _warm_up_manifest_writer()
+    try:
+        sweep_tmp(cfg.output)
+        labels, label_notes, exclude = _labels(cfg)
+        candidates = discover(cfg.input, labels, exclude)
+        timings["discover_s"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    results, reused = _process_all(cfg, candidates, journal, show_progress)
-    timings["process_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        results, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+        timings["process_s"] = time.perf_counter() - t
+    finally:
+        if pool is not None:
+            pool.close()
 
     t = time.perf_counter()
     decisions = decide(results, DecideSettings(label_conflicts=cfg.label_conflicts))
@@ -223,6 +229,20 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
     return report
 
 
+def _warm_up_manifest_writer() -> None:
+    """pyarrow imports pandas on its first conversion (0.5-1.5 s): let that happen on a spare
+    core while the workers decode, instead of after them, when the manifest is written."""
+
+    def load() -> None:
+        import pyarrow
+
+        import pipeline.manifest  # noqa: F401
+
+        pyarrow.array([0])
+
+    threading.Thread(target=load, name="pipe-warm-up", daemon=True).start()
+
+
 def _labels(cfg: CleanConfig):
     """Labels from --labels (issue: text and captions), else from class folders."""
     if cfg.labels is None:
@@ -232,18 +252,25 @@ def _labels(cfg: CleanConfig):
     return load_labels(cfg.labels, cfg.input)
 
 
-def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal, show_progress: bool) -> tuple[list[FileResult], int]:
-    old = journal.load()
-    reuse = {c.source: old[c.source] for c in candidates if _reusable(old.get(c.source), c, cfg.output)}
-    todo = [c for c in candidates if c.source not in reuse]
+def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
     settings = WorkerSettings(
         output=str(cfg.output),
         image=ImageSettings(cfg.size, cfg.resize_mode, cfg.format, cfg.quality, cfg.min_size, cfg.max_pixels,
                             parse_colour(cfg.background)),
         text=TextSettings(),
     )
-    workers = min(cfg.workers or available_cores(), max(1, len(todo)))
-    pool = OrderedPool(process, workers, initializer=init_worker, initargs=(settings,))
+    return OrderedPool(process, workers, initializer=init_worker, initargs=(settings,))
+
+
+def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal, show_progress: bool,
+                 pool: OrderedPool | None = None) -> tuple[list[FileResult], int]:
+    from pipeline.ui import progress
+
+    old = journal.load()
+    reuse = {c.source: old[c.source] for c in candidates if _reusable(old.get(c.source), c, cfg.output)}
+    todo = [c for c in candidates if c.source not in reuse]
+    if pool is None:
+        pool = _pool(cfg, min(cfg.workers or available_cores(), max(1, len(todo))))
     results: list[FileResult] = []
     with progress("clean", len(candidates), show_progress) as advance:
         computed = pool.map(todo, on_crash=crashed) if todo else iter(())
@@ -266,6 +293,8 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
 
 
 def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: dict) -> dict:
+    from pipeline.manifest import ManifestWriter, row  # pyarrow: only needed now, at the end
+
     out = cfg.output
     keep_outputs, keep_quarantine, keep_parked = set(), set(), set()
     report = ReportBuilder()

@@ -20,6 +20,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def _nothing() -> None:
+    return None
+
+
 class OrderedPool:
     def __init__(self, fn: Callable[[T], R], workers: int, initializer=None, initargs=()):
         self.fn, self.workers = fn, max(1, workers)
@@ -31,9 +35,19 @@ class OrderedPool:
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                    initializer=self.initializer, initargs=self.initargs)
 
+    def start(self) -> "OrderedPool":
+        """Spawn the workers now, so that their start-up (a fresh interpreter importing the
+        decoders) overlaps with what the caller does before `map` (discovery, resume)."""
+        if self._pool is None:
+            self._pool = self._new_pool(self.workers)
+            for _ in range(self.workers):
+                self._pool.submit(_nothing)
+        return self
+
     def map(self, items: Iterable[T], on_crash: Callable[[T, BaseException], R], window: int | None = None) -> Iterator[R]:
         window = window or self.workers * 4
-        self._pool = self._new_pool(self.workers)
+        if self._pool is None:
+            self._pool = self._new_pool(self.workers)
         pending: deque[tuple[T, Future]] = deque()
         it = iter(items)
         try:

@@ -1,22 +1,21 @@
-"""Decode, validate and normalise one image: bytes in, a 8-bit RGB image of the target size out.
+"""One image file in, one verdict out: a quarantine reason, or the cleaned output image.
 
-Every check returns a quarantine reason or lets the image through. (Minimal first version; see
-ARCHITECTURE.md for what the full one guarantees.)
+`clean_image` is what a worker runs for every image: decode (`decode.py`: structure, header
+limits, full strict decode, colour, orientation), then the exact-duplicate key (a hash of the
+decoded pixels, so one picture in PNG, BMP or lossless WebP is one key), the perceptual hash,
+the resize (`resize.fit`) and the encode. Every failure ends as a reason from the fixed
+vocabulary with a readable detail; no exception escapes.
+
+The decoded pixels that are hashed are those of the upright RGB image the output is made from.
+For a JPEG that may already be shrunk in the DCT domain (see `resize.dct_shrink`), so the key
+of a JPEG matches other JPEGs with the same coefficients (a copy with its metadata stripped, a
+lossless re-encode) but not a PNG of its full-size pixels: that pair is left to near-duplicate
+detection.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
-
-import numpy as np
-import xxhash
-from PIL import Image, ImageFile, ImageOps
-
-from pipeline.perceptual import phash
-
-Image.MAX_IMAGE_PIXELS = None  # we check --max-pixels ourselves, from the header, before decoding
-ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0), "grey": (128, 128, 128), "gray": (128, 128, 128)}
 
@@ -45,57 +44,55 @@ class ImageOutcome:
     notes: list[str] = field(default_factory=list)
 
 
+def preload() -> None:
+    """Import the decoders (numpy, Pillow, libjpeg-turbo, LittleCMS): done once per worker at
+    start-up. The main process never needs them, so `pipe clean` itself starts fast."""
+    import pipeline.decode  # noqa: F401
+    import pipeline.perceptual  # noqa: F401
+
+
 def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
+    from pipeline.decode import Decoded, Target, decode
+    from pipeline.perceptual import phash
+    from pipeline.reject import Reject
+    from pipeline.resize import fit
+
+    out = ImageOutcome()
+    d = Decoded()
     try:
-        im = Image.open(io.BytesIO(data))
-    except Exception as e:  # noqa: BLE001 - any failure to recognise the bytes is a verdict
-        return ImageOutcome("unsupported_format", f"not a decodable image: {e}")
-    w, h = im.size
-    out = ImageOutcome(width=w, height=h)
-    if w * h > s.max_pixels:
-        out.reason, out.detail = "decompression_bomb", f"{w}x{h} = {w * h} pixels > --max-pixels {s.max_pixels}"
+        decode(data, Target(s.size, s.resize_mode, s.min_size, s.max_pixels, s.background), d)
+    except Reject as r:
+        out.reason, out.detail = r.reason, r.detail
+    except MemoryError:
+        out.reason, out.detail = "decompression_bomb", "ran out of memory while decoding"
+    except Exception as e:  # noqa: BLE001 - a decoder bug on hostile input is a verdict, not a crash
+        out.reason, out.detail = "corrupt", f"decoder failed: {type(e).__name__}: {e}"
+    out.width, out.height = d.width or None, d.height or None
+    out.notes = list(dict.fromkeys(d.notes))  # each note once, in order
+    if out.reason is not None:
         return out
-    if min(w, h) < s.min_size:
-        out.reason, out.detail = "too_small", f"{w}x{h} is below --min-size {s.min_size}"
-        return out
-    try:
-        im.load()
-    except OSError as e:
-        out.reason = "truncated" if "truncated" in str(e) else "corrupt"
-        out.detail = str(e)
-        return out
-    rgb = to_rgb(ImageOps.exif_transpose(im), s.background)
-    out.content_hash = pixel_hash(rgb)
+    rgb = d.image
+    out.content_hash = pixel_hash(rgb, d.pixels)
     out.phash = phash(rgb)
-    final = resize(rgb, s.size, s.resize_mode)
+    final = fit(rgb, s.size, s.resize_mode, s.background)
     out.data, out.ext = encode(final, s.format, s.quality), s.format
     return out
 
 
-def to_rgb(im: Image.Image, background) -> Image.Image:
-    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-        rgba = im.convert("RGBA")
-        base = Image.new("RGBA", rgba.size, background + (255,))
-        return Image.alpha_composite(base, rgba).convert("RGB")
-    return im.convert("RGB")
+def pixel_hash(rgb, pixels=None) -> str:
+    """Exact-duplicate key: xxh3-128 of the size and the RGB bytes (``pixels``, when given, is
+    the same bytes as an (H, W, 3) uint8 array, hashed without copying them out of Pillow)."""
+    import xxhash
 
-
-def pixel_hash(rgb: Image.Image) -> str:
     h = xxhash.xxh3_128()
     h.update(f"{rgb.width}x{rgb.height}".encode())
-    h.update(rgb.tobytes())
+    h.update(pixels if pixels is not None and pixels.flags.c_contiguous else rgb.tobytes())
     return h.hexdigest()
 
 
-def resize(im: Image.Image, size: int, mode: str) -> Image.Image:
-    if mode == "stretch":
-        return im.resize((size, size), Image.Resampling.LANCZOS)
-    if mode == "crop":
-        return ImageOps.fit(im, (size, size), Image.Resampling.LANCZOS)
-    return ImageOps.pad(im, (size, size), Image.Resampling.LANCZOS, color=(255, 255, 255))
+def encode(im, fmt: str, quality: int) -> bytes:
+    import io
 
-
-def encode(im: Image.Image, fmt: str, quality: int) -> bytes:
     buf = io.BytesIO()
     if fmt == "jpg":
         im.save(buf, "JPEG", quality=quality, optimize=False)

@@ -20,6 +20,9 @@ _SETTINGS = None  # set once per worker process by init_worker
 def init_worker(settings) -> None:
     global _SETTINGS
     _SETTINGS = settings
+    from pipeline.images import preload
+
+    preload()
 
 
 def output_path(source: str, key: str, ext: str) -> str:

@@ -1,0 +1,154 @@
+"""Any decoded image -> 8-bit sRGB RGB, the colours a viewer would show.
+
+* ICC profiles are honoured: an RGB image in another space (Display P3, Adobe RGB, ...) and a
+  CMYK image with its press profile are converted to sRGB by LittleCMS (Pillow's ImageCms).
+  sRGB profiles are recognised and skipped; a profile that cannot be read is noted and ignored.
+* Transparency (alpha channels, palette and grey/RGB transparency keys) is composited on the
+  background colour: transparent pixels become the background, not black.
+* High bit depths are scaled, not clipped: 16-bit values are divided by 257 (so a ramp stays a
+  ramp); 32-bit integer and float images are scaled from their nominal range (0-65535, 0-1)
+  or, when they leave it, from their own minimum and maximum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections import OrderedDict
+
+import numpy as np
+from PIL import Image
+
+_TRANSFORMS: OrderedDict = OrderedDict()  # (profile sha1, mode) -> ImageCms transform, per worker
+_MAX_TRANSFORMS = 16
+
+
+def to_rgb(im: Image.Image, background: tuple[int, int, int], icc: bytes | None, notes: list[str]) -> Image.Image:
+    """Return ``im`` as 8-bit RGB in sRGB, alpha composited on ``background``."""
+    mode = im.mode
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info:
+        return _composite(im, background, icc, notes)
+    if mode in ("RGB", "CMYK"):
+        return _convert_with_profile(im, icc, notes)
+    if mode == "LAB":
+        return _from_lab(im)
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        return _high_depth(im, notes).convert("RGB")
+    # 1, L, P, YCbCr, HSV, RGBX: Pillow's conversions are exact. (A grey ICC profile is close
+    # enough to sRGB's grey that it is not worth a transform.)
+    return im.convert("RGB")
+
+
+def _composite(im: Image.Image, background, icc: bytes | None, notes: list[str]) -> Image.Image:
+    if im.mode.startswith("I;16") or im.mode in ("I", "F"):  # a 16-bit grey with a tRNS key
+        alpha = Image.fromarray(np.where(np.asarray(im) == im.info["transparency"], 0, 255).astype(np.uint8), "L")
+        rgba = _high_depth(im, notes).convert("RGB")
+        rgba.putalpha(alpha)
+    else:
+        rgba = im.convert("RGBA")  # palettes, transparency keys and premultiplied modes included
+    if icc and im.mode in ("RGB", "RGBA", "RGBa"):
+        rgb = _convert_with_profile(rgba.convert("RGB"), icc, notes)
+        rgba = Image.merge("RGBA", (*rgb.split(), rgba.getchannel("A")))
+    alpha = rgba.getchannel("A")
+    lo, hi = alpha.getextrema()
+    if lo == 255:  # an alpha channel that is opaque everywhere
+        return rgba.convert("RGB")
+    base = Image.new("RGBA", rgba.size, (*background, 255))
+    return Image.alpha_composite(base, rgba).convert("RGB")
+
+
+def _high_depth(im: Image.Image, notes: list[str]) -> Image.Image:
+    """16-bit, 32-bit integer and float grey -> 8-bit "L", scaled, never clipped."""
+    a = np.asarray(im)
+    if im.mode.startswith("I;16"):
+        scaled = a.astype(np.float32) / 257.0
+    else:
+        a = a.astype(np.float64)
+        if not np.isfinite(a).all():
+            notes.append("NaN or infinite pixel values set to 0")
+            a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+        lo, hi = float(a.min()), float(a.max())
+        if im.mode == "F" and lo >= 0.0 and hi <= 1.0:
+            scaled = a * 255.0
+        elif lo >= 0.0 and hi <= 65535.0:
+            scaled = a / 257.0
+        else:
+            notes.append(f"{im.mode} values from {lo:g} to {hi:g} stretched to 0-255")
+            scaled = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
+    return Image.fromarray(np.rint(scaled).clip(0, 255).astype(np.uint8), "L")
+
+
+def _from_lab(im: Image.Image) -> Image.Image:
+    from PIL import ImageCms
+
+    return ImageCms.applyTransform(im, ImageCms.buildTransform(ImageCms.createProfile("LAB"), ImageCms.createProfile("sRGB"), "LAB", "RGB"))
+
+
+def _convert_with_profile(im: Image.Image, icc: bytes | None, notes: list[str]) -> Image.Image:
+    """RGB or CMYK through the embedded profile to sRGB; without one, the plain conversion."""
+    if icc:
+        transform = _transform(icc, im.mode, notes)
+        if transform is not None:
+            try:
+                return _apply(transform, im)
+            except Exception as e:  # noqa: BLE001 - a profile LittleCMS rejects is noted, not fatal
+                notes.append(f"ICC profile could not be applied ({e}); colours converted without it")
+    elif im.mode == "CMYK":
+        notes.append("CMYK without an ICC profile: converted with the plain formula")
+    return im if im.mode == "RGB" else im.convert("RGB")
+
+
+def _apply(transform, im: Image.Image) -> Image.Image:
+    from PIL import ImageCms
+
+    return ImageCms.applyTransform(im, transform)
+
+
+def _transform(icc: bytes, mode: str, notes: list[str]):
+    """A cached LittleCMS transform from ``icc`` to sRGB; None when sRGB already or unusable."""
+    key = (hashlib.sha1(icc).digest(), mode)
+    if key in _TRANSFORMS:
+        _TRANSFORMS.move_to_end(key)
+    else:
+        _TRANSFORMS[key] = _build(icc, mode)
+        if len(_TRANSFORMS) > _MAX_TRANSFORMS:
+            _TRANSFORMS.popitem(last=False)
+    transform, problem = _TRANSFORMS[key]
+    if problem:
+        notes.append(problem)
+    return transform
+
+
+def _build(icc: bytes, mode: str):
+    """(transform or None, a note when the profile cannot be used)."""
+    from PIL import ImageCms
+
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        space = profile.profile.xcolor_space.strip()
+        if space != mode:
+            raise ValueError(f"a {space} profile on a {mode} image")
+        if _is_srgb(profile):
+            return None, ""
+        return ImageCms.buildTransform(profile, _srgb(), mode, "RGB", renderingIntent=ImageCms.Intent.PERCEPTUAL), ""
+    except Exception as e:  # noqa: BLE001 - unreadable or mismatched profiles are ignored, not fatal
+        return None, f"unusable ICC profile ignored ({type(e).__name__}: {e})"
+
+
+_SRGB = None
+
+
+def _srgb():
+    global _SRGB
+    if _SRGB is None:
+        from PIL import ImageCms
+
+        _SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
+    return _SRGB
+
+
+def _is_srgb(profile) -> bool:
+    """Profiles that are sRGB by name (camera and OS sRGB profiles); converting them is a no-op."""
+    p = profile.profile
+    desc = f"{p.profile_description or ''} {p.model or ''}".lower()
+    return "srgb" in desc or "iec61966-2" in desc or "iec 61966-2" in desc
