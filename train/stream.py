@@ -24,7 +24,8 @@ from pipeline import shard_index, tarstream
 from pipeline.codec import RawSample, split_name
 from train.plan import Block, EpochPlan, Segment, batches_done, epoch_plan, worker_blocks, worker_spans
 
-ALIGN = 64  # bytes: where buffers of plain reads start (a cache line)
+ALIGN = 64  # bytes: where buffers of large plain reads start (a cache line)
+MAP_FROM = 4 << 20  # bytes: ranges this large are mapped, smaller ones read (measured crossover)
 _CAN_MAP = hasattr(mmap, "MAP_SHARED")  # POSIX
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: read and map every page at once
 
@@ -131,12 +132,16 @@ def parse_samples(view: memoryview, shard: dict, begin: int, end: int) -> list[R
 def read_range(fd: int, offset: int, n: int) -> memoryview:
     """Up to ``n`` bytes of the file at ``offset`` (fewer only where the file ends), as a view.
 
-    Mapped from the page cache where the file system allows it: no copy (a read into fresh
-    memory costs about twice the kernel time of `cat`, whose small buffer stays in the CPU
-    cache), and every page is brought in and mapped now (MAP_POPULATE), so the bytes are read
-    here, not on first touch. Where mapping fails (some network and FUSE file systems), a
-    plain positioned read.
+    A large range (a block of samples) is mapped from the page cache where the file system
+    allows it: no copy (a read into fresh memory costs about twice the kernel time of `cat`,
+    whose small buffer stays in the CPU cache), and every page is brought in and mapped now
+    (MAP_POPULATE), so the bytes are read here, not on first touch. A small range (one
+    validation sample, a block of short texts) is read plainly: below a few MiB setting up and
+    tearing down a mapping costs more than the copy. So is any range where mapping fails
+    (some network and FUSE file systems).
     """
+    if n < MAP_FROM:
+        return memoryview(os.pread(fd, n, offset))
     n = max(0, min(n, os.fstat(fd).st_size - offset))  # never map past the end: touching that is SIGBUS
     if n and _CAN_MAP:
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
