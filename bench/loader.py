@@ -168,6 +168,7 @@ def child_loose(clean: str, shards: str, batch: int, workers: int, seed: int) ->
 
 
 def child_ours(shards: str, batch: int, workers: int, seed: int) -> dict:
+    """Ours: `ShardReader` batches (images only) through `make_loader`'s forked workers."""
     from train.data import ShardReader, close_loader, make_loader
 
     reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",))
