@@ -224,3 +224,72 @@ def test_state_dict_round_trip_and_refusals(shards):
         other.load_state_dict(state)
     other.load_state_dict(reader.state_dict(steps_done=reader.steps_per_epoch))  # epoch done: next one, any world
     assert other.epoch == 3
+
+
+# -- images at the model's size (decoded smaller in the workers, not shipped at the stored size) --
+
+
+@pytest.fixture(scope="module")
+def big_shards(tmp_path_factory):
+    """96 px images, JPEG and PNG, so that a 24 px read takes the JPEG's DCT-domain shrink (1/2)."""
+    root = tmp_path_factory.mktemp("big")
+    specs = [Spec(f"b{i:03d}", f"c{i % 2}", seed=i, size=96, fmt="png" if i % 4 == 3 else "jpg") for i in range(16)]
+    make_clean_dir(root / "clean", specs)
+    stage.run(stage.ShardConfig(root / "clean", root / "shards", val_fraction=0), show_progress=False)
+    return root / "shards"
+
+
+def _reference(raw: bytes, size: int) -> np.ndarray:
+    """The plain way: Pillow decodes the whole image, LANCZOS resizes it."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(raw)) as im:
+        return np.asarray(im.convert("RGB").resize((size, size), Image.Resampling.LANCZOS), dtype=np.float64)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_images_come_at_the_requested_size_matching_a_full_decode(big_shards, workers):
+    reader = ShardReader(big_shards, "train", batch_size=4, fields=("image",), image_size=24)
+    assert reader.stored_size == 96 and reader.image_size == 24
+    mean, std = np.array(reader.index["mean"]).reshape(3, 1, 1), np.array(reader.index["std"]).reshape(3, 1, 1)
+    loader = make_loader(reader, workers)
+    seen = set()
+    try:
+        for batch in loader:
+            assert batch["image"].shape == (4, 3, 24, 24) and batch["image"].dtype == torch.float32
+            for key, x in zip(batch["key"], batch["image"].double().numpy()):
+                ext = ".png" if _member(big_shards, key, ".png") else ".jpg"
+                want = _reference(_member(big_shards, key, ext), 24).transpose(2, 0, 1)
+                got = (x * std + mean) * 255  # back to pixel values
+                # a JPEG's DCT-domain half is not bit-equal to a full decode: measured 0.5 levels on average
+                assert np.abs(got - want).mean() < (1.0 if ext == ".jpg" else 0.01), key
+                seen.add(ext)
+    finally:
+        close_loader(loader)
+    assert seen == {".jpg", ".png"}
+
+
+def test_default_image_size_is_the_stored_one_and_never_enlarged(big_shards):
+    assert ShardReader(big_shards, batch_size=4).image_size == 96
+    assert ShardReader(big_shards, batch_size=4, image_size=96).image_size == 96
+    with pytest.raises(ValueError, match="never enlarged"):
+        ShardReader(big_shards, batch_size=4, image_size=128)
+
+
+def test_undecodable_sample_at_a_smaller_size_names_shard_and_key(big_shards, tmp_path):
+    import shutil
+
+    shards = tmp_path / "shards"
+    shutil.copytree(big_shards, shards)
+    tar_path = next(shards.glob("train-*.tar"))
+    with tarfile.open(tar_path) as tf:
+        victim = next(m for m in tf.getmembers() if m.name.endswith(".jpg"))
+    data = bytearray(tar_path.read_bytes())
+    start = victim.offset_data + victim.size // 2
+    data[start : victim.offset_data + victim.size - 2] = bytes(victim.offset_data + victim.size - 2 - start)
+    tar_path.write_bytes(bytes(data))
+    key = victim.name.split(".")[0]
+    with pytest.raises(SampleDecodeError, match=rf"^{tar_path.name}: sample {key} .*does not decode"):
+        list(make_loader(ShardReader(shards, batch_size=2, image_size=24), 0))

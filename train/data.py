@@ -10,6 +10,11 @@ tar members parsed in place (`pipeline.tarstream`). This module decodes them thr
 the index's mean and std; inside a worker that tensor lives in shared memory, so the batch
 reaches the training process without another copy.
 
+Images are decoded at the size the model works at (``image_size``), not the stored size: a
+JPEG is shrunk in the DCT domain while it is decoded, then resized with LANCZOS (`decode_at`).
+A 512 px image is 3 MB as float32 to normalize and ship to the training process; at 64 px,
+48 KB, and its decode is cheaper too.
+
 Epoch and resume position live in a small shared-memory tensor, so `set_epoch` reaches the
 workers whether they are persistent (they re-read it when the next epoch's iterator starts),
 re-created every epoch, or absent (``num_workers=0``).
@@ -35,10 +40,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline import shard_index
 from pipeline.codec import DecodeError, RawSample, decode_class, decode_image
+from pipeline.resize import dct_shrink, fit
 from train.stream import SampleDecodeError, SampleReader, read_samples
 
 __all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
@@ -49,7 +56,8 @@ FIELDS = ("image", "text")
 class ShardReader(SampleReader, IterableDataset):
     """One rank's view of a split of a shard folder, as an iterable of collated batches.
 
-    Each batch is a dict: ``image`` float32 [B,3,S,S] (normalized with the index's mean/std) and
+    Each batch is a dict: ``image`` float32 [B,3,S,S] (S = ``image_size``: the index's unless
+    given; normalized with the index's mean/std) and
     ``has_image`` bool [B] when "image" is in ``fields``; ``text`` int64 [B,L] (byte value + 1,
     0 = padding, L = ``max_text_len``) and ``text_len`` int64 [B] when "text" is; always
     ``label`` int64 [B], ``valid`` bool [B] (False only for the repeats that top up the last
@@ -58,7 +66,10 @@ class ShardReader(SampleReader, IterableDataset):
 
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
-                 fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256):
+                 fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
+                 image_size: int | None = None):
+        """``image_size``: the side images are decoded at, e.g. the model's input size; at most
+        the stored size (enlarging adds nothing). None: the stored size (index.json's)."""
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
@@ -66,9 +77,13 @@ class ShardReader(SampleReader, IterableDataset):
         self.fingerprint = hashlib.sha256((self.shard_dir / shard_index.INDEX_NAME).read_bytes()).hexdigest()
         self.fields, self.max_text_len = tuple(fields), max_text_len
         self.num_classes = len(self.index["classes"])
-        self.image_size = self.index["image_size"]
-        if "image" in self.fields and self.image_size is None:
+        self.stored_size = self.index["image_size"]  # the side of every image in the shards
+        if "image" in self.fields and self.stored_size is None:
             raise ValueError(f"{self.shard_dir} holds no images; read it with fields=('text',)")
+        if image_size is not None and not 1 <= image_size <= (self.stored_size or image_size):
+            raise ValueError(f"image_size {image_size} must be between 1 and the shards' image size "
+                             f"{self.stored_size} (images are never enlarged)")
+        self.image_size = image_size or self.stored_size
         self.mean = torch.tensor(self.index["mean"] or [0.0, 0.0, 0.0], dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(self.index["std"] or [1.0, 1.0, 1.0], dtype=torch.float32).clamp_min(1e-6).view(1, 3, 1, 1)
         # (x / 255 - mean) / std per image [3,S,S], folded into one multiply and one add per pixel
@@ -167,18 +182,17 @@ class ShardReader(SampleReader, IterableDataset):
         size = self.image_size
         out = _batch_tensor((len(samples), 3, size, size))
         has = torch.zeros(len(samples), dtype=torch.bool)
-        pixels = np.empty((size, size, 3), dtype=np.uint8)  # decoded into, one image at a time
+        # decoded into, one image at a time (at the stored size; smaller ones are resized into it)
+        pixels = np.empty((size, size, 3), dtype=np.uint8)
         for i, s in enumerate(samples):
             ext = s.image_ext
             if ext is None:
                 out[i].zero_()  # no image: the mean colour, i.e. zeros after normalization
                 continue
             try:
-                arr = decode_image(s.fields[ext], ext, out=pixels)
+                arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=pixels)
             except DecodeError as e:
                 raise _error(s, str(e)) from None
-            if arr.shape != (size, size, 3):
-                raise _error(s, f"image is {arr.shape[1]}x{arr.shape[0]}, the index says {size}x{size}")
             # HWC uint8 -> CHW float in one strided copy, then normalize in place: the image stays
             # in cache (a whole-batch permute + normalize is several times slower)
             x = out[i]
@@ -202,6 +216,45 @@ class ShardReader(SampleReader, IterableDataset):
 
 def _error(s: RawSample, what: str) -> SampleDecodeError:
     return SampleDecodeError(f"{s.shard}: sample {s.key} (byte offset {s.offset}): {what}")
+
+
+def decode_at(data: bytes | memoryview, ext: str, stored: int, size: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A ``size`` x ``size`` x 3 uint8 RGB array of an image `pipe shard` stored at ``stored`` px.
+
+    Written into ``out`` (an array of that shape) where it can be. Smaller, a JPEG is decoded
+    already shrunk in the DCT domain (libjpeg-turbo's scaled IDCT: 1/2, 1/4, 1/8) as far as
+    `pipeline.resize.dct_shrink` allows (1.5x the target kept, so nothing aliases), then resized
+    with LANCZOS, the way `pipe clean` resizes. Raises `DecodeError` for a damaged image or one
+    whose size is not the index's.
+    """
+    if size >= stored or ext != "jpg":
+        arr = decode_image(data, ext, out=out)  # into out only when it has the stored size
+        _check_stored(arr.shape[1], arr.shape[0], stored)
+    else:
+        import simplejpeg
+
+        try:
+            h, w = simplejpeg.decode_jpeg_header(data)[:2]
+        except Exception as e:  # noqa: BLE001 - as pipeline.codec.decode_image: one kind of error
+            raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
+        _check_stored(w, h, stored)
+        f = dct_shrink(w, h, size, "stretch")
+        try:
+            arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, min_width=-(-w // f), min_height=-(-h // f))
+        except Exception as e:  # noqa: BLE001
+            raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
+    if size >= stored:
+        return arr
+    small = np.asarray(fit(Image.fromarray(arr), size, "stretch", (0, 0, 0)))  # a read-only view of Pillow's pixels
+    if out is None or out.shape != small.shape:
+        return small.copy()
+    out[...] = small
+    return out
+
+
+def _check_stored(w: int, h: int, stored: int) -> None:
+    if (w, h) != (stored, stored):
+        raise DecodeError(f"image is {w}x{h}, the index says {stored}x{stored}")
 
 
 def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:

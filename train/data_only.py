@@ -13,7 +13,7 @@ import sys
 import time
 
 from pipeline.fsutil import atomic_write_text
-from train.config import TrainConfig
+from train.config import BUILTIN_MODELS, TrainConfig
 
 
 def main(cfg: TrainConfig) -> dict:
@@ -26,17 +26,21 @@ def main(cfg: TrainConfig) -> dict:
 
     from pipeline import shard_index
 
-    counts = shard_index.load(cfg.shard_dir)["counts"]["train"]
+    index = shard_index.load(cfg.shard_dir)
+    counts = index["counts"]["train"]
     fields = tuple(f for f, n in (("image", counts["images"]), ("text", counts["texts"])) if n)  # what the data has
+    # images at the size training would decode them: a built-in model's --resolution
+    stored = index["image_size"]
+    image_size = min(cfg.resolution, stored) if stored and "image" in fields and cfg.model in BUILTIN_MODELS else None
     with process_group(cfg.backend) as me:
         reader = ShardReader(cfg.shard_dir, "train", me.rank, me.world_size, batch_size=cfg.batch_size,
-                             seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields)
+                             seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, image_size=image_size)
         loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0)
         rates = []
         try:
             if me.rank == 0:
                 _say(f"data only: {me.world_size} ranks x {cfg.workers} workers, batch {cfg.batch_size}, "
-                     f"{reader.steps_per_epoch} steps per epoch ({me.backend})")
+                     f"{reader.steps_per_epoch} steps per epoch, images at {reader.image_size} px ({me.backend})")
             for epoch in range(cfg.epochs):
                 reader.set_epoch(epoch)
                 n, keys, start = 0, [], time.perf_counter()
