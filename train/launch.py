@@ -110,7 +110,8 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
         # the agent logs each failed rank's whole traceback; we report it in one line (PIPE_DEBUG=1 shows it)
         for name in ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // config.nproc_per_node)))
+    # OMP_NUM_THREADS is left alone: each rank sizes its own thread pool (train.loop.cpu_threads),
+    # knowing its dataloader workers, which this launcher does not.
     # The agent's rendezvous store is otherwise shared with the ranks and outlives a restart: a
     # restarted rank can read a dead rank's address and fail to connect (pytorch/pytorch#135712).
     # With it off, every attempt gets a fresh store, and --max-restarts really restarts.

@@ -17,6 +17,9 @@ The contract for ``--model package.module:factory`` (``factory(num_classes=N)``,
 * ``model.inputs`` (optional): the batch fields ``forward`` takes as keyword arguments, e.g.
   ``("image",)`` or ``("text", "text_len")``. Without it, ``forward(images)`` is called positionally
   (the torchvision/timm convention).
+* ``model.image_size`` (optional): the side, in pixels, the model wants its images at; the reader
+  then decodes them at that size (never larger than the shards hold) instead of the stored size.
+  The built-in models have it (their ``resolution``).
 * ``model.head`` (optional): the final ``nn.Linear``; re-initialised when --init-from's class
   count differs.
 * ``model.block_groups()`` (optional): lists of blocks from input to output that --freeze counts;
@@ -156,6 +159,11 @@ class Classifier(nn.Module):
         dim = (image.out_dim if image else 0) + (text.out_dim if text else 0)
         self.head = nn.Linear(dim, num_classes)
 
+    @property
+    def image_size(self) -> int | None:
+        """The side the image encoder works at: the reader decodes images at this size."""
+        return self.image.resolution if self.image is not None else None
+
     def block_groups(self) -> list[list[nn.Module]]:
         return [enc.block_list() for enc in (self.image, self.text) if enc is not None]
 
@@ -234,6 +242,15 @@ def reader_fields(model: nn.Module) -> tuple[str, ...]:
     """What the reader must decode for this model (``text_len`` comes with ``text``)."""
     inputs = model_inputs(model) or ("image",)
     return tuple(f for f in ("image", "text") if f in inputs)
+
+
+def reader_image_size(model: nn.Module, stored: int | None) -> int | None:
+    """The side the reader should decode images at: the model's ``image_size`` when it has one,
+    capped at the shards' ``stored`` size (enlarging adds nothing); None: as stored."""
+    want = getattr(model, "image_size", None)
+    if stored is None or not isinstance(want, int) or want < 1:
+        return None
+    return min(want, stored)
 
 
 def forward(model: nn.Module, inner: nn.Module, batch: dict) -> torch.Tensor:
