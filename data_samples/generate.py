@@ -5,9 +5,10 @@
 
 Seeded and deterministic: running it again gives byte-identical files (with the same Pillow
 and zlib). Three classes a small CNN learns in a minute on a CPU (circles, stripes,
-triangles: shape decides, colours are random), captions beside a third of the images, and the
-nasty files listed in data_samples/README.md. `EXPECTED` says what `pipe clean` should make of
-each nasty file; tests/test_data_samples.py holds it to that.
+triangles: shape decides, colours are random, shapes are dark on a light background),
+captions beside a third of the images, and the nasty files listed in data_samples/README.md.
+`EXPECTED` says what `pipe clean` should make of each nasty file; tests/test_data_samples.py
+holds it to that.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests import nasty  # noqa: E402 - builders of broken files, shared with th
 from tests.icc import press_cmyk  # noqa: E402
 
 W, H = 256, 192
-PER_CLASS = 45
+PER_CLASS = 60  # the most tests/test_data_samples.py allows: every image helps a short training
 SEED = 20240601
 CLASSES = ("circles", "stripes", "triangles")
 COLOUR_NAMES = {"red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200), "yellow": (230, 200, 40),
@@ -46,8 +47,22 @@ def colour(rng) -> tuple[str, tuple[int, int, int]]:
     return name, tuple(int(v) for v in np.clip(np.array(COLOUR_NAMES[name]) + jitter, 0, 255))
 
 
+def ink(rng) -> tuple[str, tuple[int, int, int]]:
+    """A random colour, darkened: shapes are always darker than their background (ink on paper).
+
+    With random contrast (a light shape on one image, a dark one on the next) a small CNN needs
+    far more than 60 images a class to tell circles from triangles regardless of contrast:
+    measured, the built-in image model (width 16, 64 px, 15-20 epochs) reached 60-80%
+    validation accuracy with random contrast and 86-97% with dark shapes on light backgrounds.
+    """
+    name, c = colour(rng)
+    return f"dark {name}", tuple(int(0.45 * v) for v in c)
+
+
 def background(rng) -> tuple[str, Image.Image]:
+    """A light gradient (see `ink`) with a little noise."""
     name, c1 = colour(rng)
+    name, c1 = f"light {name}", tuple(int(170 + v / 3) for v in c1)
     c2 = tuple(int(v) for v in np.clip(np.array(c1) + rng.integers(-60, 61, 3), 0, 255))
     t = np.linspace(0, 1, W)[None, :, None] if rng.random() < 0.5 else np.linspace(0, 1, H)[:, None, None]
     grad = np.array(c1) * (1 - t) + np.array(c2) * t
@@ -63,9 +78,9 @@ def draw_circles(rng) -> tuple[Image.Image, str]:
     bg_name, im = background(rng)
     d = ImageDraw.Draw(im)
     n = int(rng.integers(1, 4))
-    name, c = colour(rng)
+    name, c = ink(rng)
     for _ in range(n):
-        r = int(rng.integers(18, 60))
+        r = int(rng.integers(24, 60))  # at least 6 px at the demo's 64 px: a disc, not a dot
         x, y = int(rng.integers(r, W - r)), int(rng.integers(r, H - r))
         d.ellipse([x - r, y - r, x + r, y + r], fill=c)
     size = "large" if r > 40 else "small"
@@ -87,9 +102,9 @@ def draw_triangles(rng) -> tuple[Image.Image, str]:
     bg_name, im = background(rng)
     d = ImageDraw.Draw(im)
     n = int(rng.integers(1, 3))
-    name, c = colour(rng)
+    name, c = ink(rng)
     for _ in range(n):
-        cx, cy, r = int(rng.integers(50, W - 50)), int(rng.integers(50, H - 50)), int(rng.integers(25, 55))
+        cx, cy, r = int(rng.integers(50, W - 50)), int(rng.integers(50, H - 50)), int(rng.integers(34, 58))
         a0 = rng.uniform(0, 2 * np.pi)
         d.polygon([(cx + r * np.cos(a0 + k * 2 * np.pi / 3), cy + r * np.sin(a0 + k * 2 * np.pi / 3)) for k in range(3)], fill=c)
     return im, f"{n} {name} triangle{'s' if n > 1 else ''} on a {bg_name} background, one at the {where(cx, cy)}"
