@@ -56,6 +56,22 @@ def test_finetuning_walkthrough(cli, two_datasets, tmp_path):
     assert _events(tmp_path / "runs-b", "val")[-1]["val_acc"] > 0.5  # 4 classes: chance is 0.25
 
 
+def test_the_image_model_learns_from_real_shards(cli, tmp_path):
+    """The guard against a run that silently stops learning (labels, decoding, resizing,
+    normalisation, the model, the optimizer): real shards through the real reader, images only
+    (no caption to lean on), decoded at the model's 16 px from the stored 64 px (a JPEG's
+    DCT-domain half, then LANCZOS). Three classes: chance is 1/3."""
+    shards = make_shards(tmp_path / "data", n=90, classes=3, size=64, seed=3, prefix="l")
+    run = tmp_path / "run"
+    r = cli("train", shards, "-o", run, "--model", "image", "--resolution", "16", "--width", "8", "--epochs", "4",
+            "--batch-size", "8", "--lr", "3e-3", "--workers", "0", "--log-every", "100")
+    assert r.exit_code == 0, r.stderr
+    assert "images decoded at 16 px (stored 64 px)" in r.stderr
+    assert "val majority class" in r.stdout
+    val = _events(run, "val")
+    assert val[-1]["val_acc"] >= 0.8, [v["val_acc"] for v in val]
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--resume"], "has no last.pt to continue from"),
     (["--accum", "50"], "fewer than one optimizer step needs (--accum 50)"),
