@@ -1,16 +1,25 @@
-"""pipe train's throughput on CPU: samples/s with 1 and 2 gloo ranks, the share of step time spent
-waiting for data, and the data pipeline's own ceiling (--data-only), on the same shards in the
-same run, printed as ratios.
+"""pipe train's throughput on CPU: samples/s with 1 and 2 gloo ranks and the share of step time
+spent waiting for data, next to the naive ways, on the same shards in the same run, as ratios.
 
 Every number comes from whole `pipe train` processes (launcher, ranks, dataloader workers), the
-way a user runs them; samples/s and data-wait are read from RUN_DIR/metrics.jsonl, leaving out
-the first logging window (process start, first batches).
+way a user runs them; training samples/s and data-wait are read from RUN_DIR/metrics.jsonl,
+leaving out the first logging window (process start, first batches).
 
-    python bench/train.py --quick                  # ~1-2 min on 2 cores: 160 images of 128 px
-    python bench/train.py [--images 640] [--size 256] [--epochs 2] [--workers 1] [--model image]
+What is compared:
 
-On a machine with fewer cores than ranks x (1 + workers), two ranks cannot be twice as fast: the
-table says how many cores there were.
+* data only (`--data-only`, 1 rank): images decoded at the model's 64 px in the workers (ours)
+  against decoding them at the stored size and shipping that to the model, which resizes
+  (the naive way; `--resolution` = the stored size makes the reader do exactly that);
+* training, 1 and 2 ranks, ours;
+* training, 1 rank, with one compute thread per core (`OMP_NUM_THREADS` = cores, what a rank
+  used before) against ours (cores per rank less one per dataloader worker).
+
+    python bench/train.py --quick       # ~2-4 min on 2 shared cores: 160 images of 512 px
+    python bench/train.py [--images 320] [--size 512] [--epochs 3] [--workers 1] [--model image]
+
+The load average (`uptime`) is printed before and after: on a shared machine only the ratios
+within one run mean anything. With fewer cores than ranks x (1 + workers), two ranks cannot be
+twice as fast as one: the table says how many cores there were.
 """
 
 from __future__ import annotations
@@ -67,50 +76,78 @@ def steady(run: Path) -> dict:
             "memory_mb": max(r["memory_mb"] for r in train), "windows": len(use)}
 
 
+def data_rate(p: subprocess.CompletedProcess) -> float:
+    """The best epoch's samples/s of a --data-only run (all ranks)."""
+    rates = [float(x.replace(",", "")) for x in re.findall(r"all ranks: ([\d,.]+) samples/s", p.stdout)]
+    return max(rates) if rates else float("nan")
+
+
+def load() -> str:
+    try:
+        return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "load average unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small and short: 160 images of 128 px, 2 epochs")
-    ap.add_argument("--images", type=int, default=640)
-    ap.add_argument("--size", type=int, default=256, help="side of the cleaned images, in pixels")
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="small and short: 160 images, 2 epochs")
+    ap.add_argument("--images", type=int, default=320)
+    ap.add_argument("--size", type=int, default=512, help="side of the cleaned images, in pixels (pipe clean's default)")
+    ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=1, help="dataloader workers per rank")
     ap.add_argument("--batch-size", type=int, default=16, help="per rank")
     ap.add_argument("--model", default="image")
+    ap.add_argument("--resolution", type=int, default=64, help="the side the built-in model works at")
     ap.add_argument("--keep", type=Path, help="keep the data and runs here instead of a temporary folder")
     a = ap.parse_args()
     if a.quick:
-        a.images, a.size = 160, 128
+        a.images, a.epochs = 160, 2
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"before: {load()} on {cores} cores")
     with tempfile.TemporaryDirectory() as tmp:
         root = a.keep or Path(tmp)
         t = time.perf_counter()
-        make_raw(root / "raw", a.images, max(a.size, 64))
+        make_raw(root / "raw", a.images, a.size)
         pipe("clean", str(root / "raw"), "-o", str(root / "clean"), "--size", str(a.size), "--workers", "2")
         pipe("shard", str(root / "clean"), "-o", str(root / "shards"), "--val-fraction", "0.1")
         print(f"data: {a.images} images of {a.size} px through pipe clean + pipe shard in {time.perf_counter() - t:.1f} s; "
-              f"{cores} cores; model {a.model}, batch {a.batch_size} per rank, {a.workers} worker(s) per rank")
+              f"model {a.model} at {a.resolution} px, batch {a.batch_size} per rank, {a.workers} worker(s) per rank")
 
+        shards = str(root / "shards")
         common = ["--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--workers", str(a.workers)]
-        data = pipe("train", str(root / "shards"), "-o", str(root / "data-only"), "--data-only", *common)
-        rates = [float(x.replace(",", "")) for x in re.findall(r"all ranks: ([\d,.]+) samples/s", data.stdout)]
-        ceiling = max(rates) if rates else float("nan")
+        data = {"ours": pipe("train", shards, "-o", str(root / "data-ours"), "--data-only", "--resolution",
+                             str(a.resolution), *common),
+                "naive": pipe("train", shards, "-o", str(root / "data-naive"), "--data-only", "--resolution",
+                              str(a.size), *common)}
+        ceiling = {k: data_rate(p) for k, p in data.items()}
 
-        results = {}
-        for ranks in (1, 2):
-            run = root / f"train-{ranks}"
-            p = pipe("train", str(root / "shards"), "-o", str(run), "--nproc-per-node", str(ranks), "--model", a.model,
-                     "--log-every", "2", *common)
-            results[ranks] = {**steady(run), "wall": p.seconds}
+        def train(name: str, ranks: int, env: dict | None = None) -> dict:
+            run = root / name
+            p = pipe("train", shards, "-o", str(run), "--nproc-per-node", str(ranks), "--model", a.model,
+                     "--resolution", str(a.resolution), "--log-every", "2", "--checkpoint-every", "0", *common, env=env)
+            threads = re.search(r"(\d+) compute threads? per rank", p.stderr)
+            return {**steady(run), "wall": p.seconds, "threads": threads.group(1) if threads else "?"}
 
-    print(f"\n{'':>22} {'samples/s':>10} {'data wait':>10} {'peak MB':>9} {'wall s':>8}")
-    print(f"{'data only, 1 rank':>22} {ceiling:>10.1f} {'-':>10} {'-':>9} {data.seconds:>8.1f}")
-    for ranks, r in results.items():
-        print(f"{f'train, {ranks} rank' + ('s' if ranks > 1 else ''):>22} {r['samples_per_s']:>10.1f} "
-              f"{r['data_wait']:>10.0%} {r['memory_mb']:>9.0f} {r['wall']:>8.1f}")
-    one, two = results[1]["samples_per_s"], results[2]["samples_per_s"]
-    print(f"\n2 ranks / 1 rank: {two / one:.2f}x samples/s ({cores} cores for 2 ranks x (1 + {a.workers} workers))")
-    print(f"training (1 rank) / data ceiling (1 rank): {one / ceiling:.2f} "
-          f"-> {'the model' if one < 0.8 * ceiling else 'data loading'} is the bottleneck")
+        results = {"train, 1 rank": train("train-1", 1), "train, 2 ranks": train("train-2", 2),
+                   "train, 1 rank, naive threads": train("train-1-naive", 1, {"OMP_NUM_THREADS": str(cores)})}
+    print(f"after: {load()}")
+
+    print(f"\n{'':>30} {'samples/s':>10} {'data wait':>10} {'threads':>8} {'peak MB':>9} {'wall s':>8}")
+    print(f"{f'data only, {a.resolution} px (ours)':>30} {ceiling['ours']:>10.1f} {'-':>10} {'-':>8} {'-':>9} "
+          f"{data['ours'].seconds:>8.1f}")
+    print(f"{f'data only, {a.size} px (naive)':>30} {ceiling['naive']:>10.1f} {'-':>10} {'-':>8} {'-':>9} "
+          f"{data['naive'].seconds:>8.1f}")
+    for name, r in results.items():
+        print(f"{name:>30} {r['samples_per_s']:>10.1f} {r['data_wait']:>10.0%} {r['threads']:>8} {r['memory_mb']:>9.0f} "
+              f"{r['wall']:>8.1f}")
+    one, two = results["train, 1 rank"]["samples_per_s"], results["train, 2 ranks"]["samples_per_s"]
+    naive_threads = results["train, 1 rank, naive threads"]["samples_per_s"]
+    print(f"\ndata only: decoding at {a.resolution} px / at {a.size} px: {ceiling['ours'] / ceiling['naive']:.1f}x samples/s")
+    print(f"train, 1 rank: our threads / one thread per core: {one / naive_threads:.1f}x samples/s")
+    print(f"2 ranks / 1 rank: {two / one:.2f}x samples/s ({cores} cores for 2 ranks x (1 + {a.workers} workers))")
+    print(f"training (1 rank) / data ceiling (1 rank): {one / ceiling['ours']:.2f} "
+          f"-> {'the model' if one < 0.8 * ceiling['ours'] else 'data loading'} is the bottleneck")
 
 
 if __name__ == "__main__":
