@@ -139,6 +139,18 @@ def _z(v: np.ndarray) -> np.ndarray:
     return (v - v.mean()) / s if s > 1e-3 else v - v.mean()
 
 
+def _z_rows(v: np.ndarray) -> np.ndarray:
+    """`_z` of each row (the same numbers: numpy reduces each contiguous row the same way)."""
+    m = v.mean(axis=1, keepdims=True)
+    s = v.std(axis=1, keepdims=True)
+    return np.where(s > 1e-3, (v - m) / np.where(s > 1e-3, s, 1.0), v - m)
+
+
+# every (lo, hi) crop of the registration grid, and where each of its PROFILE samples falls
+_LO, _HI = (g.ravel() for g in np.meshgrid(_GRID, _GRID, indexing="ij"))
+_POS = (_LO[:, None] + _XS[None, :] * (1 - _LO - _HI)[:, None]) * PROFILE - 0.5
+
+
 def _register(pa: np.ndarray, pb: np.ndarray, top: int = 6) -> list[tuple[str, float, float]]:
     """Which profile is a crop of the other, and by how much on each side: the ``top`` best
     (a|b, lo, hi), best first."""
@@ -146,11 +158,10 @@ def _register(pa: np.ndarray, pb: np.ndarray, top: int = 6) -> list[tuple[str, f
     idx = np.arange(PROFILE)
     scored = []
     for side, src, dst in (("a", pa, zb), ("b", pb, za)):
-        for lo in _GRID:
-            for hi in _GRID:
-                pos = (lo + _XS * (1 - lo - hi)) * PROFILE - 0.5
-                err = float(((_z(np.interp(pos, idx, src)) - dst) ** 2).mean())
-                scored.append((round(err, 9), lo + hi, side, float(lo), float(hi)))  # ties: the smaller crop
+        # all crops at once (one interpolation, row-wise z-scores): 25x fewer numpy calls
+        errs = ((_z_rows(np.interp(_POS, idx, src)) - dst) ** 2).mean(axis=1)
+        for err, lo, hi in zip(errs.tolist(), _LO.tolist(), _HI.tolist()):
+            scored.append((round(err, 9), lo + hi, side, float(lo), float(hi)))  # ties: the smaller crop
     scored.sort()
     return [(side, lo, hi) for _e, _t, side, lo, hi in scored[:top]]
 
@@ -172,16 +183,30 @@ def compare(a: View, b: View) -> tuple[float, float, float, bool]:
     When either is flat (no structure), correlation means nothing: it is 1.0 when both are
     flat, else 0.0, and the RMSE is the largest difference of the channel means."""
     best = None
+    # (view, box) -> (thumbnail, its centred grey, that grey's spread): most combinations below
+    # crop one side only, so each thumbnail (and its share of `_correlation`) is made once
+    thumbs: dict = {}
+
+    def thumb(v: View, box) -> tuple[np.ndarray, np.ndarray, float]:
+        key = (id(v), box)
+        if key not in thumbs:
+            t = _resample(v.img, box, THUMB)
+            g = _grey(t)
+            z = g - g.mean()
+            thumbs[key] = (t, z, float(z.std()))
+        return thumbs[key]
+
+    rys = _register(a.yprof, b.yprof)  # (once, not once per rx: the same answer)
     for rx in _register(a.xprof, b.xprof):
-        for ry in _register(a.yprof, b.yprof):
+        for ry in rys:
             ba, bb = a.box, b.box
             for axis, (side, lo, hi) in enumerate((rx, ry)):
                 if side == "a":
                     ba = _shrink(ba, lo, hi, axis)
                 else:
                     bb = _shrink(bb, lo, hi, axis)
-            ta, tb = _resample(a.img, ba, THUMB), _resample(b.img, bb, THUMB)
-            corr, sa, sb = _correlation(_grey(ta), _grey(tb))
+            (ta, za, sa), (tb, zb, sb) = thumb(a, ba), thumb(b, bb)
+            corr = _correlation(za, sa, zb, sb)
             if best is None or corr > best[0]:
                 best = (corr, ta, tb, sa, sb)
     corr, ta, tb, sa, sb = best
@@ -194,11 +219,9 @@ def compare(a: View, b: View) -> tuple[float, float, float, bool]:
     return corr, rmse, gain, flat
 
 
-def _correlation(ga: np.ndarray, gb: np.ndarray) -> tuple[float, float, float]:
-    za, zb = ga - ga.mean(), gb - gb.mean()
-    sa, sb = float(za.std()), float(zb.std())
-    corr = float((za * zb).mean() / (sa * sb)) if sa > FLAT_STD and sb > FLAT_STD else -1.0
-    return corr, sa, sb
+def _correlation(za: np.ndarray, sa: float, zb: np.ndarray, sb: float) -> float:
+    """Correlation of two centred greys with spreads ``sa``, ``sb``; -1 when either is flat."""
+    return float((za * zb).mean() / (sa * sb)) if sa > FLAT_STD and sb > FLAT_STD else -1.0
 
 
 def same_picture(a: View, b: View) -> tuple[bool, str]:
