@@ -84,11 +84,30 @@ def base_photo(w: int, h: int, seed: int) -> np.ndarray:
     return arr.clip(0, 255).astype(np.uint8)
 
 
+def scene(w: int, h: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A picture's own large soft shapes (its composition): colours and their opacity, (h, w, 3)
+    and (h, w, 1) float32. Drawn at 1/8 size and enlarged, so the edges are soft."""
+    sw, sh = max(8, w // 8), max(8, h // 8)
+    layer = Image.new("RGBA", (sw, sh), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(layer)
+    for _ in range(12):
+        x, y = int(rng.integers(0, sw)), int(rng.integers(0, sh))
+        rx, ry = int(rng.integers(sw // 12, sw // 3)), int(rng.integers(sh // 12, sh // 3))
+        fill = (*(int(v) for v in rng.integers(0, 256, 3)), int(rng.integers(150, 256)))
+        (draw.ellipse if rng.random() < 0.6 else draw.rectangle)([x - rx, y - ry, x + rx, y + ry], fill=fill)
+    big = np.asarray(layer.resize((w, h), Image.Resampling.BILINEAR), dtype=np.float32)
+    return big[..., :3], big[..., 3:] / 255
+
+
 def make_set(folder: Path, n: int, w: int, h: int, seed: int) -> Path:
-    """n distinct JPEGs (q92) in folder/photos: crops of a few big base photos, each with its own
-    colour and flip. Returns the photos folder; kept between runs."""
+    """n distinct pictures as JPEGs (q92) in folder/photos: each its own composition of soft
+    shapes (`scene`) over the light, texture and sensor noise of a crop of one of a few big base
+    photos, with its own colour and flip. Distinct like a folder of camera photos: near-duplicate
+    candidates are rare (crops of a few photos alone made ~1.2 per image, and the pixel check of
+    each, not the images, then dominated the run). Returns the photos folder; kept between runs."""
     stamp, photos = folder / "complete.txt", folder / "photos"
-    if stamp.exists() and stamp.read_text() == f"{n} {w} {h} {seed}":
+    want = f"{n} {w} {h} {seed} scenes"
+    if stamp.exists() and stamp.read_text() == want:
         return photos
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "photos").mkdir(parents=True)
@@ -97,12 +116,15 @@ def make_set(folder: Path, n: int, w: int, h: int, seed: int) -> Path:
     for i in range(n):
         b = bases[i % len(bases)]
         y, x = int(rng.integers(0, b.shape[0] - h + 1)), int(rng.integers(0, b.shape[1] - w + 1))
-        crop = b[y : y + h, x : x + w].astype(np.float32) * rng.uniform(0.8, 1.2, 3)
+        crop = b[y : y + h, x : x + w].astype(np.float32)
+        colours, alpha = scene(w, h, rng)
+        # the base's detail (texture, noise) shows through the shapes
+        crop = (crop * (1 - alpha) + (colours + (crop - crop.mean())) * alpha) * rng.uniform(0.8, 1.2, 3)
         crop = crop[:, ::-1] if rng.random() < 0.5 else crop
         buf = io.BytesIO()
         Image.fromarray(crop.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=92)
         (folder / "photos" / f"img_{i:05d}.jpg").write_bytes(buf.getvalue())
-    stamp.write_text(f"{n} {w} {h} {seed}")
+    stamp.write_text(want)
     return photos
 
 
