@@ -362,7 +362,9 @@ def main() -> None:
         lines.append(f"{w}x{h}  naive          {nv.wall:7.2f} s wall {nv.cpu:7.2f} s CPU{'':54}(load {nv.load:.1f})")
         for mode in ("stretch", "pad"):
             r = best(lambda: ours(src, work / f"ours-{mode}", 1, mode), repeat)
-            size[mode] = {**vars(r), "ratio": nv.wall / r.wall, "cpu_ratio": nv.cpu / r.cpu}
+            report = json.loads((work / f"ours-{mode}" / "report.json").read_text())
+            size[mode] = {**vars(r), "ratio": nv.wall / r.wall, "cpu_ratio": nv.cpu / r.cpu,
+                          "stages_s": report["timings"], "near_duplicate_search": report["near_duplicate_search"]}
             lines.append(f"{w}x{h}  ours, {mode:<7}  {r.wall:7.2f} s wall {r.cpu:7.2f} s CPU   naive/ours "
                          f"{nv.wall / r.wall:5.2f}x wall {nv.cpu / r.cpu:5.2f}x CPU (target {target:g}x: "
                          f"{verdict(nv.wall / r.wall >= target)})  (load {r.load:.1f})")
@@ -392,6 +394,10 @@ def main() -> None:
     print("whole processes (pipe clean --workers 1); CPU: user + system of all its processes, a bound")
     print("on the wall time of a quiet machine (where main process and worker overlap):")
     print("\n".join(lines))
+    print("stages of the last pad run (report.json): " + "; ".join(
+        f"{k} " + ", ".join(f"{n} {t:.2f}" for n, t in v["pad"]["stages_s"].items())
+        + f" (near-duplicate candidates {v['pad']['near_duplicate_search']['candidates']})"
+        for k, v in results["sizes"].items()))
     print(f"PSNR of ours (stretch) vs naive, mean: " + ", ".join(
         f"{k} {v['psnr_db']:.1f} dB" for k, v in results["sizes"].items())
         + f" (target {PSNR_TARGET:g} dB: {verdict(all(v['psnr_db'] >= PSNR_TARGET for v in results['sizes'].values()))})")
