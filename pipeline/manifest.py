@@ -27,8 +27,8 @@ COLUMNS = pa.schema([
     ("caption", pa.string()),  # a kept image's caption from the labels file (path relative to CLEAN_DIR), else empty
     ("bytes", pa.int64()),
     ("sha256", pa.string()),  # of the input bytes
-    ("width", pa.int32()),  # as found in the input
-    ("height", pa.int32()),
+    ("width", pa.int64()),  # as found in the input (headers can claim absurd sizes)
+    ("height", pa.int64()),
     ("encoding", pa.string()),
     ("encoding_confidence", pa.float64()),
     ("content_hash", pa.string()),  # exact-duplicate key: decoded pixels / normalized text

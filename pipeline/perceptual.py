@@ -65,6 +65,8 @@ FLAT_COLOUR = 3.0  # flat images: per-channel mean difference allowed
 _GREY = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 _GRID = np.arange(0, MAX_CROP + 1e-9, CROP_STEP)
 _XS = (np.arange(PROFILE) + 0.5) / PROFILE
+_CROP_LO, _CROP_HI = (g.ravel() for g in np.meshgrid(_GRID, _GRID, indexing="ij"))  # every (lo, hi) pair
+_CROP_POS = (_CROP_LO[:, None] + _XS[None, :] * (1 - _CROP_LO - _CROP_HI)[:, None]) * PROFILE - 0.5
 
 
 @dataclass
@@ -139,18 +141,23 @@ def _z(v: np.ndarray) -> np.ndarray:
 
 def _register(pa: np.ndarray, pb: np.ndarray, top: int = 6) -> list[tuple[str, float, float]]:
     """Which profile is a crop of the other, and by how much on each side: the ``top`` best
-    (a|b, lo, hi), best first."""
+    (a|b, lo, hi), best first. Every (lo, hi) crop of the grid is tried at once, as rows."""
     za, zb = _z(pa), _z(pb)
     idx = np.arange(PROFILE)
     scored = []
     for side, src, dst in (("a", pa, zb), ("b", pb, za)):
-        for lo in _GRID:
-            for hi in _GRID:
-                pos = (lo + _XS * (1 - lo - hi)) * PROFILE - 0.5
-                err = float(((_z(np.interp(pos, idx, src)) - dst) ** 2).mean())
-                scored.append((round(err, 9), lo + hi, side, float(lo), float(hi)))  # ties: the smaller crop
+        warped = np.interp(_CROP_POS.ravel(), idx, src).reshape(_CROP_POS.shape)
+        err = ((_z_rows(warped) - dst) ** 2).mean(axis=1)
+        for e, lo, hi in zip(err.tolist(), _CROP_LO.tolist(), _CROP_HI.tolist()):
+            scored.append((round(e, 9), lo + hi, side, lo, hi))  # ties: the smaller crop
     scored.sort()
     return [(side, lo, hi) for _e, _t, side, lo, hi in scored[:top]]
+
+
+def _z_rows(m: np.ndarray) -> np.ndarray:
+    centred = m - m.mean(axis=1, keepdims=True)
+    s = centred.std(axis=1, keepdims=True)
+    return np.where(s > 1e-3, centred / np.maximum(s, 1e-12), centred)
 
 
 def _shrink(box, lo: float, hi: float, axis: int):
@@ -170,6 +177,15 @@ def compare(a: View, b: View) -> tuple[float, float, float, bool]:
     When either is flat (no structure), correlation means nothing: it is 1.0 when both are
     flat, else 0.0, and the RMSE is the largest difference of the channel means."""
     best = None
+    thumbs: dict = {}  # many crop combinations leave one side's box as it was: resample it once
+
+    def thumb(view: View, box) -> tuple[np.ndarray, np.ndarray]:
+        k = (id(view), box)
+        if k not in thumbs:
+            t = _resample(view.img, box, THUMB)
+            thumbs[k] = (t, _grey(t))
+        return thumbs[k]
+
     for rx in _register(a.xprof, b.xprof):
         for ry in _register(a.yprof, b.yprof):
             ba, bb = a.box, b.box
@@ -178,8 +194,8 @@ def compare(a: View, b: View) -> tuple[float, float, float, bool]:
                     ba = _shrink(ba, lo, hi, axis)
                 else:
                     bb = _shrink(bb, lo, hi, axis)
-            ta, tb = _resample(a.img, ba, THUMB), _resample(b.img, bb, THUMB)
-            corr, sa, sb = _correlation(_grey(ta), _grey(tb))
+            (ta, ga), (tb, gb) = thumb(a, ba), thumb(b, bb)
+            corr, sa, sb = _correlation(ga, gb)
             if best is None or corr > best[0]:
                 best = (corr, ta, tb, sa, sb)
     corr, ta, tb, sa, sb = best
