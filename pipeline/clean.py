@@ -29,7 +29,7 @@ from pipeline.executor import OrderedPool
 from pipeline.fsutil import atomic_copy, atomic_write_bytes, atomic_write_text, sweep_tmp
 from pipeline.images import BACKGROUNDS, ImageSettings
 from pipeline.journal import STATE_DIR, Journal
-from pipeline.process import WorkerSettings, crashed, init_worker, output_path, process
+from pipeline.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
 from pipeline.records import QUARANTINED, FileResult
 from pipeline.report import ReportBuilder
 from pipeline.text import TextSettings
@@ -79,6 +79,8 @@ class CleanConfig:
     """Shingle Jaccard similarity from which two texts are near duplicates (0.5-1)."""
     workers: int = 0
     """Worker processes; 0 means one per available core."""
+    file_timeout: float = 120.0
+    """Seconds one file may take before its worker is stopped and the file quarantined as timeout (0 = no limit)."""
     overwrite: bool = False
     """Replace an existing CLEAN_DIR made from other input or settings instead of refusing."""
 
@@ -131,6 +133,7 @@ def validate(cfg: CleanConfig) -> CleanConfig:
         (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
         (cfg.label_conflicts in CONFLICT_POLICIES, f"--label-conflicts must be one of {', '.join(CONFLICT_POLICIES)}, got {cfg.label_conflicts!r}"),
         (0 <= cfg.near_image_distance <= 12, f"--near-image-distance must be between 0 and 12 bits, got {cfg.near_image_distance}"),
+        (cfg.file_timeout >= 0, f"--file-timeout must be 0 (no limit) or more seconds, got {cfg.file_timeout}"),
         (0.5 <= cfg.near_text_jaccard <= 1, f"--near-text-jaccard must be between 0.5 and 1, got {cfg.near_text_jaccard}"),
     ]
     for ok, message in checks:
@@ -176,7 +179,7 @@ def prepare_output(cfg: CleanConfig) -> Journal:
 
 
 def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
-    if old is None or c.problem or old.key != c.key or old.kind != c.kind:
+    if old is None or c.problem or old.key != c.key or old.kind != c.kind or old.reason == "timeout":
         return False
     try:
         st = os.stat(c.path)
@@ -290,7 +293,7 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
         pool = _pool(cfg, min(cfg.workers or available_cores(), max(1, len(todo))))
     results: list[FileResult] = []
     with progress("clean", len(candidates), show_progress) as advance:
-        computed = pool.map(todo, on_crash=crashed) if todo else iter(())
+        computed = pool.map(todo, on_crash=crashed, timeout=cfg.file_timeout, on_timeout=timed_out) if todo else iter(())
         try:
             for c in candidates:
                 r = reuse.get(c.source)
@@ -318,6 +321,7 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     writer = ManifestWriter(out / "manifest.parquet")
     try:
         for r, d in zip(results, decisions):
+            cap = ""
             if d.status == "kept" and r.caption is not None:  # a caption from the labels file
                 cap = output_path(r.source, r.key, "txt")
                 _write_if_changed(out / cap, r.caption.encode("utf-8"))
@@ -338,7 +342,7 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
                         atomic_copy(cfg.input / r.source, dest)
                     except FileNotFoundError:  # gone since, or a name that is not UTF-8
                         keep_quarantine.discard(rel)
-            rec = row(r, d)
+            rec = row(r, d, cap)
             report.add(rec)
             writer.add(rec)
         _sweep(out / "data", keep_outputs, out)

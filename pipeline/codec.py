@@ -65,10 +65,14 @@ def encode_meta(meta: dict) -> bytes:
 
 @dataclass
 class RawSample:
-    """One sample as read back from a shard: its key and member bytes by extension (reader side)."""
+    """One sample as read back from a shard: its key and member bytes by extension (reader side).
+
+    The reader's fields are memoryviews into the block it read (no copy per member): use
+    ``bytes(...)`` to keep one beyond the batch or to call ``bytes`` methods on it.
+    """
 
     key: str
-    fields: dict[str, bytes] = field(default_factory=dict)
+    fields: dict[str, bytes | memoryview] = field(default_factory=dict)
     shard: str = ""
     offset: int = 0  # byte offset of the first member in the shard
 
@@ -90,13 +94,19 @@ class DecodeError(ValueError):
     """A member of a sample could not be decoded."""
 
 
-def decode_image(data: bytes | memoryview, ext: str) -> np.ndarray:
-    """An HxWx3 uint8 RGB array. JPEG through libjpeg-turbo (simplejpeg); others through Pillow."""
+def decode_image(data: bytes | memoryview, ext: str, out: np.ndarray | None = None) -> np.ndarray:
+    """An HxWx3 uint8 RGB array. JPEG through libjpeg-turbo (simplejpeg); others through Pillow.
+
+    ``out``: an HxWx3 uint8 array that a JPEG of exactly that size is decoded into (and
+    returned), saving a new array per image; any other image comes back in a new array.
+    """
     try:
         if ext == "jpg":
             import simplejpeg
 
-            return simplejpeg.decode_jpeg(bytes(data), colorspace="RGB", strict=True)
+            if out is not None and simplejpeg.decode_jpeg_header(data)[:2] == out.shape[:2] and out.shape[2:] == (3,):
+                return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, buffer=out)
+            return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
         from PIL import Image
 
         with Image.open(io.BytesIO(bytes(data))) as im:

@@ -51,10 +51,11 @@ COLUMNS = pa.schema([
     ("detail", pa.string()),  # human-readable: the error message, what was repaired or noted
     ("duplicate_of", pa.string()),  # source of the kept copy
     ("output", pa.string()),  # path relative to CLEAN_DIR; empty unless kept
+    ("caption", pa.string()),  # a kept image's caption from the labels file (path relative to CLEAN_DIR), else empty
     ("bytes", pa.int64()),
     ("sha256", pa.string()),  # of the input bytes
-    ("width", pa.int32()),  # as found in the input
-    ("height", pa.int32()),
+    ("width", pa.int64()),  # as found in the input (headers can claim absurd sizes)
+    ("height", pa.int64()),
     ("encoding", pa.string()),
     ("encoding_confidence", pa.float64()),
     ("content_hash", pa.string()),  # exact-duplicate key: decoded pixels / normalized text
@@ -63,13 +64,13 @@ COLUMNS = pa.schema([
 ROW_GROUP = 10_000
 
 
-def row(r: FileResult, d: Decision) -> dict:
+def row(r: FileResult, d: Decision, caption: str = "") -> dict:
     kept = d.status == "kept"
     detail = "; ".join(x for x in [d.detail or r.detail, *r.notes] if x)
     return {
         "source": r.source, "key": r.key, "kind": r.kind, "label": r.label,
         "status": d.status, "reason": d.reason, "detail": detail, "duplicate_of": d.duplicate_of,
-        "output": r.output if kept else "", "bytes": r.bytes, "sha256": r.sha256,
+        "output": r.output if kept else "", "caption": caption if kept else "", "bytes": r.bytes, "sha256": r.sha256,
         "width": r.width, "height": r.height, "encoding": r.encoding,
         "encoding_confidence": r.encoding_confidence, "content_hash": r.content_hash,
         "phash": None if r.phash is None else f"{r.phash:016x}",

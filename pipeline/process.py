@@ -112,6 +112,19 @@ def _text(r: FileResult, data: bytes, s) -> tuple[bytes | None, str]:
 
 def crashed(cand: Candidate, exc: BaseException) -> FileResult:
     """The result for a file whose decoder killed its worker process twice."""
+    r = _stat_only(cand)
+    r.reason, r.detail = "unreadable", "the decoder crashed the worker process on this file (twice)"
+    return r
+
+
+def timed_out(cand: Candidate, seconds: float) -> FileResult:
+    """The result for a file that held its worker longer than --file-timeout."""
+    r = _stat_only(cand)
+    r.reason, r.detail = "timeout", f"still not done after {seconds:g} s (--file-timeout); the worker was stopped"
+    return r
+
+
+def _stat_only(cand: Candidate) -> FileResult:
     r = FileResult(source=cand.source, key=cand.key, kind=cand.kind, label=cand.label)
     try:
         st = os.stat(cand.path)
@@ -120,5 +133,4 @@ def crashed(cand: Candidate, exc: BaseException) -> FileResult:
             r.sha256 = _hash_stream(f)
     except OSError:
         pass
-    r.reason, r.detail = "unreadable", "the decoder crashed the worker process on this file (twice)"
     return r

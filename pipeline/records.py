@@ -40,6 +40,7 @@ REASONS = {
     "outside_root": "a symbolic link that points outside the input folder; never followed",
     "pair_rejected": "the other half of an image+caption pair was rejected",
     "missing_label": "--labels names no label for this file",
+    "timeout": "processing took longer than --file-timeout seconds (a pathological or hostile file); its worker was stopped",
 }
 
 

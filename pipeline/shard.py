@@ -171,6 +171,9 @@ def _sample(key: str, rows: list[dict], clean_dir: Path) -> Sample | None:
         s.phash = int(r["phash"], 16) if r.get("phash") else None
         s.meta["sources"]["image"] = r["source"]
         s.meta["image"] = {"width": r.get("width"), "height": r.get("height")}
+        if r.get("caption") and not texts:  # a caption from the labels file: no row of its own
+            s.text = _checked_output(clean_dir, {**r, "output": r["caption"]})
+            s.meta["sources"]["text"] = f"{r['source']} (labels file caption)"
     for r in texts:
         s.text = _checked_output(clean_dir, r)
         s.meta["sources"]["text"] = r["source"]

@@ -11,7 +11,7 @@ from pipeline.checks.validate import each_error, is_valid_fast
 
 ROW = {
     "source": "cats/a.jpg", "key": "cats__a", "kind": "image", "label": "cats", "status": "kept", "reason": None,
-    "detail": "", "duplicate_of": None, "output": "data/cats/cats__a.jpg", "bytes": 1234, "sha256": "a" * 64,
+    "detail": "", "duplicate_of": None, "output": "data/cats/cats__a.jpg", "caption": "", "bytes": 1234, "sha256": "a" * 64,
     "width": 640, "height": 480, "encoding": None, "encoding_confidence": None, "content_hash": "f" * 32,
     "phash": "0123456789abcdef",
 }

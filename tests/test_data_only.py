@@ -129,12 +129,10 @@ def test_failing_rank_is_named_and_exit_1(uneven, tmp_path, pipe_proc):
     (["--nnodes", "2"], "--master-port"),
     (["--node-rank", "3"], "--node-rank"),
     (["--epochs", "0"], "--epochs"),
-    ([], "--data-only"),
+    (["--batch-size", "2", "--global-batch", "7"], "not a multiple"),
 ])
 def test_usage_errors_before_any_rank_starts(uneven, tmp_path, cli, flags, expect):
-    args = ["train", uneven, "-o", tmp_path / "run", *flags]
-    if flags:
-        args.append("--data-only")
+    args = ["train", uneven, "-o", tmp_path / "run", *flags, "--data-only"]
     r = cli(*args)
     assert r.exit_code == 2 and expect in r.stderr, r.stderr
 

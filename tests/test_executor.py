@@ -48,3 +48,22 @@ def test_workers_of_the_pipe_script_do_not_rerun_it(tmp_path):
             for how in ("as-main", "plain")}
     assert runs["as-main"].stdout.strip() == "[False]", runs["as-main"].stderr
     assert runs["plain"].stdout.strip() == "[True]"  # what it guards against
+
+
+def hang_on_three(x: int) -> int:
+    import time
+
+    if x == 3:
+        time.sleep(3600)
+    return x
+
+
+def test_a_stuck_item_times_out_and_the_rest_complete():
+    import time
+
+    pool = OrderedPool(hang_on_three, workers=2)
+    t = time.monotonic()
+    out = list(pool.map(range(8), on_crash=lambda i, e: ("crashed", i), window=4, timeout=2,
+                        on_timeout=lambda i, s: ("timeout", i)))
+    assert out == [0, 1, 2, ("timeout", 3), 4, 5, 6, 7]
+    assert time.monotonic() - t < 30

@@ -114,3 +114,28 @@ def test_text_column_is_a_caption(tmp_path):
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "report.json"}
     _run(src, out, labels)
     assert before == {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "report.json"}
+
+
+def test_labels_file_caption_reaches_the_shards(tmp_path):
+    """A caption given in the labels file has no file of its own: the image row names it, and
+    pipe shard packs it as the sample's .txt."""
+    import tarfile
+
+    from pipeline import shard
+    from pipeline.shard import ShardConfig
+
+    src, out, shards = tmp_path / "raw", tmp_path / "clean", tmp_path / "shards"
+    for i in range(6):
+        photo(src / f"img{i}.jpg", seed=i)
+    lines = ["path,label,text"] + [f"img{i}.jpg,{'ab'[i % 2]},caption number {i}" for i in range(6)]
+    write(tmp_path / "labels.csv", "\n".join(lines) + "\n")
+    clean.run(CleanConfig(src, out, labels=tmp_path / "labels.csv", workers=1), show_progress=False)
+    rows = {r["source"]: r for r in pq.read_table(out / "manifest.parquet").to_pylist()}
+    assert rows["img3.jpg"]["caption"] == "data/img3.txt"
+    assert (out / "data" / "img3.txt").read_text() == "caption number 3"
+    shard.run(ShardConfig(out, shards, val_fraction=0.0), show_progress=False)
+    texts = {}
+    for tar in sorted(shards.glob("*.tar")):
+        with tarfile.open(tar) as t:
+            texts.update({m.name: t.extractfile(m).read().decode() for m in t.getmembers() if m.name.endswith(".txt")})
+    assert texts["img3.txt"] == "caption number 3"

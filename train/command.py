@@ -1,11 +1,14 @@
 """`pipe train SHARD_DIR -o RUN_DIR`. Imports no torch at module level: `pipe --help` stays fast.
 
 The command is thin: flags -> `TrainConfig` (command line > TOML > defaults) -> checks that
-need no torch (exit 2 on a mistake) -> `launch(config, entry, config)`.
+need no torch (exit 2 on a mistake, before any rank starts) -> `launch(config, entry, config)`,
+where the entry is `train.loop.main` (training) or `train.data_only.main` (--data-only).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,72 +16,130 @@ import typer
 
 from pipeline.commands.common import exits_cleanly
 
+DATA = "Data"
+LAUNCH = "Launch"
+OPTIM = "Optimization"
+MODEL = "Model and fine-tuning"
+RUN = "Checkpoints and monitoring"
+
 
 @exits_cleanly
 def train(
     ctx: typer.Context,
     shard_dir: Annotated[Path, typer.Argument(help="SHARD_DIR written by pipe shard.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="RUN_DIR to write.", show_default=False)],
-    data_only: Annotated[bool, typer.Option("--data-only", help="Run only the data pipeline and print samples/s per rank.")] = False,
-    epochs: Annotated[int, typer.Option(help="Passes over the train split.")] = 1,
-    batch_size: Annotated[int, typer.Option(help="Samples per step on each rank.")] = 32,
-    workers: Annotated[int, typer.Option(help="Dataloader workers per rank (0 = in the training process).")] = 2,
-    seed: Annotated[int, typer.Option(help="Seed of the shard order and the shuffle.")] = 0,
-    shuffle_buffer: Annotated[int, typer.Option(help="Samples each worker shuffles at a time.")] = 512,
-    record_keys: Annotated[bool, typer.Option("--record-keys", help="Write RUN_DIR/keys/epoch{E}-rank{R}.txt.")] = False,
-    nproc_per_node: Annotated[int, typer.Option(help="Local ranks to start (torch's elastic launcher).")] = 1,
-    nnodes: Annotated[int, typer.Option(help="Machines taking part.")] = 1,
-    node_rank: Annotated[int, typer.Option(help="This machine's number, 0..nnodes-1.")] = 0,
-    master_addr: Annotated[str, typer.Option(help="Address of node 0.")] = "127.0.0.1",
-    master_port: Annotated[int, typer.Option(help="Rendezvous port on node 0 (0 = a free one, single node).")] = 0,
-    backend: Annotated[str, typer.Option(help="auto (nccl with CUDA, else gloo), nccl or gloo.")] = "auto",
-    max_restarts: Annotated[int, typer.Option(help="Restarts of failed ranks by the elastic agent.")] = 0,
-    rdzv_timeout: Annotated[int, typer.Option(help="Seconds to wait for every node to join.")] = 900,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose [train] table sets any of these flags.")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="RUN_DIR to write (checkpoints, metrics.jsonl, tb/).", show_default=False)],
+    # -- schedule and batch -------------------------------------------------------------------
+    epochs: Annotated[int, typer.Option(help="Passes over the train split.", rich_help_panel=OPTIM)] = 3,
+    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many optimizer steps in total.", rich_help_panel=OPTIM)] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Samples per rank per forward pass (default 16 unless derived).", rich_help_panel=OPTIM)] = None,
+    global_batch: Annotated[Optional[int], typer.Option(help="Samples per optimizer step over all ranks (= batch x ranks x accum).", rich_help_panel=OPTIM)] = None,
+    accum: Annotated[Optional[int], typer.Option(help="Micro-batches per optimizer step. Give any two of the three batch flags.", rich_help_panel=OPTIM)] = None,
+    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warmup, then cosine decay).", rich_help_panel=OPTIM)] = 1e-3,
+    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay (not on biases and norms).", rich_help_panel=OPTIM)] = 0.05,
+    warmup: Annotated[float, typer.Option(help="Warmup: below 1 a fraction of all steps, else a step count.", rich_help_panel=OPTIM)] = 0.05,
+    precision: Annotated[str, typer.Option(help="auto, bf16, fp16 (with a grad scaler) or fp32.", rich_help_panel=OPTIM)] = "auto",
+    grad_checkpoint: Annotated[bool, typer.Option("--grad-checkpoint", help="Recompute activations in backward: less memory.", rich_help_panel=OPTIM)] = False,
+    auto_micro_batch: Annotated[bool, typer.Option("--auto-micro-batch", help="On GPU out-of-memory, halve --batch-size and double --accum (global batch kept).", rich_help_panel=OPTIM)] = False,
+    # -- model ------------------------------------------------------------------------------------
+    model: Annotated[str, typer.Option(help="image, text, image-text, or package.module:factory.", rich_help_panel=MODEL)] = "image",
+    width: Annotated[int, typer.Option(help="Channels of the built-in models' first stage.", rich_help_panel=MODEL)] = 32,
+    resolution: Annotated[int, typer.Option(help="Side the built-in image model works at (larger inputs are resized down).", rich_help_panel=MODEL)] = 64,
+    init_from: Annotated[Optional[Path], typer.Option(help="Start from a pipe train checkpoint or a plain state dict.", rich_help_panel=MODEL)] = None,
+    freeze: Annotated[float, typer.Option(help="Fraction of blocks, from the input, frozen at start (0.7 = first 70%).", rich_help_panel=MODEL)] = 0.0,
+    unfreeze_at: Annotated[Optional[str], typer.Option(help="EPOCH[:FRACTION]: from this epoch (counted from 1) only FRACTION stays frozen.", rich_help_panel=MODEL)] = None,
+    # -- data ---------------------------------------------------------------------------------------
+    workers: Annotated[int, typer.Option(help="Dataloader workers per rank (0 = in the training process).", rich_help_panel=DATA)] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the initialisation, the shard order and the shuffle.", rich_help_panel=DATA)] = 0,
+    shuffle_buffer: Annotated[int, typer.Option(help="Samples each worker shuffles at a time.", rich_help_panel=DATA)] = 512,
+    max_text_len: Annotated[int, typer.Option(help="Bytes of text the models see per sample.", rich_help_panel=DATA)] = 256,
+    data_only: Annotated[bool, typer.Option("--data-only", help="Run only the data pipeline and print samples/s per rank.", rich_help_panel=DATA)] = False,
+    record_keys: Annotated[bool, typer.Option("--record-keys", help="Write RUN_DIR/keys/epoch{E}-rank{R}.txt (--data-only).", rich_help_panel=DATA)] = False,
+    # -- checkpoints and monitoring -------------------------------------------------------------------
+    checkpoint_every: Annotated[int, typer.Option(help="Write last.pt every N optimizer steps (0 = at epoch ends only).", rich_help_panel=RUN)] = 200,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from RUN_DIR/last.pt.", rich_help_panel=RUN)] = False,
+    log_every: Annotated[int, typer.Option(help="Optimizer steps between metric lines and drift checks.", rich_help_panel=RUN)] = 10,
+    # -- launch -------------------------------------------------------------------------------------
+    nproc_per_node: Annotated[int, typer.Option(help="Local ranks to start (torch's elastic launcher).", rich_help_panel=LAUNCH)] = 1,
+    nnodes: Annotated[int, typer.Option(help="Machines taking part.", rich_help_panel=LAUNCH)] = 1,
+    node_rank: Annotated[int, typer.Option(help="This machine's number, 0..nnodes-1.", rich_help_panel=LAUNCH)] = 0,
+    master_addr: Annotated[str, typer.Option(help="Address of node 0.", rich_help_panel=LAUNCH)] = "127.0.0.1",
+    master_port: Annotated[int, typer.Option(help="Rendezvous port on node 0 (0 = a free one, single node).", rich_help_panel=LAUNCH)] = 0,
+    backend: Annotated[str, typer.Option(help="auto (nccl with CUDA, else gloo), nccl or gloo.", rich_help_panel=LAUNCH)] = "auto",
+    max_restarts: Annotated[int, typer.Option(help="Restarts of failed ranks by the elastic agent; they resume from last.pt.", rich_help_panel=LAUNCH)] = 0,
+    rdzv_timeout: Annotated[int, typer.Option(help="Seconds to wait for every node to join.", rich_help_panel=LAUNCH)] = 900,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[train] table sets any of these flags.")] = None,
 ) -> None:
-    """Train on SHARD_DIR with DDP (torchrun, or --nproc-per-node local ranks).
+    """Fine-tune a model on SHARD_DIR with DDP (torchrun, or --nproc-per-node local ranks).
 
-    --data-only runs just the streaming data pipeline under the same launcher and prints
-    samples/s per rank; --record-keys writes the keys each rank consumed per epoch.
+    Checkpoints (last.pt, best.pt), metrics.jsonl and TensorBoard logs (tb/) go to RUN_DIR;
+    --resume continues from last.pt. --data-only runs just the streaming data pipeline under the
+    same launcher and prints samples/s per rank; --record-keys writes the keys each rank consumed.
     """
     from pipeline.config import explicit_params, load_section, resolve
-    from pipeline.errors import UsageError
     from train.config import TrainConfig
 
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config")}
-    cfg = resolve(TrainConfig, values, explicit_params(ctx), load_section(config, "train"))
-    check(cfg)
-    if not cfg.data_only:
-        raise UsageError("model training is not built yet: run with --data-only")
-    from train import data_only
+    cfg = check(resolve(TrainConfig, values, explicit_params(ctx), load_section(config, "train")))
     from train.launch import launch
 
-    launch(cfg.launch_config(), data_only.main, cfg)
+    if cfg.data_only:
+        from train import data_only
+
+        launch(cfg.launch_config(), data_only.main, cfg)
+    else:
+        from train import loop
+
+        launch(cfg.launch_config(), loop.main, cfg)
 
 
-def check(cfg) -> None:
-    """Mistakes found before any rank starts: one line, exit 2."""
+def check(cfg):
+    """Mistakes found before any rank starts: one line, exit 2. Returns the config with the
+    batch arithmetic resolved (--batch-size, --global-batch and --accum all set)."""
     from pipeline import shard_index
     from pipeline.errors import UsageError
+    from train.config import resolve_batch, validate as validate_train
     from train.launch import validate, world_size
     from train.plan import epoch_plan
 
     validate(cfg.launch_config())
-    for ok, message in [
-        (cfg.epochs >= 1, f"--epochs must be at least 1, got {cfg.epochs}"),
-        (cfg.batch_size >= 1, f"--batch-size must be at least 1, got {cfg.batch_size}"),
-        (cfg.workers >= 0, f"--workers must be 0 or more, got {cfg.workers}"),
-        (cfg.shuffle_buffer >= 0, f"--shuffle-buffer must be 0 or more, got {cfg.shuffle_buffer}"),
-    ]:
-        if not ok:
-            raise UsageError(message)
     index = shard_index.load(cfg.shard_dir)
+    world = world_size(cfg.launch_config())
+    validate_train(cfg, world)
+    if cfg.backend == "nccl":
+        import torch
+
+        from train.distributed import choose_backend
+
+        choose_backend("nccl", torch.cuda.is_available())  # without CUDA: a usage error here, not in every rank
+    if not cfg.data_only and cfg.model in ("image", "image-text") and index.get("image_size") is None:
+        raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
+    plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world)
+    cfg = dataclasses.replace(cfg, batch_size=plan.batch_size, accum=plan.accum, global_batch=plan.global_batch)
     counts = [s["count"] for s in index["shards"] if s["split"] == "train"]
     try:
-        epoch_plan(counts, world_size(cfg.launch_config()), cfg.batch_size, cfg.seed, 0)
+        steps = epoch_plan(counts, world, plan.batch_size, cfg.seed, 0).steps
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if not cfg.data_only and steps < plan.accum:
+        raise UsageError(f"one epoch gives each rank {steps} batches of {plan.batch_size}, fewer than one optimizer "
+                         f"step needs (--accum {plan.accum}); lower --global-batch or --accum")
+    _check_run_dir(cfg)
     try:
         cfg.output.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create RUN_DIR {cfg.output}: {e.strerror or e}") from None
+    return cfg
+
+
+def _check_run_dir(cfg) -> None:
+    """A run folder that holds a run is continued only on request (a restarted rank under torchrun
+    --max-restarts continues by itself: the loop sees TORCHELASTIC_RESTART_COUNT)."""
+    from pipeline.errors import UsageError
+
+    if cfg.data_only or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return
+    last = Path(cfg.output) / "last.pt"
+    if cfg.resume and not last.exists():
+        raise UsageError(f"--resume: {cfg.output} has no last.pt to continue from")
+    if not cfg.resume and last.exists():
+        raise UsageError(f"{cfg.output} already holds a run (last.pt); add --resume to continue it, or choose a new -o")

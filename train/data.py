@@ -3,10 +3,12 @@
 `ShardReader` is an `IterableDataset` that yields whole batches (the DataLoader runs with
 ``batch_size=None``), so a worker always hands over full batches of its own contiguous piece and
 every rank runs exactly `steps_per_epoch` steps. Which samples a rank and worker read, and in
-which order, is decided by the pure functions in `train/plan.py` (property-tested); this module
-does the I/O: seek to a sample's offset from index.json, read a block of samples in one
-sequential read, parse the tar members (`pipeline.tarstream`), decode them through the codec
-(`pipeline.codec`), normalize with the index's mean and std, and collate.
+which order, is decided by the pure functions in `train/plan.py` (property-tested); the reading
+is `train/stream.py`'s (no torch): one read per run of samples from index.json's offsets, the
+tar members parsed in place (`pipeline.tarstream`). This module decodes them through the codec
+(`pipeline.codec`) one image at a time straight into the batch tensor, normalized there with
+the index's mean and std; inside a worker that tensor lives in shared memory, so the batch
+reaches the training process without another copy.
 
 Epoch and resume position live in a small shared-memory tensor, so `set_epoch` reaches the
 workers whether they are persistent (they re-read it when the next epoch's iterator starts),
@@ -26,27 +28,25 @@ Usage::
 from __future__ import annotations
 
 import hashlib
+import math
 import multiprocessing as mp
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from pipeline import shard_index, tarstream
-from pipeline.codec import DecodeError, RawSample, decode_class, decode_image, split_name
-from train.plan import Block, EpochPlan, batches_done, epoch_plan, worker_blocks, worker_spans
+from pipeline import shard_index
+from pipeline.codec import DecodeError, RawSample, decode_class, decode_image
+from train.stream import SampleDecodeError, SampleReader, read_samples
+
+__all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
 
 FIELDS = ("image", "text")
 
 
-class SampleDecodeError(RuntimeError):
-    """A sample in a shard could not be read or decoded; the message names the shard and key."""
-
-
-class ShardReader(IterableDataset):
+class ShardReader(SampleReader, IterableDataset):
     """One rank's view of a split of a shard folder, as an iterable of collated batches.
 
     Each batch is a dict: ``image`` float32 [B,3,S,S] (normalized with the index's mean/std) and
@@ -59,28 +59,20 @@ class ShardReader(IterableDataset):
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
                  fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256):
-        super().__init__()
-        if split not in ("train", "val"):
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world size {world_size}")
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
-        self.shard_dir = Path(shard_dir)
-        self.index = shard_index.load(self.shard_dir)
+        SampleReader.__init__(self, shard_dir, split, rank, world_size, batch_size, seed, shuffle_buffer)
         self.fingerprint = hashlib.sha256((self.shard_dir / shard_index.INDEX_NAME).read_bytes()).hexdigest()
-        self.split, self.rank, self.world_size = split, rank, world_size
-        self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
         self.fields, self.max_text_len = tuple(fields), max_text_len
-        self.shards = [s for s in self.index["shards"] if s["split"] == split]
-        self.counts = [s["count"] for s in self.shards]
         self.num_classes = len(self.index["classes"])
         self.image_size = self.index["image_size"]
         if "image" in self.fields and self.image_size is None:
             raise ValueError(f"{self.shard_dir} holds no images; read it with fields=('text',)")
         self.mean = torch.tensor(self.index["mean"] or [0.0, 0.0, 0.0], dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(self.index["std"] or [1.0, 1.0, 1.0], dtype=torch.float32).clamp_min(1e-6).view(1, 3, 1, 1)
+        # (x / 255 - mean) / std per image [3,S,S], folded into one multiply and one add per pixel
+        self._scale, self._shift = (1.0 / (255.0 * self.std))[0], (-self.mean / self.std)[0]
         self.steps_per_epoch = self.plan(0).steps  # depends only on the sample count, world and batch
         # epoch and samples already consumed this epoch, shared with the dataloader workers
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
@@ -128,9 +120,6 @@ class ShardReader(IterableDataset):
                                  "saved settings, or from the start of an epoch")
         self.set_epoch(epoch, consumed)
 
-    def plan(self, epoch: int) -> EpochPlan:
-        return epoch_plan(self.counts, self.world_size, self.batch_size, self.seed, epoch, train=self.split == "train")
-
     def __len__(self) -> int:
         return self.steps_per_epoch
 
@@ -151,33 +140,7 @@ class ShardReader(IterableDataset):
         """(valid, undecoded sample) this worker (or process, without workers) reads, in order."""
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        plan = self.plan(epoch)
-        steps_done = consumed // self.batch_size
-        # the DataLoader restarts its round-robin at worker 0 on resume: worker 0 takes the piece
-        # whose turn comes next, so batches keep the order they had before the interruption
-        logical = (worker + steps_done) % workers
-        piece = worker_spans(plan.spans[self.rank], plan.steps, self.batch_size, workers)[logical]
-        skip = batches_done(steps_done, logical, workers) * self.batch_size
-        block = self.shuffle_buffer if self.split == "train" else 0
-        files: dict[int, object] = {}
-        try:
-            for b in worker_blocks(piece, block, (self.seed, epoch, self.rank, logical), skip):
-                read = self._read_block(b, files)
-                for o in b.order:
-                    yield read[o]
-        finally:
-            for f in files.values():
-                f.close()
-
-    def _read_block(self, block: Block, files: dict) -> list[tuple[bool, RawSample]]:
-        out = []
-        for seg in block.segments:
-            meta = self.shards[seg.shard]
-            f = files.get(seg.shard)
-            if f is None:
-                f = files[seg.shard] = open(self.shard_dir / meta["name"], "rb", buffering=0)
-            out.extend((seg.valid, s) for s in read_samples(f, meta, seg.begin, seg.end))
-        return out
+        return self.samples(epoch, consumed, worker, workers)
 
     def collate(self, chunk: list[tuple[bool, RawSample]]) -> dict:
         batch: dict = {"key": [s.key for _, s in chunk],
@@ -202,24 +165,27 @@ class ShardReader(IterableDataset):
 
     def _images(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
         size = self.image_size
-        pixels = np.zeros((len(samples), size, size, 3), dtype=np.uint8)
+        out = _batch_tensor((len(samples), 3, size, size))
         has = torch.zeros(len(samples), dtype=torch.bool)
+        pixels = np.empty((size, size, 3), dtype=np.uint8)  # decoded into, one image at a time
         for i, s in enumerate(samples):
             ext = s.image_ext
             if ext is None:
+                out[i].zero_()  # no image: the mean colour, i.e. zeros after normalization
                 continue
             try:
-                arr = decode_image(s.fields[ext], ext)
+                arr = decode_image(s.fields[ext], ext, out=pixels)
             except DecodeError as e:
                 raise _error(s, str(e)) from None
             if arr.shape != (size, size, 3):
                 raise _error(s, f"image is {arr.shape[1]}x{arr.shape[0]}, the index says {size}x{size}")
-            pixels[i] = arr
+            # HWC uint8 -> CHW float in one strided copy, then normalize in place: the image stays
+            # in cache (a whole-batch permute + normalize is several times slower)
+            x = out[i]
+            x.copy_(torch.from_numpy(arr).permute(2, 0, 1))
+            x.mul_(self._scale).add_(self._shift)
             has[i] = True
-        x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div_(255)
-        x = (x - self.mean) / self.std
-        x[~has] = 0.0  # no image: the mean colour, i.e. zeros after normalization
-        return x.contiguous(), has
+        return out, has
 
     def _texts(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = np.zeros((len(samples), self.max_text_len), dtype=np.int64)
@@ -238,32 +204,18 @@ def _error(s: RawSample, what: str) -> SampleDecodeError:
     return SampleDecodeError(f"{s.shard}: sample {s.key} (byte offset {s.offset}): {what}")
 
 
-def read_samples(f, shard: dict, begin: int, end: int) -> list[RawSample]:
-    """Samples ``begin..end-1`` of one shard with a single positioned read (never the whole shard)."""
-    offsets = shard["offsets"]
-    start = offsets[begin]
-    stop = offsets[end] if end < shard["count"] else shard["bytes"] - len(tarstream.END_OF_ARCHIVE)
-    name = shard["name"]
-    try:
-        buf = os.pread(f.fileno(), stop - start, start)
-    except OSError as e:
-        raise SampleDecodeError(f"{name}: cannot read bytes {start}-{stop}: {e}") from None
-    if len(buf) != stop - start:
-        raise SampleDecodeError(f"{name}: the file is shorter than index.json says (wanted bytes {start}-{stop})")
-    samples: list[RawSample] = []
-    try:
-        for member, at, data in tarstream.iter_members(buf):
-            key, ext = split_name(member)
-            if not samples or samples[-1].key != key:
-                samples.append(RawSample(key, {}, name, start + at))
-            samples[-1].fields[ext] = bytes(data)
-    except (tarstream.TarFormatError, ValueError) as e:
-        where = f" after sample {samples[-1].key}" if samples else ""
-        raise SampleDecodeError(f"{name}: damaged at samples {begin}-{end - 1}{where}: {e}") from None
-    if len(samples) != end - begin or any(s.offset != offsets[begin + i] for i, s in enumerate(samples)):
-        raise SampleDecodeError(f"{name}: samples {begin}-{end - 1} do not match index.json's offsets "
-                                "(the shard was changed after pipe shard wrote it)")
-    return samples
+def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialized float32 tensor; in a dataloader worker, allocated in shared memory.
+
+    A worker's batch travels to the main process through shared memory: a tensor made there
+    from the start is not copied on the way (a batch of 64 512x512 images is 200 MB). These
+    are the calls torch's own default_collate makes for the same reason.
+    """
+    proto = torch.empty(0, dtype=torch.float32)
+    if get_worker_info() is None:
+        return proto.new_empty(shape)
+    storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
+    return proto.new(storage).resize_(shape)
 
 
 def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool = False, pin_memory: bool = False,

@@ -111,6 +111,10 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
         for name in ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // config.nproc_per_node)))
+    # The agent's rendezvous store is otherwise shared with the ranks and outlives a restart: a
+    # restarted rank can read a dead rank's address and fail to connect (pytorch/pytorch#135712).
+    # With it off, every attempt gets a fresh store, and --max-restarts really restarts.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     spec = ElasticConfig(min_nodes=config.nnodes, max_nodes=config.nnodes, nproc_per_node=config.nproc_per_node,
                          run_id=run_id, rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=rdzv,
                          rdzv_timeout=config.rdzv_timeout, max_restarts=config.max_restarts,
@@ -119,6 +123,36 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
         return elastic_launch(spec, _rank_entry)(entry, arg)
     except ChildFailedError as e:
         raise StageFailed(_describe_failures(e)) from None
+    except Exception as e:
+        if _is_rendezvous_failure(e):
+            raise StageFailed(rendezvous_message(config, e)) from None
+        raise
+
+
+def _is_rendezvous_failure(e: BaseException) -> bool:
+    """The store could not be reached or not every node joined in time (not a rank's own error)."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    return isinstance(e, (RendezvousError, dist.DistError, TimeoutError, ConnectionError))
+
+
+def rendezvous_message(config: LaunchConfig, e: BaseException) -> str:
+    """What failed, where, and what to check, instead of a hang or a C++ stack."""
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__).rstrip(".")
+    where = f"{config.master_addr}:{config.master_port}"
+    if config.nnodes > 1 and config.node_rank == 0:
+        role = (f"node 0 waited {config.rdzv_timeout} s at {where} for all {config.nnodes} nodes to join "
+                f"({first})")
+        todo = (f"start the same command on every other node with --nnodes {config.nnodes}, its own --node-rank, "
+                f"--master-addr {config.master_addr} --master-port {config.master_port}; ")
+    else:
+        role = f"node {config.node_rank} could not reach the rendezvous at {where} within {config.rdzv_timeout} s ({first})"
+        todo = "check that node 0 is running (it must be started too) and that --master-addr is node 0's address; "
+    return (f"rendezvous failed: {role}. {todo}check that {config.master_addr} is reachable from this machine "
+            f"(e.g. nc -z {config.master_addr} {config.master_port}), that port {config.master_port} is open in "
+            "node 0's firewall and not used by another job, and that the right network interface is used "
+            "(set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME when machines have several); --rdzv-timeout sets the wait")
 
 
 def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
@@ -211,8 +245,9 @@ def process_group(backend: str = "auto", timeout_s: float = 300) -> Iterator[Ran
     import torch
     import torch.distributed as dist
 
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    from train.distributed import choose_backend
+
+    backend = choose_backend(backend, torch.cuda.is_available())  # a forced nccl without CUDA: one clear line
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)

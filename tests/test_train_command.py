@@ -1,0 +1,89 @@
+"""`pipe train` from the command line: the README's fine-tuning walk-through on real shards, and
+the mistakes caught before any rank starts (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.train_shards import make_shards
+from train import checkpoint as ckpt
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """In-process runs get one intra-op thread, like each rank of a launched run."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def two_datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("walkthrough")
+    return (make_shards(root / "a", n=60, classes=3, seed=1, prefix="a"),
+            make_shards(root / "b", n=60, classes=4, seed=2, prefix="b"))
+
+
+def _events(run, kind):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_finetuning_walkthrough(cli, two_datasets, tmp_path):
+    """README "Fine-tuning": train on one dataset, then start from its best checkpoint on another
+    with the first 70% of blocks frozen for one epoch."""
+    shards_a, shards_b = two_datasets
+    r = cli("train", shards_a, "-o", tmp_path / "runs-a", "--epochs", "3", "--workers", "1")
+    assert r.exit_code == 0, r.stderr
+    assert "val accuracy" in r.stdout and (tmp_path / "runs-a" / "best.pt").exists()
+
+    r = cli("train", shards_b, "-o", tmp_path / "runs-b", "--init-from", tmp_path / "runs-a" / "best.pt",
+            "--freeze", "0.7", "--unfreeze-at", "2", "--epochs", "3", "--lr", "3e-4", "--workers", "1")
+    assert r.exit_code == 0, r.stderr
+    out = r.stderr
+    assert "--init-from" in out and "pipe train checkpoint" in out
+    assert "skipped (shape)" in out and "head.weight: file [3, 128] vs model [4, 128]" in out
+    assert "head re-initialised" in out and "file has 3 classes, this dataset 4" in out
+    assert "epoch 1: frozen 4 of 6 blocks (70% asked)" in out and "epoch 2: frozen 0 of 6 blocks" in out
+    assert [(e["epoch"], e["frozen_blocks"]) for e in _events(tmp_path / "runs-b", "freeze")] == [(1, 4), (2, 0)]
+    a = ckpt.load(tmp_path / "runs-a" / "best.pt")["model"]
+    b = ckpt.load(tmp_path / "runs-b" / "last.pt")["model"]
+    assert not torch.equal(a["image.stem.0.weight"], b["image.stem.0.weight"])  # unfrozen at epoch 2: it trained
+    assert _events(tmp_path / "runs-b", "val")[-1]["val_acc"] > 0.5  # 4 classes: chance is 0.25
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--resume"], "has no last.pt to continue from"),
+    (["--accum", "50"], "fewer than one optimizer step needs (--accum 50)"),
+    (["--batch-size", "4", "--global-batch", "10"], "not a multiple of --batch-size 4"),
+    (["--backend", "nccl"], "--backend nccl needs CUDA"),
+    (["--unfreeze-at", "2"], "nothing to unfreeze"),
+    (["--freeze", "1.5"], "--freeze must be a fraction"),
+    (["--precision", "fp8"], "--precision must be one of"),
+    (["--init-from", "nowhere.pt"], "--init-from nowhere.pt: no such file"),
+])
+def test_mistakes_stop_before_any_rank_starts(cli, two_datasets, tmp_path, flags, words):
+    r = cli("train", two_datasets[0], "-o", tmp_path / "run", *flags)
+    assert r.exit_code == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and words in lines[0], r.stderr
+
+
+def test_a_finished_run_is_continued_only_with_resume(cli, two_datasets, tmp_path):
+    run = tmp_path / "run"
+    assert cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0").exit_code == 0
+    r = cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0")
+    assert r.exit_code == 2 and "already holds a run" in r.stderr and "--resume" in r.stderr
+    r = cli("train", two_datasets[0], "-o", run, "--epochs", "2", "--workers", "0", "--resume")
+    assert r.exit_code == 0, r.stderr
+    assert "resumed from" in r.stderr and ckpt.load(run / "last.pt")["epoch"] == 2
+
+
+def test_a_model_factory_that_does_not_import_is_one_line(cli, two_datasets, tmp_path):
+    r = cli("train", two_datasets[0], "-o", tmp_path / "run", "--model", "no_such_pkg.models:make", "--workers", "0")
+    assert r.exit_code == 2 and "cannot import no_such_pkg.models" in r.stderr
+    assert "Traceback" not in r.stderr
