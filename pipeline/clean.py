@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import __version__
-from pipeline.decide import DecideSettings, Outputs, decide
 from pipeline.discover import Candidate, discover
 from pipeline.errors import StageFailed, UsageError
 from pipeline.executor import OrderedPool
 from pipeline.fsutil import atomic_copy, atomic_write_bytes, atomic_write_text, sweep_tmp
 from pipeline.images import BACKGROUNDS, ImageSettings
 from pipeline.journal import STATE_DIR, Journal
-from pipeline.process import crashed, init_worker, output_path, process, timed_out
+from pipeline.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
 from pipeline.records import QUARANTINED, FileResult
 from pipeline.report import ReportBuilder
 from pipeline.text import TextSettings
@@ -94,13 +93,6 @@ class CleanConfig:
     def as_dict(self) -> dict:
         return {f.name: (str(v) if isinstance(v, Path) else v)
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    output: str
-    image: ImageSettings
-    text: TextSettings
 
 
 def parse_colour(value: str) -> tuple[int, int, int]:
@@ -240,6 +232,8 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
             pool.close()
 
     t = time.perf_counter()
+    from pipeline.decide import DecideSettings, Outputs, decide  # numpy: not before the workers start
+
     settings = DecideSettings(label_conflicts=cfg.label_conflicts, near_dedup=cfg.near_dedup,
                               near_image_distance=cfg.near_image_distance, near_text_jaccard=cfg.near_text_jaccard,
                               labels_required=lab is not None, resize_mode=cfg.resize_mode)
@@ -255,12 +249,13 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
 
 
 def _warm_up_manifest_writer() -> None:
-    """pyarrow imports pandas on its first conversion (0.5-1.5 s): let that happen on a spare
-    core while the workers decode, instead of after them, when the manifest is written."""
+    """Importing pyarrow, numpy and the decide stage takes 0.2-0.5 s: let that happen on a spare
+    core while the workers decode, instead of after them, before the manifest is written."""
 
     def load() -> None:
         import pyarrow
 
+        import pipeline.decide  # noqa: F401
         import pipeline.manifest  # noqa: F401
 
         pyarrow.array([0])

@@ -11,7 +11,9 @@ is handed to ``on_timeout``; the other items in flight are simply run again.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -27,6 +29,15 @@ def _nothing() -> None:
     return None
 
 
+def _start_worker(initializer, initargs) -> None:
+    """Runs first in every worker process."""
+    if initializer is not None:
+        initializer(*initargs)
+    # A worker has sent all its results and closed its files before it exits; tearing down its
+    # interpreter (numpy, Pillow, ...) would only keep the caller waiting ~0.2 s at shutdown.
+    atexit.register(os._exit, 0)
+
+
 class OrderedPool:
     def __init__(self, fn: Callable[[T], R], workers: int, initializer=None, initargs=()):
         self.fn, self.workers = fn, max(1, workers)
@@ -34,9 +45,12 @@ class OrderedPool:
         self._pool: ProcessPoolExecutor | None = None
 
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
+        # one worker per core, so no thread pools inside them: OpenBLAS (numpy) would start one
+        # thread per core in each worker, and its import is ~30% faster without them
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         # spawn, not fork: the parent may hold threads (progress bar, pyarrow) that fork would copy mid-state
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                                   initializer=self.initializer, initargs=self.initargs)
+                                   initializer=_start_worker, initargs=(self.initializer, self.initargs))
 
     def start(self) -> "OrderedPool":
         """Spawn the workers now, so that their start-up (a fresh interpreter importing the

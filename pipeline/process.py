@@ -7,17 +7,29 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.discover import Candidate
 from pipeline.fsutil import atomic_write_bytes
+from pipeline.images import ImageSettings
 from pipeline.records import KIND_IMAGE, KIND_OTHER, FileResult
+from pipeline.text import TextSettings
 
 HASH_CHUNK = 1 << 20
 _SETTINGS = None  # set once per worker process by init_worker
 
 
-def init_worker(settings) -> None:
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What every worker needs to know (pickled to it once, at start-up)."""
+
+    output: str
+    image: ImageSettings
+    text: TextSettings
+
+
+def init_worker(settings: WorkerSettings) -> None:
     global _SETTINGS
     _SETTINGS = settings
     from pipeline.images import preload

@@ -8,7 +8,6 @@ are made later, on these results, and end as a `status` in the manifest.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 
@@ -74,7 +73,8 @@ class FileResult:
     caption_reason: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, separators=(",", ":"))
+        # the fields are flat (notes: a list of str), so no deep copy (dataclasses.asdict: 5x slower)
+        return json.dumps(vars(self), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, line: str) -> "FileResult":

@@ -40,12 +40,13 @@ def clean(
     set aside with a reason in manifest.parquet. Re-running resumes; exit 0 whenever it finished.
     """
     from pipeline import clean as stage
-    from pipeline import ui
     from pipeline.config import explicit_params, load_section, resolve
 
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
     cfg = resolve(stage.CleanConfig, values, explicit_params(ctx), load_section(config, "clean"))
     report = stage.run(cfg, show_progress=not json)
+    from pipeline import ui  # rich: imported while the workers start, not before
+
     if json:
         ui.print_json(report)
     else:
