@@ -15,8 +15,8 @@
    close rival (nor the ISO-8859 twin of a Windows code page) reads the bytes as other clean
    text. Most legacy files end here, at about half the cost of step 7;
 7. otherwise the full detection: chardet over the ISO-8859 and regional code pages too, on
-   4 KB, its guesses weighed by their oddities; if all look odd, or none decodes the whole
-   file, chardet over every era (Mac, DOS, EBCDIC too; on up to 200 KB when none decoded); if
+   4 KB (on up to 200 KB if unsure there), its guesses weighed by their oddities; if all look
+   odd, or none decodes the whole file, chardet over every era (Mac, DOS, EBCDIC too); if
    still none decodes, a short list of multi-byte encodings.
 
 Nothing is ever decoded with ``errors="replace"`` or ``"ignore"``: bytes no candidate decodes
@@ -39,8 +39,8 @@ DETECT_WINDOW = 4096
 QUICK_WINDOW = 1024
 # ...starting this many bytes of ASCII before the first non-ASCII one (the words around it).
 QUICK_CONTEXT = 32
-# When no guess from the window decodes the whole file, chardet looks at this many bytes (its
-# own default): the characters that tell can be few and late.
+# When chardet is unsure on the window, or no guess from it decodes the whole file, chardet
+# looks at this many bytes (its own default): the characters that tell can be few and late.
 FULL_WINDOW = 200_000
 # Bytes inspected for the binary and UTF-16/32 byte-pattern checks.
 SNIFF_BYTES = 65536
@@ -284,6 +284,11 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
     probe = data[start : start + window]
     eras = chardet.EncodingEra.MODERN_WEB | chardet.EncodingEra.LEGACY_ISO | chardet.EncodingEra.LEGACY_REGIONAL
     guesses = _chardet_candidates(chardet, probe, eras)
+    if len(data) > len(probe) and (not guesses or guesses[0][1] < LOW_CONFIDENCE):
+        # unsure on the window: chardet on more of the file, its guesses first (the letters that
+        # tell cp1252 from cp1250 or ISO-8859-15 from ISO-8859-10 can be few and late)
+        wide = _chardet_candidates(chardet, data[start : start + FULL_WINDOW], eras)
+        guesses = wide + [g for g in guesses if g[0] not in {enc for enc, _ in wide}]
     tried: list[str] = []
     first = guesses[0][0] if guesses else None
     result = _best_strict(data, guesses, tried)
