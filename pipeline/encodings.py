@@ -30,7 +30,6 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 # chardet looks at this many bytes; enough for a stable guess, far less than reading it all.
 DETECT_WINDOW = 4096
@@ -506,7 +505,8 @@ def _oddities(text: str, data: bytes | None = None, codec: str | None = None, li
     return odd + changes + len(_WEDGED.findall(window)) + len(_CAMEL.findall(window))
 
 
-class _ByteTables(NamedTuple):
+@dataclass(frozen=True)
+class _ByteTables:
     usual: bytes  # the byte values that decode to ordinary characters (to delete, leaving the rest)
     tags: bytes  # byte value -> the script tag of its character, as `_ScriptTags` gives it
 
