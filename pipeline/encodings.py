@@ -122,6 +122,10 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
         if data.startswith(bom):
             return _decode_with_bom(data, bom, enc)
     head = data[:SNIFF_BYTES]
+    if b"\x1b$" in head and head.isascii():  # ISO-2022: escapes, and SO/SI shifts for Korean, are control bytes
+        iso = _iso2022(data)
+        if iso is not None:
+            return iso
     controls = len(head) - len(head.translate(None, _CONTROL_BYTES))
     if controls:
         # UTF-16/32 text has NULs and control-range bytes; it must be recognised before they are
@@ -136,10 +140,6 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
             what = f"{nuls} NUL bytes, " if nuls else ""
             return Decoded(reason="binary_content",
                            detail=f"binary data: {what}{controls / len(head):.1%} control bytes in the first {len(head)} bytes")
-    if b"\x1b$" in head and head.isascii():
-        iso = _iso2022(data)
-        if iso is not None:
-            return iso
     try:
         return Decoded(data.decode("utf-8"), "utf-8", 1.0)
     except UnicodeDecodeError as e:
