@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import __version__
-from pipeline.decide import DecideSettings, Outputs, decide
 from pipeline.discover import Candidate, discover
 from pipeline.errors import StageFailed, UsageError
 from pipeline.executor import OrderedPool
 from pipeline.fsutil import atomic_copy, atomic_write_bytes, atomic_write_text, sweep_tmp
 from pipeline.images import BACKGROUNDS, ImageSettings
 from pipeline.journal import STATE_DIR, Journal
-from pipeline.process import crashed, init_worker, output_path, process
+from pipeline.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
 from pipeline.records import QUARANTINED, FileResult
 from pipeline.report import ReportBuilder
 from pipeline.text import TextSettings
@@ -80,6 +79,8 @@ class CleanConfig:
     """Shingle Jaccard similarity from which two texts are near duplicates (0.5-1)."""
     workers: int = 0
     """Worker processes; 0 means one per available core."""
+    file_timeout: float = 120.0
+    """Seconds one file may take before its worker is stopped and the file quarantined as timeout (0 = no limit)."""
     overwrite: bool = False
     """Replace an existing CLEAN_DIR made from other input or settings instead of refusing."""
 
@@ -92,13 +93,6 @@ class CleanConfig:
     def as_dict(self) -> dict:
         return {f.name: (str(v) if isinstance(v, Path) else v)
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    output: str
-    image: ImageSettings
-    text: TextSettings
 
 
 def parse_colour(value: str) -> tuple[int, int, int]:
@@ -139,6 +133,7 @@ def validate(cfg: CleanConfig) -> CleanConfig:
         (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
         (cfg.label_conflicts in CONFLICT_POLICIES, f"--label-conflicts must be one of {', '.join(CONFLICT_POLICIES)}, got {cfg.label_conflicts!r}"),
         (0 <= cfg.near_image_distance <= 12, f"--near-image-distance must be between 0 and 12 bits, got {cfg.near_image_distance}"),
+        (cfg.file_timeout >= 0, f"--file-timeout must be 0 (no limit) or more seconds, got {cfg.file_timeout}"),
         (0.5 <= cfg.near_text_jaccard <= 1, f"--near-text-jaccard must be between 0.5 and 1, got {cfg.near_text_jaccard}"),
     ]
     for ok, message in checks:
@@ -184,7 +179,7 @@ def prepare_output(cfg: CleanConfig) -> Journal:
 
 
 def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
-    if old is None or c.problem or old.key != c.key or old.kind != c.kind:
+    if old is None or c.problem or old.key != c.key or old.kind != c.kind or old.reason == "timeout":
         return False
     try:
         st = os.stat(c.path)
@@ -237,6 +232,8 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
             pool.close()
 
     t = time.perf_counter()
+    from pipeline.decide import DecideSettings, Outputs, decide  # numpy: not before the workers start
+
     settings = DecideSettings(label_conflicts=cfg.label_conflicts, near_dedup=cfg.near_dedup,
                               near_image_distance=cfg.near_image_distance, near_text_jaccard=cfg.near_text_jaccard,
                               labels_required=lab is not None, resize_mode=cfg.resize_mode)
@@ -252,12 +249,13 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
 
 
 def _warm_up_manifest_writer() -> None:
-    """pyarrow imports pandas on its first conversion (0.5-1.5 s): let that happen on a spare
-    core while the workers decode, instead of after them, when the manifest is written."""
+    """Importing pyarrow, numpy and the decide stage takes 0.2-0.5 s: let that happen on a spare
+    core while the workers decode, instead of after them, before the manifest is written."""
 
     def load() -> None:
         import pyarrow
 
+        import pipeline.decide  # noqa: F401
         import pipeline.manifest  # noqa: F401
 
         pyarrow.array([0])
@@ -295,7 +293,7 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
         pool = _pool(cfg, min(cfg.workers or available_cores(), max(1, len(todo))))
     results: list[FileResult] = []
     with progress("clean", len(candidates), show_progress) as advance:
-        computed = pool.map(todo, on_crash=crashed) if todo else iter(())
+        computed = pool.map(todo, on_crash=crashed, timeout=cfg.file_timeout, on_timeout=timed_out) if todo else iter(())
         try:
             for c in candidates:
                 r = reuse.get(c.source)

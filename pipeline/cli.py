@@ -74,5 +74,18 @@ def _register() -> None:
 _register()
 
 
+def _workers_skip_the_script() -> None:
+    """A spawned worker process first re-runs the main script, unless it is a package's
+    __main__: for the `pipe` console script that means importing this CLI (typer, rich) in every
+    worker, ~0.1-0.2 s each before its first file. Our workers only ever run pipeline functions,
+    so present the script as what it stands for, `python -m pipeline`."""
+    script = sys.modules.get("__main__")
+    if script is not None and getattr(script, "__spec__", None) is None:
+        import importlib.util
+
+        script.__spec__ = importlib.util.find_spec("pipeline.__main__")
+
+
 def main() -> None:
+    _workers_skip_the_script()
     app(prog_name="pipe")

@@ -129,6 +129,9 @@ def _samples(results: list[FileResult]) -> list[Sample]:
     by_key: dict[str, Sample] = {}
     order: list[Sample] = []
     for i, r in enumerate(results):
+        if r.kind == KIND_TEXT and r.reason == "binary_content":
+            order.append(Sample([i], text=i))  # binary bytes beside an image are no caption: alone
+            continue
         smp = by_key.get(r.key)
         if smp is None:
             smp = by_key[r.key] = Sample([])

@@ -8,7 +8,7 @@ The order is what makes the verdicts right and the work cheap:
 3. The size from the header: `decompression_bomb` (over --max-pixels) and `too_small` are
    decided before a single pixel is decoded.
 4. A full decode: JPEGs strictly by libjpeg-turbo, shrunk in the DCT domain when the output
-   allows it (`resize.dct_shrink`); everything else by Pillow, first frame only. Any exception a
+   allows it (`resize.dct_scale`); everything else by Pillow, first frame only. Any exception a
    decoder raises becomes a reason here; none escapes.
 5. Colour (`colour.to_rgb`) and EXIF orientation (`resize.orient`).
 """
@@ -26,7 +26,7 @@ from PIL import Image, ImageFile
 
 from pipeline import colour, containers, jpeg
 from pipeline.reject import Reject
-from pipeline.resize import dct_shrink, orient
+from pipeline.resize import dct_scale, orient, scaled_size
 
 Image.MAX_IMAGE_PIXELS = None  # --max-pixels is checked here, from the header, before decoding
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -100,8 +100,8 @@ def _decode_jpeg(data: bytes, t: Target, d: Decoded) -> Decoded:
     d.width, d.height = h.width, h.height
     _check_size(d, t)
     orientation = _exif_orientation(h.exif, d.notes) if h.exif else None
-    f = dct_shrink(h.width, h.height, t.size, t.mode, orientation)
-    arr = jpeg.decode(h, -(-h.width // f), -(-h.height // f))
+    m = dct_scale(h.width, h.height, t.size, t.mode, orientation)
+    arr = jpeg.decode(h, *scaled_size(h.width, h.height, m))
     if h.components == 1:
         im = Image.fromarray(arr[:, :, 0], "L")
     elif h.components == 3:

@@ -63,7 +63,32 @@ def _classify(rel: str, abspath: str, root_real: str) -> Candidate:
     except OSError as e:
         return Candidate(rel, abspath, "other", "?", problem="unreadable", detail=f"{type(e).__name__}: {e.strerror or e}")
     kind, fmt = sniff(head, name)
+    if kind == "text" and _looks_binary(head):
+        fmt = _pillow_format(real) or fmt  # one of the many formats Pillow knows by content (FLI, BLP, SGI...)
+        kind = "image" if fmt != "text?" else kind
     return Candidate(rel, real, kind, fmt)
+
+
+def _looks_binary(head: bytes) -> bool:
+    controls = sum(b < 9 or 13 < b < 32 for b in head)
+    return b"\0" in head or controls > len(head) // 10
+
+
+def _pillow_format(path: str) -> str | None:
+    """The format Pillow identifies from the file's header (no pixels decoded), else None."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DecompressionBombWarning: the worker judges size
+            with Image.open(path) as im:
+                return im.format
+    except Image.DecompressionBombError:
+        return "image over Pillow's pixel limit"  # an image all the same: the worker judges it
+    except Exception:  # noqa: BLE001 - any failure means "not an image Pillow knows"
+        return None
 
 
 def _walk(root: str, root_real: str, rel: str, seen_dirs: set[str]):

@@ -8,10 +8,16 @@
 3. binary content: NUL bytes and other control bytes make up a noticeable share;
 4. strict UTF-8 (the fast path: most files end here, at memory speed);
 5. ISO-2022 (7-bit, escape sequences);
-6. chardet on a bounded window that starts at the first non-ASCII byte (the ASCII before it
-   says nothing about the encoding), then, if that guess fails on the rest of the file,
-   chardet's other candidates, chardet on the whole file, and a short list of multi-byte
-   encodings.
+6. a quick pass: chardet, asked only about the encodings today's legacy files are written in
+   (Windows code pages, KOI8, the CJK multi-byte encodings), on 1 KB from the first non-ASCII
+   byte (the ASCII before it says nothing about the encoding); its guess is kept only when the
+   strict decode of the whole file shows none of the oddities of a wrong code page and no
+   close rival (nor the ISO-8859 twin of a Windows code page) reads the bytes as other clean
+   text. Most legacy files end here, at about half the cost of step 7;
+7. otherwise the full detection: chardet over the ISO-8859 and regional code pages too, on
+   4 KB (on up to 200 KB if unsure there), its guesses weighed by their oddities; if all look
+   odd, or none decodes the whole file, chardet over every era (Mac, DOS, EBCDIC too); if
+   still none decodes, a short list of multi-byte encodings.
 
 Nothing is ever decoded with ``errors="replace"`` or ``"ignore"``: bytes no candidate decodes
 strictly are ``undecodable_text``.
@@ -20,12 +26,21 @@ strictly are ``undecodable_text``.
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
 
 # chardet looks at this many bytes; enough for a stable guess, far less than reading it all.
 DETECT_WINDOW = 4096
+# The quick pass gives chardet this many: its cost grows with the window, and a guess from a
+# short one is checked on the whole file anyway.
+QUICK_WINDOW = 1024
+# ...starting this many bytes of ASCII before the first non-ASCII one (the words around it).
+QUICK_CONTEXT = 32
+# When chardet is unsure on the window, or no guess from it decodes the whole file, chardet
+# looks at this many bytes (its own default): the characters that tell can be few and late.
+FULL_WINDOW = 200_000
 # Bytes inspected for the binary and UTF-16/32 byte-pattern checks.
 SNIFF_BYTES = 65536
 # More than this share of control bytes (NUL included) in the sniffed bytes means binary.
@@ -36,6 +51,17 @@ PLAUSIBLE_CHARS = 4096
 LOW_CONFIDENCE = 0.5
 # chardet's guesses beyond this many are not worth a decode.
 MAX_GUESSES = 6
+# The quick pass keeps a guess only from this chardet confidence up (0.10 is chardet's "nothing fit").
+QUICK_MIN_CONFIDENCE = 0.2
+# A runner-up rated this share of the quick pass's guess or more is a rival worth weighing.
+QUICK_RIVAL = 0.7
+# What the quick pass asks chardet about: its modern-web era (the encodings today's legacy files
+# are in) less UTF-8/16/32, ASCII and ISO-2022, which are settled before chardet is asked, and
+# less EUC-KR, TIS-620 and Shift_JIS-2004, whose text their supersets here read the same (a
+# file with JIS X 0213 kanji fails cp932 and goes to the full detection). Each candidate costs
+# chardet a trial decode and a model score.
+QUICK_ENCODINGS = ("gb18030", "big5hkscs", "cp932", "euc_jis_2004", "cp949", "cp1250", "cp1251", "cp1252",
+                   "cp1253", "cp1254", "cp1255", "cp1256", "cp1257", "cp1258", "koi8-r", "koi8-u", "cp874")
 
 _CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x1B), *range(0x1C, 0x20), 0x7F])
 _BOMS = (  # longest first: the UTF-32-LE mark starts with the UTF-16-LE one
@@ -63,6 +89,11 @@ SUPERSET = {
     "iso8859-11": "cp874",
     "tis-620": "cp874",
 }
+# Windows code pages and the ISO-8859 parts of the same alphabets, which put some letters
+# elsewhere (cp1250 "ą" is ISO-8859-2 "ą" at another byte; cp1252 "¼" is ISO-8859-15 "Œ"). The
+# quick pass knows only the Windows ones: a file whose bytes read differently in the ISO part is
+# left to the full detection, which weighs both.
+ISO_TWIN = {"cp1250": "iso8859-2", "cp1252": "iso8859-15", "cp1253": "iso8859-7", "cp1257": "iso8859-13"}
 MULTIBYTE = {"gb18030", "big5hkscs", "cp932", "shift_jis_2004", "cp949", "euc_jis_2004", "euc_kr", "johab"}
 # Tried last, when every guess failed: multi-byte encodings, whose strict decode of a whole file
 # is strong evidence. (No single-byte code page: those decode anything.)
@@ -91,6 +122,10 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
         if data.startswith(bom):
             return _decode_with_bom(data, bom, enc)
     head = data[:SNIFF_BYTES]
+    if b"\x1b$" in head and head.isascii():  # ISO-2022: escapes, and SO/SI shifts for Korean, are control bytes
+        iso = _iso2022(data)
+        if iso is not None:
+            return iso
     controls = len(head) - len(head.translate(None, _CONTROL_BYTES))
     if controls:
         # UTF-16/32 text has NULs and control-range bytes; it must be recognised before they are
@@ -105,10 +140,6 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
             what = f"{nuls} NUL bytes, " if nuls else ""
             return Decoded(reason="binary_content",
                            detail=f"binary data: {what}{controls / len(head):.1%} control bytes in the first {len(head)} bytes")
-    if b"\x1b$" in head and head.isascii():
-        iso = _iso2022(data)
-        if iso is not None:
-            return iso
     try:
         return Decoded(data.decode("utf-8"), "utf-8", 1.0)
     except UnicodeDecodeError as e:
@@ -186,6 +217,9 @@ def _utf16_without_nuls(data: bytes) -> Decoded | None:
     sample = data[: min(len(data), 2 * PLAUSIBLE_CHARS) & ~1]
     best = None
     for enc in ("utf-16-le", "utf-16-be"):
+        head = sample[:512].decode(enc, "surrogatepass")
+        if len(_IMPLAUSIBLE_CHAR.findall(head)) > len(head) // 2:
+            continue  # a legacy text read as UTF-16 fails in its first characters: no need to decode 8 KB
         try:
             text = sample.decode(enc)
         except UnicodeDecodeError:
@@ -210,9 +244,12 @@ def _plausible_text(text: str, min_breaks: float) -> bool:
     text = text[:PLAUSIBLE_CHARS]
     if not text:
         return False
+    most = 0.02 * len(text)
+    if len(_IMPLAUSIBLE_CHAR.findall(text, 0, 256)) > most:
+        return False  # a legacy text read as UTF-16 fails in its first characters, at a 16th of the cost
     odd = len(_IMPLAUSIBLE_CHAR.findall(text))
     breaks = len(_BREAK_CHAR.findall(text))
-    return odd <= 0.02 * len(text) and breaks >= min_breaks * len(text)
+    return odd <= most and breaks >= min_breaks * len(text)
 
 
 _IMPLAUSIBLE_CHAR = re.compile("[^\t\n\r" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _PLAUSIBLE_UTF16) + "]")
@@ -232,31 +269,101 @@ def _iso2022(data: bytes) -> Decoded | None:
 
 
 def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded:
-    """chardet on a window, verified by a strict decode of everything, with fallbacks."""
+    """The quick pass, else chardet over more eras and bytes, every guess verified by a strict
+    decode of everything and weighed by its oddities, with fallbacks."""
     import chardet
 
-    start = _first_high_byte(data)
-    start = max(0, start - 256)  # all ASCII before the first high byte: any point in it is a character boundary
+    # all ASCII before the first high byte: any point in it is a character boundary
+    first_high = _first_high_byte(data)
+    quick_start = max(0, first_high - QUICK_CONTEXT)
+    quick = _quick_guess(chardet, data, data[quick_start : quick_start + QUICK_WINDOW])
+    if quick is not None:
+        return quick
+    start = max(0, first_high - 256)
     probe = data[start : start + window]
-    guesses = _chardet_candidates(chardet, probe)
+    eras = chardet.EncodingEra.MODERN_WEB | chardet.EncodingEra.LEGACY_ISO | chardet.EncodingEra.LEGACY_REGIONAL
+    guesses = _chardet_candidates(chardet, probe, eras)
+    if len(data) > len(probe) and (not guesses or guesses[0][1] < LOW_CONFIDENCE):
+        # unsure on the window: chardet on more of the file, its guesses first (the letters that
+        # tell cp1252 from cp1250 or ISO-8859-15 from ISO-8859-10 can be few and late)
+        wide = _chardet_candidates(chardet, data[start : start + FULL_WINDOW], eras)
+        guesses = wide + [g for g in guesses if g[0] not in {enc for enc, _ in wide}]
     tried: list[str] = []
     first = guesses[0][0] if guesses else None
-    result = _first_strict(data, guesses, tried)
-    if result is None and len(data) > len(probe):
-        result = _first_strict(data, _chardet_candidates(chardet, data, max_bytes=len(data)), tried)
+    result = _best_strict(data, guesses, tried)
+    if result is None or result[3] > 0:
+        # everything looks a little wrong, or nothing fit (then the window misled: look at more
+        # of the file): chardet over every era, which also knows the Mac, DOS and EBCDIC code
+        # pages; one of those must look right to be taken
+        wider = probe if result is not None else data[start : start + FULL_WINDOW]
+        others = _chardet_candidates(chardet, wider, chardet.EncodingEra.ALL)
+        if result is not None:  # chardet must rate the other reading at least as high
+            others = [(enc, conf) for enc, conf in others if conf >= result[2]]
+        more = _best_strict(data, others, tried, plausible_only=result is None)
+        if more is not None and (result is None or more[3] < result[3]):
+            result = more
     if result is None:
-        result = _first_strict(data, [(enc, 0.0) for enc in FALLBACKS], tried, plausible_only=True)
+        result = _best_strict(data, [(enc, 0.0) for enc in FALLBACKS], tried, plausible_only=True)
     if result is None:
         return Decoded(encoding=first, confidence=guesses[0][1] if guesses else None, reason="undecodable_text",
                        detail=f"no encoding decodes it strictly (not UTF-8: {utf8_error.reason} at byte "
                               f"{utf8_error.start}; tried {', '.join(tried) or 'nothing'})")
-    text, enc, conf = result
+    text, enc, conf, _odd = result
     out = Decoded(text, enc, round(conf, 3))
     if first is not None and enc != first and enc != SUPERSET.get(first):
         why = "did not decode the whole file" if first not in tried[: tried.index(enc)] or not _decodes(data, first) \
             else "gave less plausible text"
         out.notes.append(f"decoded as {enc}: chardet's first guess {first} {why}")
     return out
+
+
+def _quick_guess(chardet, data: bytes, probe: bytes) -> Decoded | None:
+    """chardet restricted to the modern-web encodings, kept only when its decode is clean and
+    no other reading is.
+
+    Weighing the ISO-8859 and regional code pages too costs chardet twice as much, and today's
+    files are seldom in them. When one is, the decode here looks wrong (Polish ISO-8859-2 read
+    as cp1250 shows "±" and "¶" beside letters, Greek ISO-8859-7 read as cp1253 "¶" for "Ά"), or
+    the ISO twin reads other clean letters (Croatian ISO-8859-2 "š" is cp1250 "ą"), and the full
+    detection decides.
+    """
+    found = chardet.detect_all(probe, include_encodings=QUICK_ENCODINGS, compat_names=False)
+    enc, conf = found[0].get("encoding"), float(found[0].get("confidence") or 0.0)
+    if not enc or conf < QUICK_MIN_CONFIDENCE:
+        return None
+    codec = SUPERSET.get(enc, enc)
+    try:
+        text = data.decode(codec)
+    except (UnicodeDecodeError, LookupError):
+        return None
+    if not _looks_clean(text, data, codec):
+        return None
+    # a close runner-up, or the ISO-8859 twin chardet was not asked about, that reads the bytes
+    # as other letters just as clean (cp1254 "ı" for cp1252 "ý"): a choice for the full pass
+    rivals = [SUPERSET.get(g["encoding"], g["encoding"]) for g in found[1:MAX_GUESSES]
+              if g.get("encoding") and float(g.get("confidence") or 0.0) >= QUICK_RIVAL * conf]
+    if any(_reads_otherwise(data, text, rival) for rival in [ISO_TWIN.get(codec), *rivals] if rival != codec):
+        return None
+    return Decoded(text, codec, round(conf, 3))
+
+
+def _looks_clean(text: str, data: bytes, codec: str) -> bool:
+    """A multi-byte decode paired its high bytes into characters beyond Latin-1 (CJK text mixes
+    in Latin words by right, so no more is asked); a single-byte one has no oddities."""
+    if codec in MULTIBYTE:
+        return _paired(text) and not _C1.search(text)
+    return _oddities(text, data, codec) == 0
+
+
+def _reads_otherwise(data: bytes, text: str, rival: str | None) -> bool:
+    """``data`` reads as different text in ``rival`` that looks just as right."""
+    if rival is None:
+        return False
+    try:
+        other = data.decode(rival)
+    except (UnicodeDecodeError, LookupError):
+        return False
+    return other != text and _looks_clean(other, data, rival)
 
 
 def _decodes(data: bytes, enc: str) -> bool:
@@ -269,7 +376,11 @@ def _decodes(data: bytes, enc: str) -> bool:
 
 def _paired(text: str) -> bool:
     """At least two characters beyond Latin-1 were made of paired bytes."""
-    return sum(1 for ch in text[:4000] if ord(ch) > 0x2E7F) >= 2
+    first = _PAIRED_CHAR.search(text, 0, 4000)
+    return first is not None and _PAIRED_CHAR.search(text, first.end(), 4000) is not None
+
+
+_PAIRED_CHAR = re.compile("[^\x00-\u2e7f]")  # negated: a range to the end of Unicode compiles slowly
 
 
 def _first_high_byte(data: bytes) -> int:
@@ -277,11 +388,10 @@ def _first_high_byte(data: bytes) -> int:
     return len(data) - len(stripped)
 
 
-def _chardet_candidates(chardet, data: bytes, max_bytes: int | None = None) -> list[tuple[str, float]]:
-    """chardet's guesses, best first, mapped to the codecs that decode them, without repeats."""
-    era = chardet.EncodingEra.MODERN_WEB | chardet.EncodingEra.LEGACY_ISO | chardet.EncodingEra.LEGACY_REGIONAL
-    kw = {"max_bytes": max_bytes} if max_bytes else {}
-    found = chardet.detect_all(data, encoding_era=era, compat_names=False, **kw)
+def _chardet_candidates(chardet, data: bytes, era) -> list[tuple[str, float]]:
+    """chardet's guesses for all of ``data``, best first, mapped to the codecs that decode them,
+    without repeats."""
+    found = chardet.detect_all(data, encoding_era=era, compat_names=False, max_bytes=max(1, len(data)))
     out: list[tuple[str, float]] = []
     for g in found[:MAX_GUESSES]:
         enc = g.get("encoding")
@@ -303,9 +413,10 @@ def _known(codec: str) -> bool:
         return False
 
 
-def _first_strict(data: bytes, guesses: list[tuple[str, float]], tried: list[str],
-                  plausible_only: bool = False) -> tuple[str, str, float] | None:
-    """The first guess that decodes all of ``data``; among low-confidence guesses, the most plausible."""
+def _best_strict(data: bytes, guesses: list[tuple[str, float]], tried: list[str],
+                 plausible_only: bool = False) -> tuple[str, str, float, int] | None:
+    """(text, codec, confidence, oddities): a confident guess that decodes all of ``data`` and
+    looks right, else the least odd of the guesses that decode it."""
     decoded: list[tuple[str, str, float]] = []
     for enc, conf in guesses:
         if enc in tried:
@@ -315,37 +426,50 @@ def _first_strict(data: bytes, guesses: list[tuple[str, float]], tried: list[str
             text = data.decode(enc)
         except (UnicodeDecodeError, LookupError):
             continue
-        if conf >= LOW_CONFIDENCE and not decoded and not _C1.search(text):
-            return text, enc, conf
+        if conf >= LOW_CONFIDENCE and not decoded and _oddities(text, data, enc) == 0:
+            return text, enc, conf, 0
         decoded.append((text, enc, conf))
     if not decoded:
         return None
-    # Weigh the decodes by implausibility: C1 control characters (an ISO-8859 reading of cp1252
-    # quotes), and words that mix scripts, which is what a wrong single-byte code page makes of
-    # accented letters ("cafι" for "café"). On a tie, a multi-byte encoding whose every high byte
-    # paired up into a character wins if chardet rated it about as well: a single-byte code page
-    # decodes any bytes, so its success says nothing, while chance pairings soon fail. Then
-    # chardet's order.
+    # Weigh the decodes by their oddities (see `_oddities`). On a tie, a multi-byte encoding
+    # whose every high byte paired up into a character wins if chardet rated it about as well: a
+    # single-byte code page decodes any bytes, so its success says nothing, while chance
+    # pairings soon fail. Then chardet's order.
     top = max(c for _t, _e, c in decoded)
     best = None
     for i, (t, e, c) in enumerate(decoded):
         evidence = 0 if e in MULTIBYTE and c >= top / 2 and _paired(t) else 1
         if best is not None and (best[0] == 0 and evidence >= best[1]):
             continue  # cannot beat a flawless earlier decode: skip the costly score
-        score = (_implausibility(t), evidence, i)
+        score = (_oddities(t, data, e), evidence, i)
         if best is None or score < best:
             best = score
     if plausible_only and best[0] > 0:
         return None
-    return decoded[best[2]]
+    return (*decoded[best[2]], best[0])
 
 
 _C1 = re.compile("[\x80-\x9f]")
 _ASCII = "".join(map(chr, range(128)))
-# a non-ASCII symbol, digit-like sign or currency between two letters
-_WEDGED = re.compile(r"(?<=[^\W\d_])[\u00a0-\u00bf\u00d7\u00f7\u02c6-\u02dd\u2020-\u2022\u2030\u2039\u203a\u20ac\u2122](?=[^\W\d_])")
+_LETTER = "[^\\W\\d_]"
+# a non-ASCII symbol, digit-like sign or currency between two letters: Latin-1 signs, spacing
+# accents, cp1252's daggers, bullets and per-mille, box drawing (DOS code pages), mathematical
+# operators (Mac code pages); not a no-break space, which Czech and Polish put after one-letter
+# words, nor the middle dot of Catalan "l·l" (the symbol first: the scan skips to candidates)
+_WEDGED = re.compile(r"[\u00a1-\u00bf\u00d7\u00f7\u02c6-\u02dd\u2020-\u2022\u2030\u2039\u203a\u20ac\u2122\u2200-\u22ff\u2500-\u259f]"
+                     r"(?<=[^\W\d_].)(?<![lL]\u00b7)(?=[^\W\d_])")
+# Symbols a wrong single-byte code page leaves where a letter should be, touching a letter
+# ("s±" for "są", "¶pi" for "śpi", "¦entjernej" for "Šentjernej"), and the currency sign "¤"
+# anywhere (ISO-8859-15's "€" read as cp1252). Real text has them beside letters about never.
+_RARE_SYMBOLS = "¢£¥¦§¨©¬®¯±´¶¸¼-¾ˇ˘-˝"
+_UNUSUAL = re.compile(f"[\x80-\x9f¤{_RARE_SYMBOLS}]")
+_ODD_SYMBOL = re.compile(f"[¤{_RARE_SYMBOLS}](?:(?<=¤)|(?<={_LETTER}.)|(?={_LETTER}))")
+# a capital inside a lower-case word: Cyrillic "Я" ("подходЯщие" is MacCyrillic, whose "я" is
+# cp1251's "Я", read as cp1251), or an accented Latin one ("karatØai" is Estonian ISO-8859-15
+# "karatšai" read as cp1257). Prose has no such camelCase; program identifiers do, so only these.
+_CAMEL = re.compile("\u042f(?<=[\u0430-\u045f]{2}.)(?=[\u0430-\u045f])"  # the capital first: the scan skips to it
+                    "|[\u00c0-\u00d6\u00d8-\u00de](?<=[a-z\u00df-\u00f6\u00f8-\u00ff]{2}.)(?=[a-z\u00df-\u00f6\u00f8-\u00ff])")
 _SCRIPT_CACHE: dict[str, str] = {}
-_WORD = re.compile(r"[^\W\d_]+")
 
 
 def _script(ch: str) -> str:
@@ -359,31 +483,96 @@ def _script(ch: str) -> str:
     return s
 
 
-def _implausibility(text: str, limit: int = 1500) -> int:
-    """How wrong a decode looks: C1 controls (an ISO-8859 reading of cp1252 quotes), words that
-    mix scripts ("cafι" for "café"), and symbols wedged between letters ("¯ó³æ" for "Żółć")."""
+def _oddities(text: str, data: bytes | None = None, codec: str | None = None, limit: int = 1500) -> int:
+    """How wrong a decode looks: C1 controls (an ISO-8859 reading of cp1252 quotes) and rare
+    symbols beside letters anywhere, and, in the first ``limit`` characters from the first
+    non-ASCII one, words that mix scripts ("cafι" for "café"), symbols wedged between letters
+    ("¯ó³æ" for "Żółć") and capitals inside lower-case words ("подходЯщие").
+
+    Given the bytes ``text`` was decoded from with a single-byte ``codec``, the two scans that
+    look at every character look at the bytes instead, a byte being a character there."""
+    table = _single_byte(codec) if data is not None and codec is not None else None
+    odd = 0
+    if data.translate(None, table.usual) if table else _UNUSUAL.search(text):  # counting is rarely needed
+        odd += len(_C1.findall(text)) + len(_ODD_SYMBOL.findall(text))
     start = len(text) - len(text.lstrip(_ASCII))  # ASCII says nothing: look where the rest begins
     start = max(0, start - 64)
-    text = text[start : start + limit]
-    return len(_C1.findall(text)) + _mixed_script_words(text, limit) + len(_WEDGED.findall(text))
+    window = text[start : start + limit]
+    if table:
+        changes = len(_SCRIPT_CHANGE_BYTES.findall(data[start : start + limit].translate(table.tags)))
+    else:
+        changes = _mixed_script_words(window)
+    return odd + changes + len(_WEDGED.findall(window)) + len(_CAMEL.findall(window))
+
+
+@dataclass(frozen=True)
+class _ByteTables:
+    usual: bytes  # the byte values that decode to ordinary characters (to delete, leaving the rest)
+    tags: bytes  # byte value -> the script tag of its character, as `_ScriptTags` gives it
+
+
+@functools.lru_cache(maxsize=64)
+def _single_byte(codec: str) -> _ByteTables | None:
+    """Tables for a code page that decodes every byte to one character (or not at all)."""
+    if codec in MULTIBYTE:
+        return None
+    chars = []
+    for b in range(256):
+        try:
+            ch = bytes([b]).decode(codec)
+        except UnicodeDecodeError:
+            ch = ""  # undefined here: a strict decode of the file has already ruled it out
+        except LookupError:
+            return None
+        if len(ch) > 1:
+            return None
+        chars.append(ch)
+    usual = bytes(b for b, ch in enumerate(chars) if not ch or not _UNUSUAL.match(ch))
+    return _ByteTables(usual, bytes(_byte_tag(ch) for ch in chars))
+
+
+def _byte_tag(ch: str) -> int:
+    """`_ScriptTags` for one byte: 0x20 for a non-letter, else a byte value of its own per script."""
+    if not ch or _SCRIPT_TAGS[ord(ch)] == " ":
+        return 0x20
+    return _BYTE_TAG_OF_TAG.setdefault(_SCRIPT_TAGS[ord(ch)], 0x80 + len(_BYTE_TAG_OF_TAG) % 0x80)
 
 
 def _script_count(text: str) -> int:
     return len({_script(ch) for ch in text[:2000] if ch.isalpha()})
 
 
-def _mixed_script_words(text: str, limit: int = PLAUSIBLE_CHARS) -> int:
-    """Words that mix scripts, e.g. Latin with Greek ("cafι"): the mark of a wrong code page."""
-    mixed = 0
-    for m in _WORD.finditer(text, 0, limit):
-        word = m.group()
-        if word.isascii():
-            continue
-        scripts = {_script(ch) for ch in word}
-        if len(scripts) > 1 and not scripts <= _CJK_SCRIPTS:
-            mixed += 1
-    return mixed
+class _ScriptTags(dict):
+    """``ord(ch)`` -> one character standing for the script of ``ch`` (" " for a non-letter), for
+    ``str.translate``. Japanese mixes kanji and kana within a word by design: one tag for all."""
+
+    def __missing__(self, o: int) -> str:
+        ch = chr(o)
+        if not _LETTER_RE.match(ch) or ch in _ANY_SCRIPT:
+            tag = " "
+        else:
+            script = _script(ch)
+            tag = _TAG_OF_SCRIPT.setdefault("CJK" if script in _CJK_SCRIPTS else script,
+                                            chr(0xE000 + len(_TAG_OF_SCRIPT)))
+        self[o] = tag
+        return tag
+
+
+def _mixed_script_words(text: str) -> int:
+    """Script changes within words, e.g. Latin to Greek in "cafι": the mark of a wrong code page."""
+    tags = text.translate(_SCRIPT_TAGS)  # each letter -> its script's tag, the rest -> " "
+    return len(_SCRIPT_CHANGE.findall(tags))
 
 
 # Japanese mixes these within a word by design.
 _CJK_SCRIPTS = {"CJK", "HIRAGANA", "KATAKANA", "HALFWIDTH", "FULLWIDTH"}
+_LETTER_RE = re.compile(_LETTER)
+# Latin-1 signs that count as letters and go with words of any script ("nº", "µm", "km²"; "³"
+# inside a word is a symbol wedged between letters, counted as such), and the modifier letter
+# apostrophe of Ukrainian "мʼясо".
+_ANY_SCRIPT = set("ªºµ¹²³¼½¾ʼ")
+_TAG_OF_SCRIPT: dict[str, str] = {}
+_SCRIPT_TAGS = _ScriptTags()
+_SCRIPT_CHANGE = re.compile(r"(\S)(?!\1)(?=\S)")  # a letter followed by one of another script
+_SCRIPT_CHANGE_BYTES = re.compile(rb"([^ ])(?!\1)(?=[^ ])")
+_BYTE_TAG_OF_TAG: dict[str, int] = {}

@@ -2,12 +2,13 @@
 
 `clean_image` is what a worker runs for every image: decode (`decode.py`: structure, header
 limits, full strict decode, colour, orientation), then the exact-duplicate key (a hash of the
-decoded pixels, so one picture in PNG, BMP or lossless WebP is one key), the perceptual hash,
-the resize (`resize.fit`) and the encode. Every failure ends as a reason from the fixed
+decoded pixels, so one picture in PNG, BMP or lossless WebP is one key), the resize
+(`resize.fit_and_picture`), the perceptual hash of the whole picture (taken from its scaled
+copy where the resize made one) and the encode. Every failure ends as a reason from the fixed
 vocabulary with a readable detail; no exception escapes.
 
 The decoded pixels that are hashed are those of the upright RGB image the output is made from.
-For a JPEG that may already be shrunk in the DCT domain (see `resize.dct_shrink`), so the key
+For a JPEG that may already be shrunk in the DCT domain (see `resize.dct_scale`), so the key
 of a JPEG matches other JPEGs with the same coefficients (a copy with its metadata stripped, a
 lossless re-encode) but not a PNG of its full-size pixels: that pair is left to near-duplicate
 detection.
@@ -45,8 +46,11 @@ class ImageOutcome:
 
 
 def preload() -> None:
-    """Import the decoders (numpy, Pillow, libjpeg-turbo, LittleCMS): done once per worker at
-    start-up. The main process never needs them, so `pipe clean` itself starts fast."""
+    """Import the decoders and the resizer (numpy, Pillow, libjpeg-turbo, fast_image_resize):
+    done once per worker at start-up. The main process never needs them, so `pipe clean`
+    itself starts fast."""
+    import cykooz_resizer  # noqa: F401
+
     import pipeline.decode  # noqa: F401
     import pipeline.perceptual  # noqa: F401
 
@@ -55,7 +59,7 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     from pipeline.decode import Decoded, Target, decode
     from pipeline.perceptual import phash
     from pipeline.reject import Reject
-    from pipeline.resize import fit
+    from pipeline.resize import fit_and_picture
 
     out = ImageOutcome()
     d = Decoded()
@@ -73,8 +77,10 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
         return out
     rgb = d.image
     out.content_hash = pixel_hash(rgb, d.pixels)
-    out.phash = phash(rgb)
-    final = fit(rgb, s.size, s.resize_mode, s.background)
+    final, picture = fit_and_picture(rgb, s.size, s.resize_mode, s.background)
+    # the hash squeezes the picture to 32x32: from the scaled picture it is the same hash at a
+    # third of the cost of hashing the decoded one
+    out.phash = phash(picture if picture is not None else rgb)
     out.data, out.ext = encode(final, s.format, s.quality), s.format
     return out
 

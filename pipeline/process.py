@@ -7,17 +7,29 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.discover import Candidate
 from pipeline.fsutil import atomic_write_bytes
+from pipeline.images import ImageSettings
 from pipeline.records import KIND_IMAGE, KIND_OTHER, FileResult
+from pipeline.text import TextSettings
 
 HASH_CHUNK = 1 << 20
 _SETTINGS = None  # set once per worker process by init_worker
 
 
-def init_worker(settings) -> None:
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What every worker needs to know (pickled to it once, at start-up)."""
+
+    output: str
+    image: ImageSettings
+    text: TextSettings
+
+
+def init_worker(settings: WorkerSettings) -> None:
     global _SETTINGS
     _SETTINGS = settings
     from pipeline.images import preload
@@ -100,6 +112,19 @@ def _text(r: FileResult, data: bytes, s) -> tuple[bytes | None, str]:
 
 def crashed(cand: Candidate, exc: BaseException) -> FileResult:
     """The result for a file whose decoder killed its worker process twice."""
+    r = _stat_only(cand)
+    r.reason, r.detail = "unreadable", "the decoder crashed the worker process on this file (twice)"
+    return r
+
+
+def timed_out(cand: Candidate, seconds: float) -> FileResult:
+    """The result for a file that held its worker longer than --file-timeout."""
+    r = _stat_only(cand)
+    r.reason, r.detail = "timeout", f"still not done after {seconds:g} s (--file-timeout); the worker was stopped"
+    return r
+
+
+def _stat_only(cand: Candidate) -> FileResult:
     r = FileResult(source=cand.source, key=cand.key, kind=cand.kind, label=cand.label)
     try:
         st = os.stat(cand.path)
@@ -108,5 +133,4 @@ def crashed(cand: Candidate, exc: BaseException) -> FileResult:
             r.sha256 = _hash_stream(f)
     except OSError:
         pass
-    r.reason, r.detail = "unreadable", "the decoder crashed the worker process on this file (twice)"
     return r

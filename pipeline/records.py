@@ -8,7 +8,6 @@ are made later, on these results, and end as a `status` in the manifest.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ REASONS = {
     "outside_root": "a symbolic link that points outside the input folder; never followed",
     "pair_rejected": "the other half of an image+caption pair was rejected",
     "missing_label": "--labels names no label for this file",
+    "timeout": "processing took longer than --file-timeout seconds (a pathological or hostile file); its worker was stopped",
 }
 
 
@@ -73,7 +73,8 @@ class FileResult:
     caption_reason: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, separators=(",", ":"))
+        # the fields are flat (notes: a list of str), so no deep copy (dataclasses.asdict: 5x slower)
+        return json.dumps(vars(self), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, line: str) -> "FileResult":

@@ -5,16 +5,26 @@ Machines get `--json` instead (the table is then not printed). Nothing here deci
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from contextlib import contextmanager
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+# rich is imported on first use: `--json` runs never draw anything and skip its ~0.1 s import
 
-err_console = Console(stderr=True)
-out_console = Console()
+
+@functools.cache
+def _console(stderr: bool):
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def __getattr__(name: str):
+    """`err_console` and `out_console`, made when first asked for."""
+    if name in ("err_console", "out_console"):
+        return _console(name == "err_console")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Counts:
@@ -37,6 +47,9 @@ def progress(description: str, total: int, enabled: bool = True):
 
         yield advance
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    err_console = _console(True)
     bar = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
@@ -59,9 +72,11 @@ def print_json(doc) -> None:
 
 
 def summary_table(title: str, rows: list[tuple[str, object]]) -> None:
+    from rich.table import Table
+
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
     for name, value in rows:
         table.add_row(name, str(value))
-    out_console.print(table)
+    _console(False).print(table)

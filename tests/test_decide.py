@@ -197,3 +197,21 @@ def test_decide_is_deterministic_under_input_order_of_equal_candidates():
     assert a == b
     kept = [s for s, v in a.items() if v[0] == "kept"]
     assert kept == ["p/00.jpg"]  # all one picture (fake pixels), same size: the first path
+
+
+def test_binary_file_beside_an_image_is_no_caption(tmp_path):
+    """photo.jpg + photo.raw (binary): the binary file is quarantined on its own and must not
+    take the image down with it as a 'rejected caption'."""
+    from pipeline import clean
+    from pipeline.clean import CleanConfig
+    from tests.factories import photo, write
+
+    src = tmp_path / "raw"
+    photo(src / "cats" / "photo.jpg")
+    write(src / "cats" / "photo.raw", bytes(range(256)) * 8)
+    clean.run(CleanConfig(src, tmp_path / "out", workers=1), show_progress=False)
+    import pyarrow.parquet as pq
+
+    rows = {r["source"]: r for r in pq.read_table(tmp_path / "out" / "manifest.parquet").to_pylist()}
+    assert rows["cats/photo.raw"]["reason"] == "binary_content"
+    assert rows["cats/photo.jpg"]["status"] == "kept"

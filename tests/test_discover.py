@@ -64,3 +64,20 @@ def test_non_utf8_file_name_becomes_valid_text(tmp_path):
     (c,) = discover(tmp_path)
     c.source.encode("utf-8")  # must not raise
     assert c.source == "caf\\xe9.txt"
+
+
+def test_formats_without_magic_in_our_table_are_found_by_pillow(tmp_path):
+    """SGI, PCX and friends have no entry in sniff's table: Pillow recognises them by content,
+    whatever their name, so they are images, not 'binary text'."""
+    from PIL import Image
+
+    from tests.factories import noise_rgb
+
+    im = Image.fromarray(noise_rgb(64, 48))
+    im.save(tmp_path / "texture.dat", "SGI")
+    im.save(tmp_path / "scan.bin", "PCX")
+    write(tmp_path / "blob.bin", bytes(range(256)) * 4)  # binary, but no image
+    kinds = {c.source: (c.kind, c.fmt) for c in discover(tmp_path)}
+    assert kinds["texture.dat"] == ("image", "SGI")
+    assert kinds["scan.bin"] == ("image", "PCX")
+    assert kinds["blob.bin"][0] == "text"  # the text stage will call it binary_content

@@ -6,11 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline import encodings
 from pipeline.encodings import decode_bytes
-from tests.text_samples import LANGUAGES
+from tests.text_samples import CONFUSABLE, LANGUAGES
 
 # (language, encoding the file is written in) for every legacy encoding we promise to read
 LEGACY = [(lang, enc) for lang, (encs, _t) in LANGUAGES.items() for enc in encs]
+CONFUSED = [(lang, enc) for lang, (encs, _t) in CONFUSABLE.items() for enc in encs]
 
 
 @pytest.mark.parametrize("lang,enc", LEGACY, ids=[f"{lang}-{enc}" for lang, enc in LEGACY])
@@ -21,6 +23,58 @@ def test_legacy_encodings_decode_to_the_exact_text(lang, enc):
     assert d.text == text
     assert codecs.lookup(d.encoding)  # a real Python codec name, for the manifest
     assert 0 < d.confidence <= 1
+
+
+@pytest.mark.parametrize("lang,enc", CONFUSED, ids=[f"{lang}-{enc}" for lang, enc in CONFUSED])
+def test_code_pages_that_disagree_on_a_few_letters(lang, enc):
+    """ISO-8859-15 "œ€" is cp1252 "½¤", ISO-8859-2 "śą" cp1250 "¶±", ISO-8859-7 "Ά" cp1253 "¶",
+    MacCyrillic "я" cp1251 "Я": the exact letters, whichever of the pair the file is in."""
+    text = CONFUSABLE[lang][1]
+    assert decode_bytes(text.encode(enc)).text == text
+
+
+def _quick(data: bytes):
+    """What the quick pass (modern-web encodings only) decides on its own, or None."""
+    import chardet
+
+    start = max(0, encodings._first_high_byte(data) - 256)
+    return encodings._quick_guess(chardet, data, data[start : start + encodings.DETECT_WINDOW])
+
+
+@pytest.mark.parametrize("lang,enc", [("zh-Hans", "gbk"), ("zh-Hant", "big5"), ("ja", "shift_jis"), ("ko", "euc_kr"),
+                                      ("ru", "koi8_r"), ("uk", "cp1251"), ("de", "cp1252"), ("pl", "cp1250"),
+                                      ("el", "cp1253"), ("tr", "cp1254"), ("he", "cp1255"), ("ar", "cp1256")])
+def test_the_quick_pass_decides_ordinary_legacy_text(lang, enc):
+    """The common case costs one chardet call over a third of the candidates, and gets it right."""
+    text = LANGUAGES[lang][1] * 3
+    d = _quick(text.encode(enc))
+    assert d is not None and d.text == text
+
+
+@pytest.mark.parametrize("text,enc,why", [
+    ("Izbrana možnost omogoča, da se oznaka uporabi za izbrane datoteke. Določa ali so vrednosti svetlosti "
+     "obrnjene: temnejše barve so svetlejše. " * 10, "iso8859_2",
+     'cp1250, the guess, reads it as clean letters too: "moľnost", "temnejąe"'),
+    (LANGUAGES["pl"][1] * 10, "iso8859_2", 'cp1250 puts "±" and "¶" beside letters'),
+    (LANGUAGES["fr"][1] * 30 + " Le cœur de l'œuvre coûte 15 €.", "iso8859_15",
+     'the only "œ" and "€" come after the window: cp1252 reads them "½" and "¤"'),
+    (CONFUSABLE["el"][1] * 5, "iso8859_7", 'cp1253 reads "Ά" as "¶"'),
+    (CONFUSABLE["ru"][1] * 5, "mac_cyrillic", 'cp1251 reads "я" as "Я" ("мЯгких"); no modern code page fits'),
+], ids=["sl-iso8859_2", "pl-iso8859_2", "fr-iso8859_15-late", "el-iso8859_7", "ru-mac_cyrillic"])
+def test_what_the_quick_pass_cannot_settle_goes_to_the_full_detection(text, enc, why):
+    data = text.encode(enc)
+    assert _quick(data) is None, why
+    assert decode_bytes(data).text == text
+
+
+@pytest.mark.parametrize("text,enc", [
+    ("Vstupní zpráva k\xa0dispozici, v\xa0pořádku a s\xa0úsměvem.", "cp1250"),  # no-break spaces after "k", "v", "s"
+    ("Permet la reinstal·lació dels paquets i la col·lecció d'informació.", "cp1252"),  # Catalan "l·l"
+    (LANGUAGES["de"][1] + " Müller GmbH® liefert Öfen für 20 €.", "cp1252"),
+    (LANGUAGES["uk"][1] + " Потужність 5 кВт, пам'ять 512 МіБ, файл 3 кБ.", "cp1251"),  # units in camelCase
+])
+def test_real_signs_beside_letters_do_not_mislead(text, enc):
+    assert decode_bytes(text.encode(enc)).text == text
 
 
 @pytest.mark.parametrize("enc", ["gbk", "big5", "shift_jis", "euc_kr", "koi8_r", "cp1252"])
@@ -129,3 +183,11 @@ def test_never_raises_and_never_lossy(data):
 def test_any_utf8_text_round_trips(text):
     d = decode_bytes(text.encode("utf-8"))
     assert d.text == text and d.encoding == "utf-8"
+
+
+def test_iso2022_kr_is_text_not_binary():
+    """ISO-2022-KR shifts in and out of Korean with SO/SI control bytes (a fifth of the bytes in
+    chardet's own test files): the escape sequence says it is text before the control share does."""
+    text = "한국어 텍스트입니다. 이것은 테스트입니다.\n" * 3
+    d = decode_bytes(text.encode("iso2022_kr"))
+    assert (d.reason, d.text) == (None, text)

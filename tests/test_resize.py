@@ -24,10 +24,25 @@ def zone_plate(w: int, h: int) -> np.ndarray:
     return np.repeat(z[..., None], 3, 2).round().astype(np.uint8)
 
 
+def pillow_fit(im: Image.Image, size: int, mode: str, bg=(255, 255, 255)) -> Image.Image:
+    """The output geometry, resampled by Pillow's LANCZOS: independent of our resizer."""
+    w, h = im.size
+    if mode == "stretch":
+        return im.resize((size, size), Image.Resampling.LANCZOS)
+    cw, ch = resize.content_size(w, h, size, mode)
+    if mode == "crop":
+        sx, sy = w / cw, h / ch
+        left, top = (cw - size) // 2, (ch - size) // 2
+        box = (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+        return im.resize((size, size), Image.Resampling.LANCZOS, box=box)
+    canvas = Image.new("RGB", (size, size), bg)
+    canvas.paste(im.resize((cw, ch), Image.Resampling.LANCZOS), ((size - cw) // 2, (size - ch) // 2))
+    return canvas
+
+
 def reference(data: bytes, size: int, mode: str) -> np.ndarray:
-    """The slow, obviously right way: full decode, LANCZOS from full resolution."""
-    full = Image.open(io.BytesIO(data)).convert("RGB")
-    return np.asarray(resize.fit(full, size, mode, (255, 255, 255)))
+    """The slow, obviously right way: full decode, Pillow's LANCZOS from full resolution."""
+    return np.asarray(pillow_fit(Image.open(io.BytesIO(data)).convert("RGB"), size, mode))
 
 
 @pytest.mark.parametrize("mode", ["pad", "stretch", "crop"])
@@ -51,25 +66,57 @@ def test_photo_matches_full_resolution_lanczos():
         assert psnr(np.asarray(Image.open(io.BytesIO(o.data))), reference(data, 512, mode)) >= 40, mode
 
 
+@pytest.mark.parametrize("mode", ["pad", "stretch", "crop"])
+def test_our_lanczos_is_pillows(mode):
+    # the resizer (fast_image_resize) against Pillow's LANCZOS, same full-resolution input
+    photo = np.asarray(Image.open(io.BytesIO(nasty.jpeg_bytes(zone_plate(1200, 900), quality=95))).convert("RGB"))
+    for im in (Image.fromarray(photo), Image.fromarray(photo[::-1, ::2].copy())):
+        ours = np.asarray(resize.fit(im, 256, mode, (255, 255, 255)))
+        assert psnr(ours, np.asarray(pillow_fit(im, 256, mode))) >= 45, im.size
+
+
 @pytest.mark.parametrize("w, h, size, mode, want", [
-    (2048, 1536, 512, "pad", 2),  # 1024x768 is 2x the 512x384 it becomes
-    (2048, 1536, 512, "stretch", 2),  # 1024x768 vs 512x512: 2x and 1.5x
-    (2048, 1536, 512, "crop", 1),  # at 1/2, 1024 < 1.5 x 683: full size
-    (1024, 768, 512, "pad", 1),
-    (4000, 3000, 512, "pad", 4),
-    (8000, 6000, 256, "pad", 8),
-    (1536, 2048, 512, "pad", 2),
+    (2048, 1536, 512, "pad", 4),  # 1024x768 is 2x the 512x384 it becomes; 3/8 (768x576) would
+                                  # do too, but its plain-C IDCT costs more than the resize saves
+    (2048, 1536, 512, "stretch", 4),  # 1024x768 vs 512x512: 2x and 1.5x
+    (2048, 1536, 512, "crop", 5),  # 4/8 gives 1024 < 1.5 x 683: 1280x960
+    (1024, 768, 512, "pad", 8),  # 6/8 (768x576) is allowed but slower than the full SIMD decode
+    (4000, 3000, 512, "pad", 2),
+    (8000, 6000, 256, "pad", 1),
+    (1536, 2048, 512, "pad", 4),
+    (100, 80, 512, "pad", 8),  # smaller than the output: never shrunk
 ])
-def test_dct_shrink_keeps_headroom(w, h, size, mode, want):
-    f = resize.dct_shrink(w, h, size, mode)
+def test_dct_scale_keeps_headroom(w, h, size, mode, want):
+    m = resize.dct_scale(w, h, size, mode)
+    assert m == want
+    sw, sh = resize.scaled_size(w, h, m)
     cw, ch = resize.content_size(w, h, size, mode)
-    assert -(-w // f) >= resize.DCT_HEADROOM * cw and -(-h // f) >= resize.DCT_HEADROOM * ch
-    assert f == want
+    assert m == 8 or (sw >= resize.DCT_HEADROOM * cw and sh >= resize.DCT_HEADROOM * ch)
 
 
-def test_dct_shrink_follows_exif_rotation():
+def test_dct_scale_never_breaks_the_headroom():
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        w, h = (int(v) for v in rng.integers(40, 9000, 2))
+        size, mode = int(rng.choice([64, 224, 256, 512, 1024])), str(rng.choice(["pad", "crop", "stretch"]))
+        m = resize.dct_scale(w, h, size, mode)
+        sw, sh = resize.scaled_size(w, h, m)
+        cw, ch = resize.content_size(w, h, size, mode)
+        assert m == 8 or (sw >= resize.DCT_HEADROOM * cw and sh >= resize.DCT_HEADROOM * ch), (w, h, size, mode, m)
+
+
+def test_scaled_size_is_what_libjpeg_decodes():
+    import simplejpeg
+
+    data = nasty.jpeg_bytes(zone_plate(203, 117))
+    for m in range(1, 9):
+        sw, sh = resize.scaled_size(203, 117, m)
+        assert simplejpeg.decode_jpeg(data, min_width=sw, min_height=sh).shape[:2] == (sh, sw), m
+
+
+def test_dct_scale_follows_exif_rotation():
     # stored 4000x1000, shown 1000x4000: the headroom is judged on the upright image
-    assert resize.dct_shrink(4000, 1000, 256, "crop", orientation=6) == resize.dct_shrink(1000, 4000, 256, "crop")
+    assert resize.dct_scale(4000, 1000, 256, "crop", orientation=6) == resize.dct_scale(1000, 4000, 256, "crop")
 
 
 def test_geometry_of_each_mode():

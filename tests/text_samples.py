@@ -85,3 +85,24 @@ VALID_UNICODE = [
     "Persian with a ZWNJ: می‌خواهم — and a RTL mark \u200f in Hebrew: שלום",
     "Box drawing ┌─┬─┐ │a│b│ └─┴─┘ and arrows ← ↑ → ↓ ⇒",
 ]
+
+# Sentences holding the letters where related code pages disagree (cp1252 and ISO-8859-15 on
+# "œ€", cp1250 and ISO-8859-2 on "śźąšž", cp1253 and ISO-8859-7 on "Ά", cp1251, KOI8-R, ISO-8859-5,
+# DOS cp866 and MacCyrillic on everything), each with the encodings that can hold it.
+CONFUSABLE: dict[str, tuple[tuple[str, ...], str]] = {
+    "fr": (("cp1252", "iso8859_15"),
+           "Le cœur de l'œuvre coûte 15 € ; « Ça va ? » dit-elle. Il a mangé une crème brûlée à Noël."),
+    "de": (("cp1252",), "„Schöne Grüße“, sagte er – und zahlte 20 € für die Blumen. Übermorgen fährt er nach Köln."),
+    "el": (("cp1253", "iso8859_7"),
+           "Άλλοι έτρεχαν στο πάρκο, ενώ η Άννα διάβαζε ένα βιβλίο. Αύριο θα πάμε στην Αθήνα."),
+    "pl": (("cp1250", "iso8859_2"),
+           "Kot śpi na kanapie, a pies je mięso. Źle się dzieje, gdy są źli. Ślązacy mają swoją gwarę."),
+    "cs": (("cp1250", "iso8859_2"), "Žluťoučký kůň úpěl ďábelské ódy. Šťastný pes běží přes louku."),
+    "ru": (("cp1251", "koi8_r", "iso8859_5", "cp866", "mac_cyrillic"),
+           "Съешь же ещё этих мягких французских булок, да выпей чаю. Широкая электрификация южных "
+           "губерний даст мощный толчок подъёму сельского хозяйства."),
+    "th": (("cp874", "tis_620"), "ภาษาไทยเป็นภาษาที่สวยงาม วันนี้อากาศดีมาก เราจึงไปเดินเล่นที่สวนสาธารณะ"),
+    "lt": (("cp1257", "iso8859_13"), "Šiandien labai graži diena, einame į parką. Vaikai žaidžia prie ežero, o katė miega."),
+    "ar": (("cp1256", "iso8859_6"), "كان الطقس جميلا جدا اليوم، لذلك قررنا أن نذهب في نزهة إلى الحديقة."),
+    "tr": (("cp1254", "iso8859_9"), "Işık, ağaç, çiçek, şeker, göz ve üzüm. Güneşli bir günde İstanbul'da yürüdük."),
+}

@@ -29,6 +29,7 @@ def clean(
     near_image_distance: Annotated[int, typer.Option(help="Perceptual-hash bits apart for two images to be compared on pixels (0-12).")] = 8,
     near_text_jaccard: Annotated[float, typer.Option(help="Shingle Jaccard similarity from which texts are near duplicates (0.5-1).")] = 0.8,
     workers: Annotated[int, typer.Option(help="Worker processes (0 = one per core).")] = 0,
+    file_timeout: Annotated[float, typer.Option(help="Seconds one file may take before it is quarantined as timeout (0 = no limit).")] = 120.0,
     overwrite: Annotated[bool, typer.Option(help="Replace a CLEAN_DIR made from other input or settings.")] = False,
     config: Annotated[Optional[Path], typer.Option(help="TOML file whose [clean] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
@@ -39,12 +40,13 @@ def clean(
     set aside with a reason in manifest.parquet. Re-running resumes; exit 0 whenever it finished.
     """
     from pipeline import clean as stage
-    from pipeline import ui
     from pipeline.config import explicit_params, load_section, resolve
 
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
     cfg = resolve(stage.CleanConfig, values, explicit_params(ctx), load_section(config, "clean"))
     report = stage.run(cfg, show_progress=not json)
+    from pipeline import ui  # rich: imported while the workers start, not before
+
     if json:
         ui.print_json(report)
     else:
