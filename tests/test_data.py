@@ -240,7 +240,7 @@ def big_shards(tmp_path_factory):
 
 
 def _reference(raw: bytes, size: int) -> np.ndarray:
-    """The plain way: Pillow decodes the whole image, LANCZOS resizes it."""
+    """The plain way: Pillow decodes the whole image, its LANCZOS (the same Lanczos-3) resizes it."""
     import io
 
     from PIL import Image
@@ -263,8 +263,9 @@ def test_images_come_at_the_requested_size_matching_a_full_decode(big_shards, wo
                 ext = ".png" if _member(big_shards, key, ".png") else ".jpg"
                 want = _reference(_member(big_shards, key, ext), 24).transpose(2, 0, 1)
                 got = (x * std + mean) * 255  # back to pixel values
-                # a JPEG's DCT-domain half is not bit-equal to a full decode: measured 0.5 levels on average
-                assert np.abs(got - want).mean() < (1.0 if ext == ".jpg" else 0.01), key
+                # measured: 0.5 levels on average for a JPEG (its DCT-domain half is not a full
+                # decode), 0.13 for a PNG (fast_image_resize's Lanczos-3 is not bit-equal to Pillow's)
+                assert np.abs(got - want).mean() < (1.0 if ext == ".jpg" else 0.3), key
                 seen.add(ext)
     finally:
         close_loader(loader)

@@ -60,7 +60,7 @@ def test_the_image_model_learns_from_real_shards(cli, tmp_path):
     """The guard against a run that silently stops learning (labels, decoding, resizing,
     normalisation, the model, the optimizer): real shards through the real reader, images only
     (no caption to lean on), decoded at the model's 16 px from the stored 64 px (a JPEG's
-    DCT-domain half, then LANCZOS). Three classes: chance is 1/3."""
+    DCT-domain half, then Lanczos-3). Three classes: chance is 1/3."""
     shards = make_shards(tmp_path / "data", n=90, classes=3, size=64, seed=3, prefix="l")
     run = tmp_path / "run"
     r = cli("train", shards, "-o", run, "--model", "image", "--resolution", "16", "--width", "8", "--epochs", "4",

@@ -11,7 +11,7 @@ the index's mean and std; inside a worker that tensor lives in shared memory, so
 reaches the training process without another copy.
 
 Images are decoded at the size the model works at (``image_size``), not the stored size: a
-JPEG is shrunk in the DCT domain while it is decoded, then resized with LANCZOS (`decode_at`).
+JPEG is shrunk in the DCT domain while it is decoded, then resized with Lanczos-3 (`decode_at`).
 A 512 px image is 3 MB as float32 to normalize and ship to the training process; at 64 px,
 48 KB, and its decode is cheaper too.
 
@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline import shard_index
 from pipeline.codec import DecodeError, RawSample, decode_class, decode_image
-from pipeline.resize import dct_shrink, fit
+from pipeline.resize import dct_scale, fit, scaled_size
 from train.stream import SampleDecodeError, SampleReader, read_samples
 
 __all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
@@ -222,9 +222,9 @@ def decode_at(data: bytes | memoryview, ext: str, stored: int, size: int, out: n
     """A ``size`` x ``size`` x 3 uint8 RGB array of an image `pipe shard` stored at ``stored`` px.
 
     Written into ``out`` (an array of that shape) where it can be. Smaller, a JPEG is decoded
-    already shrunk in the DCT domain (libjpeg-turbo's scaled IDCT: 1/2, 1/4, 1/8) as far as
-    `pipeline.resize.dct_shrink` allows (1.5x the target kept, so nothing aliases), then resized
-    with LANCZOS, the way `pipe clean` resizes. Raises `DecodeError` for a damaged image or one
+    already shrunk in the DCT domain (libjpeg-turbo's scaled IDCT, M/8) at the scale
+    `pipeline.resize.dct_scale` picks (1.5x the target kept, so nothing aliases), then resized
+    with Lanczos-3, the way `pipe clean` resizes. Raises `DecodeError` for a damaged image or one
     whose size is not the index's.
     """
     if size >= stored or ext != "jpg":
@@ -238,9 +238,9 @@ def decode_at(data: bytes | memoryview, ext: str, stored: int, size: int, out: n
         except Exception as e:  # noqa: BLE001 - as pipeline.codec.decode_image: one kind of error
             raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
         _check_stored(w, h, stored)
-        f = dct_shrink(w, h, size, "stretch")
+        sw, sh = scaled_size(w, h, dct_scale(w, h, size, "stretch"))
         try:
-            arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, min_width=-(-w // f), min_height=-(-h // f))
+            arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, min_width=sw, min_height=sh)
         except Exception as e:  # noqa: BLE001
             raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
     if size >= stored:
