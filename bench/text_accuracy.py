@@ -6,8 +6,10 @@ cp866, MacCyrillic, TIS-620, ...
 
 Two kinds of file: short messages (a caption, a label, a line: 8-400 characters, where detection
 is hardest) and documents (2-30 KB of messages, one per line). A file counts as right only when
-the decoded text equals the original exactly. Also prints the time per file of each way (on a
-shared machine, a rough figure: bench/clean_text.py measures speed properly).
+the decoded text equals the original exactly; a file not right is either refused (no text:
+honest) or WRONG (other text, without a word: the failure that costs days). Also prints the
+time per file of each way (on a shared machine, a rough figure: bench/clean_text.py measures
+speed properly).
 
     python bench/text_accuracy.py                          # /usr/share/locale, seed 0
     python bench/text_accuracy.py --catalogs DIR --seed 7
@@ -99,7 +101,7 @@ def main() -> None:
     cases = build(args.catalogs, args.seed)
     if not cases:
         sys.exit(f"no gettext catalogs with legacy-encodable translations under {args.catalogs}")
-    right, seconds, files = Counter(), Counter(), Counter()
+    right, refused, seconds, files = Counter(), Counter(), Counter(), Counter()
     wrong = defaultdict(Counter)
     for way in ways.values():  # load chardet's models before timing
         way("é".encode("cp1252") * 8)
@@ -108,18 +110,22 @@ def main() -> None:
         files[kind] += 1
         for name, way in ways.items():
             t0 = time.process_time()
-            ok = way(data) == text
+            got = way(data)
             seconds[name, kind] += time.process_time() - t0
-            right[name, kind] += ok
-            wrong[name][f"{lang} {enc}"] += not ok
+            right[name, kind] += got == text
+            refused[name, kind] += got is None
+            wrong[name][f"{lang} {enc}"] += got != text
     print(f"{len({c[1] for c in cases})} languages, {len({(c[1], c[2]) for c in cases})} (language, encoding) pairs, "
           f"seed {args.seed}, catalogs {args.catalogs}")
-    print(f"{'files':<26}{'ours right':>12}{'naive right':>13}{'ours ms':>9}{'naive ms':>10}")
+    print(f"{'files':<16}{'ours right':>12}{'refused':>8}{'WRONG':>6}{'naive right':>13}{'refused':>8}{'WRONG':>6}"
+          f"{'ours ms':>9}{'naive ms':>10}")
     for kind in ("short", "document"):
         n = files[kind]
-        print(f"{f'{n} {kind}':<26}{right['ours', kind]:>7} {right['ours', kind] / n:>4.0%}"
-              f"{right['naive', kind]:>8} {right['naive', kind] / n:>4.0%}"
-              f"{1000 * seconds['ours', kind] / n:>9.2f}{1000 * seconds['naive', kind] / n:>10.2f}")
+        cols = ""
+        for name in ("ours", "naive"):
+            ok, no = right[name, kind], refused[name, kind]
+            cols += f"{ok:>{7 if name == 'ours' else 8}} {ok / n:>4.0%}{no:>8}{n - ok - no:>6}"
+        print(f"{f'{n} {kind}':<16}{cols}{1000 * seconds['ours', kind] / n:>9.2f}{1000 * seconds['naive', kind] / n:>10.2f}")
     for name in ways:
         worst = ", ".join(f"{k} {v}" for k, v in wrong[name].most_common(6) if v)
         print(f"most wrong, {name}: {worst}")

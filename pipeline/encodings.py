@@ -17,7 +17,13 @@
 7. otherwise the full detection: chardet over the ISO-8859 and regional code pages too, on
    4 KB (on up to 200 KB if unsure there), its guesses weighed by their oddities; if all look
    odd, or none decodes the whole file, chardet over every era (Mac, DOS, EBCDIC too); if
-   still none decodes, a short list of multi-byte encodings.
+   still none decodes, a short list of multi-byte encodings;
+8. a second opinion for a rare code page (Mac, DOS, regional: KZ-1048, HP Roman-8, ...), or for
+   a reading chosen over chardet's first guess for looking less odd: chardet over every era on
+   the file from its first byte (an XML or HTML declaration included). A different reading of
+   its that is as plausible is taken; a rare code page it does not confirm is refused
+   (``undecodable_text``): of a contest among look-alike code pages, a rare winner is more often
+   a wrong guess than a real KZ-1048 file.
 
 Nothing is ever decoded with ``errors="replace"`` or ``"ignore"``: bytes no candidate decodes
 strictly are ``undecodable_text``.
@@ -94,6 +100,11 @@ SUPERSET = {
 # quick pass knows only the Windows ones: a file whose bytes read differently in the ISO part is
 # left to the full detection, which weighs both.
 ISO_TWIN = {"cp1250": "iso8859-2", "cp1252": "iso8859-15", "cp1253": "iso8859-7", "cp1257": "iso8859-13"}
+# What today's legacy files are written in: chardet's modern-web era (Windows code pages, KOI8,
+# the CJK encodings of the web), and the ISO-8859 parts (`_rare` says so for those by name).
+COMMON = {"ascii", "cp874", "cp932", "cp949", "euc_jis_2004", "euc_jp", "euc_kr", "gb18030", "gb2312", "gbk", "big5",
+          "big5hkscs", "cp950", "shift_jis", "shift_jis_2004", "tis-620", "koi8-r", "koi8-u",
+          *(f"cp{n}" for n in range(1250, 1259))}
 MULTIBYTE = {"gb18030", "big5hkscs", "cp932", "shift_jis_2004", "cp949", "euc_jis_2004", "euc_kr", "johab"}
 # Tried last, when every guess failed: multi-byte encodings, whose strict decode of a whole file
 # is strong evidence. (No single-byte code page: those decode anything.)
@@ -308,13 +319,86 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
         return Decoded(encoding=first, confidence=guesses[0][1] if guesses else None, reason="undecodable_text",
                        detail=f"no encoding decodes it strictly (not UTF-8: {utf8_error.reason} at byte "
                               f"{utf8_error.start}; tried {', '.join(tried) or 'nothing'})")
+    why = _why_not_first(data, first, result[1], tried)
+    if _rare(result[1]) or why == _LESS_PLAUSIBLE:
+        checked = _second_opinion(chardet, data, result)
+        if isinstance(checked, str):
+            return Decoded(encoding=result[1], confidence=round(result[2], 3), reason="undecodable_text", detail=checked)
+        if checked[0] is not result[0]:
+            text, enc, conf, _odd = checked
+            which = "is a rare code page" if _rare(result[1]) else f"was preferred to its first guess {first}"
+            return Decoded(text, enc, round(conf, 3), notes=[
+                f"decoded as {enc}: chardet's reading of the whole file, as plausible as {result[1]}, which {which}"])
+        result = checked
     text, enc, conf, _odd = result
     out = Decoded(text, enc, round(conf, 3))
-    if first is not None and enc != first and enc != SUPERSET.get(first):
-        why = "did not decode the whole file" if first not in tried[: tried.index(enc)] or not _decodes(data, first) \
-            else "gave less plausible text"
+    if why:
         out.notes.append(f"decoded as {enc}: chardet's first guess {first} {why}")
     return out
+
+
+_LESS_PLAUSIBLE = "gave less plausible text"
+
+
+def _why_not_first(data: bytes, first: str | None, enc: str, tried: list[str]) -> str:
+    """Why the reading is not chardet's first guess ("" when it is)."""
+    if first is None or enc in (first, SUPERSET.get(first)):
+        return ""
+    if first not in tried[: tried.index(enc)] or not _decodes(data, first):
+        return "did not decode the whole file"
+    return _LESS_PLAUSIBLE
+
+
+def _rare(codec: str) -> bool:
+    """A code page outside chardet's modern-web era and the ISO-8859 parts: Mac, DOS, EBCDIC
+    and regional ones (KZ-1048, PTCP154, HP Roman-8, ...), Johab."""
+    try:
+        name = codecs.lookup(codec).name
+    except LookupError:
+        return True
+    return name not in COMMON and not name.startswith("iso8859-")
+
+
+def _second_opinion(chardet, data: bytes, result: tuple[str, str, float, int]) -> tuple[str, str, float, int] | str:
+    """Check a reading that is a rare code page, or that overrode chardet's first guess, with
+    chardet's own view of the file: every era, from its first byte (where an XML or HTML
+    declaration says what the file is in) over as much as `FULL_WINDOW`, as the naive way asks.
+
+    A rare code page that wins a plausibility contest among look-alikes is more often a wrong
+    guess than a real KZ-1048 file, and the oddities cannot tell readings in the same script
+    apart: the reading stands when chardet agrees; when chardet reads the file otherwise and
+    that reading decodes it strictly and looks no odder, chardet's reading is taken; else there
+    is no reading to trust, and the returned string says why (a rare pick) or the reading
+    stands (an override, which had a reason: chardet's first guess looked odder). chardet's
+    reading counts only when rated above its "nothing fit" range (`QUICK_MIN_CONFIDENCE`): a
+    short GBK caption that chardet rates 0.01 as Thai is Chinese, as its paired bytes say.
+    """
+    text, enc, _conf, odd = result
+    found = chardet.detect_all(data[:FULL_WINDOW], encoding_era=chardet.EncodingEra.ALL, compat_names=False)
+    other = found[0].get("encoding") if found else None
+    if not other:
+        return result if not _rare(enc) else _untrusted(enc, "has no guess")
+    other, other_conf = SUPERSET.get(other, other), float(found[0].get("confidence") or 0.0)
+    try:
+        other_text = data.decode(other)
+    except (UnicodeDecodeError, LookupError):
+        other_text = None
+    if other_text == text:  # agreed; chardet's name for it, when rated higher (a declared IBM866, not cp1125)
+        return (text, other, other_conf, odd) if other_conf > result[2] else result
+    if other_text is None:
+        why = "which does not decode all of it"
+    elif other_conf < QUICK_MIN_CONFIDENCE:
+        why = f"rating that only {other_conf:.2f}"
+    else:
+        other_odd = _oddities(other_text, data, other)
+        if other_odd <= odd:
+            return other_text, other, other_conf, other_odd
+        why = "which looks odder"
+    return result if not _rare(enc) else _untrusted(enc, f"reads it as {other}, {why}")
+
+
+def _untrusted(enc: str, why: str) -> str:
+    return f"no trustworthy reading: the likeliest is the rare code page {enc}, but chardet over every era {why}"
 
 
 def _quick_guess(chardet, data: bytes, probe: bytes) -> Decoded | None:
@@ -495,7 +579,10 @@ def _oddities(text: str, data: bytes | None = None, codec: str | None = None, li
     odd = 0
     if data.translate(None, table.usual) if table else _UNUSUAL.search(text):  # counting is rarely needed
         odd += len(_C1.findall(text)) + len(_ODD_SYMBOL.findall(text))
-    start = len(text) - len(text.lstrip(_ASCII))  # ASCII says nothing: look where the rest begins
+    # ASCII says nothing: look where the rest begins. Given the bytes, that is their first high
+    # byte, the same place in every reading (a code page that maps an ASCII byte elsewhere, as
+    # Shift_JIS-2004 does "~" to "‾", must not move its own window past the text that tells)
+    start = _first_high_byte(data) if data is not None else len(text) - len(text.lstrip(_ASCII))
     start = max(0, start - 64)
     window = text[start : start + limit]
     if table:
@@ -516,16 +603,20 @@ def _single_byte(codec: str) -> _ByteTables | None:
     """Tables for a code page that decodes every byte to one character (or not at all)."""
     if codec in MULTIBYTE:
         return None
+    try:
+        decoder = codecs.getincrementaldecoder(codec)()
+    except LookupError:
+        return None
     chars = []
     for b in range(256):
         try:
-            ch = bytes([b]).decode(codec)
+            ch = decoder.decode(bytes([b]))
         except UnicodeDecodeError:
-            ch = ""  # undefined here: a strict decode of the file has already ruled it out
-        except LookupError:
-            return None
-        if len(ch) > 1:
-            return None
+            decoder.reset()
+            chars.append("")  # undefined here: a strict decode of the file has already ruled it out
+            continue
+        if len(ch) != 1:
+            return None  # a lead byte waiting for more (gbk, shift_jis), or two characters
         chars.append(ch)
     usual = bytes(b for b, ch in enumerate(chars) if not ch or not _UNUSUAL.match(ch))
     return _ByteTables(usual, bytes(_byte_tag(ch) for ch in chars))
@@ -544,7 +635,8 @@ def _script_count(text: str) -> int:
 
 class _ScriptTags(dict):
     """``ord(ch)`` -> one character standing for the script of ``ch`` (" " for a non-letter), for
-    ``str.translate``. Japanese mixes kanji and kana within a word by design: one tag for all."""
+    ``str.translate``. Japanese mixes kanji and kana within a word by design: one tag for all,
+    the iteration and prolonged-sound marks ("々", "ー") included."""
 
     def __missing__(self, o: int) -> str:
         ch = chr(o)
@@ -552,27 +644,43 @@ class _ScriptTags(dict):
             tag = " "
         else:
             script = _script(ch)
-            tag = _TAG_OF_SCRIPT.setdefault("CJK" if script in _CJK_SCRIPTS else script,
-                                            chr(0xE000 + len(_TAG_OF_SCRIPT)))
+            if script in _CJK_SCRIPTS or (script != "HANGUL" and any(lo <= o <= hi for lo, hi in _CJK_RANGES)):
+                script = "CJK"
+            tag = _TAG_OF_SCRIPT.setdefault(script, chr(0xE000 + len(_TAG_OF_SCRIPT)))
         self[o] = tag
         return tag
 
 
 def _mixed_script_words(text: str) -> int:
-    """Script changes within words, e.g. Latin to Greek in "cafι": the mark of a wrong code page."""
+    """Script changes within words, e.g. Latin to Greek in "cafι": the mark of a wrong code page.
+
+    Chinese and Japanese are written without spaces, and Korean particles attach to the word
+    before them, so a Latin word set in them touches their characters ("使用CSS布局", "PC에서"):
+    no change of script within a word. A lone East Asian character between two Latin letters
+    still is ("d捐ut"): a multi-byte code page pairing an accented letter with the next one."""
     tags = text.translate(_SCRIPT_TAGS)  # each letter -> its script's tag, the rest -> " "
-    return len(_SCRIPT_CHANGE.findall(tags))
+    changes = len(_SCRIPT_CHANGE.findall(tags))
+    if _CJK_TAG in tags or _HANGUL_TAG in tags:
+        changes += len(_EAST_ASIAN_WEDGED.findall(tags)) - len(_EAST_ASIAN_EDGE.findall(tags))
+    return changes
 
 
 # Japanese mixes these within a word by design.
 _CJK_SCRIPTS = {"CJK", "HIRAGANA", "KATAKANA", "HALFWIDTH", "FULLWIDTH"}
+# ...and these blocks, whose marks are named otherwise ("IDEOGRAPHIC ITERATION MARK",
+# "KATAKANA-HIRAGANA PROLONGED SOUND MARK"): CJK radicals to the unified ideographs,
+# compatibility ideographs, half- and full-width forms, the supplementary ideographs.
+_CJK_RANGES = ((0x2E80, 0x9FFF), (0xF900, 0xFAFF), (0xFF00, 0xFFEF), (0x20000, 0x3FFFF))
 _LETTER_RE = re.compile(_LETTER)
 # Latin-1 signs that count as letters and go with words of any script ("nº", "µm", "km²"; "³"
 # inside a word is a symbol wedged between letters, counted as such), and the modifier letter
 # apostrophe of Ukrainian "мʼясо".
 _ANY_SCRIPT = set("ªºµ¹²³¼½¾ʼ")
-_TAG_OF_SCRIPT: dict[str, str] = {}
+_TAG_OF_SCRIPT: dict[str, str] = {"LATIN": "\ue000", "CJK": "\ue001", "HANGUL": "\ue002"}
+_LATIN_TAG, _CJK_TAG, _HANGUL_TAG = _TAG_OF_SCRIPT["LATIN"], _TAG_OF_SCRIPT["CJK"], _TAG_OF_SCRIPT["HANGUL"]
 _SCRIPT_TAGS = _ScriptTags()
 _SCRIPT_CHANGE = re.compile(r"(\S)(?!\1)(?=\S)")  # a letter followed by one of another script
+_EAST_ASIAN_EDGE = re.compile(f"{_LATIN_TAG}(?=[{_CJK_TAG}{_HANGUL_TAG}])|[{_CJK_TAG}{_HANGUL_TAG}](?={_LATIN_TAG})")
+_EAST_ASIAN_WEDGED = re.compile(f"[{_CJK_TAG}{_HANGUL_TAG}](?<={_LATIN_TAG}.)(?={_LATIN_TAG})")
 _SCRIPT_CHANGE_BYTES = re.compile(rb"([^ ])(?!\1)(?=[^ ])")
 _BYTE_TAG_OF_TAG: dict[str, int] = {}

@@ -115,22 +115,51 @@ def _fix_mojibake(text: str) -> tuple[str | None, str]:
     if not _suspect().search(text):
         return None, ""  # no UTF-8 lead character followed by a continuation one: nothing to fix
     import ftfy
-    from ftfy.badness import is_bad
 
-    if not is_bad(text):
+    bad = _bad_spot(text)
+    if bad is None:
         return None, ""
     fixed, steps = ftfy.fix_encoding_and_explain(text)
     kinds = [s[0] for s in steps]
     # certain: a whole-text re-encoding (no partial patching, no lossy substitutions) after which
     # nothing looks wrong any more, and no replacement character anywhere
     certain = (fixed != text and kinds and all(k in ("encode", "decode") for k in kinds)
-               and not is_bad(fixed) and "\ufffd" not in text and "\ufffd" not in fixed)
+               and _bad_spot(fixed) is None and "\ufffd" not in text and "\ufffd" not in fixed)
     if certain:
         read_as = next((enc for k, enc in steps if k == "encode"), "?").replace("sloppy-", "")
         return fixed, f"utf-8 read as {read_as}"
+    near = f'near "{_excerpt(text, bad)}"'
     if fixed != text and steps:
-        return None, f"mojibake that cannot be repaired with certainty (ftfy: {', '.join(f'{a} {b}' for a, b in steps)})"
-    return None, "mojibake (characters typical of a wrong decoding) that ftfy cannot repair"
+        return None, (f"mojibake that cannot be repaired with certainty, {near} "
+                      f"(ftfy: {', '.join(f'{a} {b}' for a, b in steps)})")
+    return None, f"mojibake (characters typical of a wrong decoding, {near}) that ftfy cannot repair"
+
+
+def _bad_spot(text: str) -> int | None:
+    """Where ftfy's badness heuristic first sees mojibake, or None.
+
+    ftfy takes "»" and "›" for closing quotes, as French uses them ("« mot »"); German,
+    Hungarian, Czech, Danish and others open a quotation with them ("»ámulok«", "»Öl«"), so one
+    followed by a letter is not mojibake. (Mojibake has other, unambiguous marks: "Ã»" for "û"
+    is still seen.)"""
+    from ftfy.badness import BADNESS_RE
+
+    for m in BADNESS_RE.finditer(text):
+        if not _OPENING_GUILLEMET.fullmatch(m.group()):
+            return m.start()
+    return None
+
+
+_OPENING_GUILLEMET = re.compile("[»›][^\\W\\d_]")
+
+
+def _excerpt(text: str, at: int) -> str:
+    """The characters around ``at``, for a detail: control characters (C1 ones are typical of
+    mojibake, and invisible) written as escapes."""
+    return _INVISIBLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text[max(0, at - 12) : at + 12].strip())
+
+
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 # The single-byte encodings ftfy can undo. UTF-8 read as any of them turns a lead byte

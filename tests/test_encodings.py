@@ -191,3 +191,62 @@ def test_iso2022_kr_is_text_not_binary():
     text = "한국어 텍스트입니다. 이것은 테스트입니다.\n" * 3
     d = decode_bytes(text.encode("iso2022_kr"))
     assert (d.reason, d.text) == (None, text)
+
+
+# --- a reading that overrides chardet, or a rare code page, must have a real reason -------------
+
+def test_every_reading_is_judged_from_the_same_byte():
+    """Shift_JIS-2004 reads the ASCII "~" as "‾": judged from its own first non-ASCII character,
+    its window held only English and looked flawless, while cp932's held the Japanese. Both are
+    judged from the first high byte, and the tilde stays a tilde."""
+    text = "Only ~5% of this file is English; the tilde (~) must stay a tilde.\n" * 100 \
+        + "日本語のテキストです。時々、人々はPythonでコードを書きます。データベースのサーバーを使います。\n" * 3
+    d = decode_bytes(text.encode("shift_jis"))
+    assert (d.text, d.encoding) == (text, "cp932")
+
+
+@pytest.mark.parametrize("text,codec", [
+    ("在IE中为abbr标签加样式，使用CSS布局的教程。", "gb18030"),
+    ("時々、人々はPythonでコードを書きます。サーバーのデータ。", "cp932"),  # 々 and ー are Japanese too
+    ("PC에서 CSS를 사용합니다.", "cp949"),
+], ids=["zh", "ja", "ko"])
+def test_latin_words_set_in_east_asian_text_are_not_odd(text, codec):
+    """No spaces around a Latin word in Chinese or Japanese, a Korean particle attached to it:
+    not a change of script within a word."""
+    data = text.encode(codec)
+    assert encodings._oddities(data.decode(codec), data, codec) == 0
+
+
+def test_latin_text_misread_as_a_multibyte_code_page_still_looks_odd():
+    """A cp1252 text read as GB18030 pairs each accented letter with the next one: a lone
+    ideograph inside a Latin word ("d間o鹴ant")."""
+    data = "Un goût dégoûtant: Mélanie étonnée.".encode("cp1252")
+    assert encodings._oddities(data.decode("gb18030"), data, "gb18030") > 0
+
+
+def test_a_declared_rare_code_page_is_read_as_declared():
+    """A short MacCyrillic page: KZ-1048 reads its capitals as Kazakh letters just as cleanly,
+    but a rare code page is taken only with chardet's word, and chardet over the whole file
+    (its XML declaration included) reads it as MacCyrillic."""
+    text = '<?xml version="1.0" encoding="x-mac-cyrillic"?>\n<title>Новости: Москва и Санкт-Петербург</title>\n'
+    d = decode_bytes(text.encode("mac_cyrillic"))
+    assert (d.text, d.encoding) == (text, "mac-cyrillic")
+    assert "rare code page" in d.notes[0]
+
+
+def test_an_unconfirmed_rare_code_page_is_refused_not_guessed():
+    """One MacRoman apostrophe in 150 KB of ASCII: HP Roman-8 reads it as a clean "í", cp1252 as
+    "Õ", chardet has no real opinion. No reading to trust: refused, not decoded silently wrong."""
+    text = '"Product"="Daniel Blanchard’s Trackpad #1","Version"=1\n' \
+        + "IOService:/AppleACPIPlatformExpert/PCI0@0 <class IOPCIDevice, id 0x100000200>\n" * 2000
+    d = decode_bytes(text.encode("mac_roman"))
+    assert d.text is None and d.reason == "undecodable_text"
+    assert "rare code page" in d.detail
+
+
+def test_a_rare_code_page_chardet_confirms_keeps_chardets_name():
+    """A declared IBM866 page whose letters cp1125 (Ukrainian DOS) reads the same: the manifest
+    names the encoding the file declares."""
+    text = '<?xml version="1.0" encoding="IBM866"?>\n<title>' + CONFUSABLE["ru"][1] + "</title>\n"
+    d = decode_bytes(text.encode("cp866"))
+    assert (d.text, d.encoding) == (text, "cp866")

@@ -48,6 +48,29 @@ def test_lossy_or_uncertain_garbage_is_garbled(text):
     assert o.detail
 
 
+@pytest.mark.parametrize("text", [
+    "Azt mondta: »ámulok, hogy ez így van«, és elment. Ő pedig a házban maradt.",  # Hungarian
+    "Er sagte: »Öl ist teuer«, und ging. Sie blieb im Haus.",  # German books
+], ids=["hu", "de"])
+@pytest.mark.parametrize("enc", ["utf-8", "cp1250"])
+def test_quotations_opened_with_guillemets_are_not_mojibake(text, enc):
+    """ftfy takes "»" for a closing quote, as in French; German and Hungarian open with it."""
+    o = clean_text(text.encode(enc))
+    assert (o.reason, o.text, o.notes) == (None, text, [])
+
+
+def test_mojibake_with_a_guillemet_is_still_repaired():
+    o = clean_text("C'est sÃ»r, le cafÃ© est bon.".encode())
+    assert (o.reason, o.text) == (None, "C'est sûr, le café est bon.")
+
+
+def test_garbled_text_says_where_with_invisible_characters_escaped():
+    """UTF-8 "Ö" read as Latin-1 is "Ã" and the invisible C1 control U+0096: the detail shows it."""
+    o = clean_text("Uzsa Ã\x96nko adat gyalogló túrát a hozzáértő érdeklődőknek.".encode())
+    assert o.reason == "garbled_text"
+    assert 'near "Uzsa Ã\\x96nko' in o.detail
+
+
 def test_mojibake_in_a_legacy_file_is_seen_after_decoding():
     # UTF-8 French read as cp1252 and saved as cp1252: decoding gives back the mojibake
     moj = "Le café était très agréable.".encode().decode("cp1252")
