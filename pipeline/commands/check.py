@@ -20,7 +20,7 @@ def check(
     junit: Annotated[Optional[Path], typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
     input: Annotated[Optional[Path], typer.Option(help="Raw input folder of a clean dir, when not where its report.json says.")] = None,
     workers: Annotated[int, typer.Option(help="Processes reading shards and, with --deep, decoding images (0 = one per core).")] = 0,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose [check] table sets any of these flags.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[check] table sets any of these flags.")] = None,
 ) -> None:
     """Hold clean or shard dirs to a quality policy: the CI data-quality gate.
 

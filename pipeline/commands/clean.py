@@ -31,7 +31,7 @@ def clean(
     workers: Annotated[int, typer.Option(help="Worker processes (0 = one per core).")] = 0,
     file_timeout: Annotated[float, typer.Option(help="Seconds one file may take before it is quarantined as timeout (0 = no limit).")] = 120.0,
     overwrite: Annotated[bool, typer.Option(help="Replace a CLEAN_DIR made from other input or settings.")] = False,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose [clean] table sets any of these flags.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[clean] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
 ) -> None:
     """Validate, normalise and deduplicate INPUT into CLEAN_DIR; every file gets a status.

@@ -16,7 +16,7 @@ def doctor(
     port: Annotated[int, typer.Option(help="Rendezvous port the run will use (torchrun --master-port).")] = 29500,
     run_dir: Annotated[Path, typer.Option(help="Where the run will write checkpoints and logs (free space, writable).")] = Path("."),
     json: Annotated[bool, typer.Option("--json", help="Print facts and verdicts as JSON (schemas/doctor_report.schema.json).")] = False,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose [doctor] table sets --port and --run-dir.")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[doctor] table sets --port and --run-dir.")] = None,
 ) -> None:
     """Check this machine before a long run: versions that must fit together, GPUs and their links,
     backends, shared memory, CPUs, the rendezvous port, disk space.
