@@ -44,8 +44,8 @@ def shard(
         ui.print_json(summary)
         return
     rows = [("classes", summary["classes"]), ("image size", summary["image_size"] or "-"),
-            ("train", f"{summary['train']} samples in {summary['train_shards']} shards"),
-            ("val", f"{summary['val']} samples in {summary['val_shards']} shards"),
+            ("train", f"{summary['train']} samples in {_shards(summary['train_shards'])}"),
+            ("val", f"{summary['val']} samples in {_shards(summary['val_shards'])}"),
             ("left out: no label", summary["unlabelled"]),
             ("near-duplicate groups", summary["near_duplicate_groups"]),
             ("size", f"{summary['bytes'] / 1e6:.1f} MB"),
@@ -53,3 +53,7 @@ def shard(
     ui.summary_table(f"pipe shard -> {cfg.output}", rows)
     for w in summary["warnings"]:
         sys.stderr.write(f"warning: {w}\n")
+
+
+def _shards(n: int) -> str:
+    return f"{n} shard" if n == 1 else f"{n} shards"
