@@ -29,6 +29,22 @@ BANDS = ((0, 21), (21, 21), (42, 22))  # (shift, bits)
 CHUNK = 1 << 20  # candidate pairs materialised at once (about 40 MB of temporaries)
 
 
+def popcount(x: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64 in ``x`` (any shape): Hamming distances of XORed hashes."""
+    if hasattr(np, "bitwise_count"):  # numpy >= 2.0
+        return np.bitwise_count(x)
+    return np.unpackbits(np.ascontiguousarray(x)[..., None].view(np.uint8), axis=-1).sum(axis=-1)
+
+
+def pigeonhole_bands(max_distance: int) -> list[tuple[int, int]]:
+    """(shift, width) of ``max_distance + 1`` disjoint bit ranges covering the 64 bits: two
+    hashes within ``max_distance`` bits agree exactly on at least one of them (pigeonhole)."""
+    n = min(max_distance + 1, 64)
+    widths = [64 // n + (i < 64 % n) for i in range(n)]
+    shifts = [sum(widths[:i]) for i in range(n)]
+    return list(zip(shifts, widths))
+
+
 def _masks(bits: int, radius: int) -> np.ndarray:
     out = [0]
     for r in range(1, radius + 1):
@@ -112,7 +128,7 @@ def _expand(hs, order, k, lo, cnt, max_distance):
         sz = cnt[begin:stop]
         a = np.repeat(k[begin:stop], sz)
         b = np.repeat(lo[begin:stop] - (np.cumsum(sz) - sz), sz) + np.arange(int(sz.sum()))
-        d = np.bitwise_count(hs[a] ^ hs[b])
+        d = popcount(hs[a] ^ hs[b])
         close = np.flatnonzero(d <= max_distance)  # few: map back to input indices only these
         if len(close):
             i, j = order[a[close]].astype(np.int64), order[b[close]].astype(np.int64)
@@ -125,7 +141,7 @@ def all_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
     h = np.ascontiguousarray(hashes, dtype=np.uint64)
     out = []
     for i in range(len(h) - 1):
-        d = np.bitwise_count(h[i] ^ h[i + 1 :])
+        d = popcount(h[i] ^ h[i + 1 :])
         j = np.flatnonzero(d <= max_distance)
         if len(j):
             out.append(np.stack([np.full(len(j), i), j + i + 1, d[j].astype(np.int64)], axis=1))

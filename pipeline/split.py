@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.near_images import pigeonhole_bands, popcount
+
 CHUNK = 2048  # rows per block when comparing the hashes inside one band bucket
 
 
@@ -43,21 +45,10 @@ class _UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def _bands(max_distance: int) -> list[tuple[int, int]]:
-    """(shift, width) of ``max_distance + 1`` bands covering the 64 bits."""
-    n = min(max_distance + 1, 64)
-    widths = [64 // n + (i < 64 % n) for i in range(n)]
-    out, shift = [], 0
-    for w in widths:
-        out.append((shift, w))
-        shift += w
-    return out
-
-
 def _close_pairs(hashes: np.ndarray, max_distance: int) -> set[tuple[int, int]]:
     """Index pairs (i < j) of distinct hashes within ``max_distance`` bits."""
     pairs: set[tuple[int, int]] = set()
-    for shift, width in _bands(max_distance):
+    for shift, width in pigeonhole_bands(max_distance):
         band = (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
         order = np.argsort(band, kind="stable")
         sorted_band = band[order]
@@ -69,7 +60,7 @@ def _close_pairs(hashes: np.ndarray, max_distance: int) -> set[tuple[int, int]]:
             h = hashes[bucket]
             for lo in range(0, len(bucket), CHUNK):
                 rows = h[lo : lo + CHUNK]
-                dist = np.bitwise_count(rows[:, None] ^ h[None, :])
+                dist = popcount(rows[:, None] ^ h[None, :])
                 ii, jj = np.nonzero(dist <= max_distance)
                 for a, b in zip(ii + lo, jj):
                     if a < b:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pipeline import clean
 from pipeline.clean import CleanConfig
-from pipeline.near_images import all_pairs, candidate_pairs
+from pipeline.near_images import all_pairs, candidate_pairs, pigeonhole_bands, popcount
 from tests.factories import noise_rgb, write
 from tests.image_samples import EDITS, LOOKALIKES, encode, natural
 
@@ -116,3 +116,23 @@ def test_near_dedup_can_be_turned_off(tmp_path):
     write(src / "b.jpg", encode(im, quality=40))
     got = _run(src, tmp_path / "clean", near_dedup=False)
     assert {r["status"] for r in got.values()} == {"kept"}
+
+
+@pytest.mark.parametrize("numpy_has_bitwise_count", [True, False])
+def test_popcount_counts_bits_with_and_without_numpy_2(monkeypatch, numpy_has_bitwise_count):
+    # numpy 1.x (which pyproject allows) has no np.bitwise_count: the fallback must agree
+    if not numpy_has_bitwise_count:
+        monkeypatch.delattr(np, "bitwise_count", raising=False)
+    x = np.random.default_rng(0).integers(0, 2**63, size=(7, 5), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    want = np.array([[bin(int(v)).count("1") for v in row] for row in x])
+    np.testing.assert_array_equal(popcount(x), want)
+    np.testing.assert_array_equal(popcount(x[:, 2]), want[:, 2])  # a strided 1-D view too
+
+
+@given(st.integers(0, 70), st.integers(0, 2**64 - 1), st.data())
+def test_hashes_within_d_bits_agree_on_one_pigeonhole_band(d, h, data):
+    bands = pigeonhole_bands(d)
+    assert sum(w for _, w in bands) == 64 and [s for s, _ in bands] == sorted({s for s, _ in bands})
+    flips = data.draw(st.lists(st.integers(0, 63), max_size=d, unique=True))
+    g = h ^ sum(1 << b for b in flips)
+    assert any((h >> s) & ((1 << w) - 1) == (g >> s) & ((1 << w) - 1) for s, w in bands) or len(flips) >= 64

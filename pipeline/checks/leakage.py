@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import xxhash
 
+from pipeline.near_images import pigeonhole_bands, popcount
+
 NUM_PERM, BANDS = 64, 16
 ROWS = NUM_PERM // BANDS
 _PRIME = 4294967291  # largest prime below 2**32: a*h + b stays below 2**64 for 32-bit a, b, h
@@ -43,23 +45,6 @@ def similarity(a: bytes, b: bytes) -> float:
     return float(np.mean(np.frombuffer(a, np.uint32) == np.frombuffer(b, np.uint32)))
 
 
-def _ranges(d: int) -> list[tuple[int, int]]:
-    """``d + 1`` disjoint (shift, width) bit ranges covering 64 bits."""
-    n = min(d + 1, 64)
-    widths = [64 // n + (i < 64 % n) for i in range(n)]
-    out, shift = [], 0
-    for w in widths:
-        out.append((shift, w))
-        shift += w
-    return out
-
-
-def _popcount(x: np.ndarray) -> np.ndarray:
-    if hasattr(np, "bitwise_count"):  # numpy >= 2.0
-        return np.bitwise_count(x)
-    return np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)  # pragma: no cover
-
-
 def near_image_pairs(train: Sequence[int | None], val: Sequence[int | None], d: int,
                      block: int = 4096) -> list[tuple[int, int, int]]:
     """(val index, train index, distance) for each val hash within ``d`` bits of some train hash (the closest).
@@ -74,7 +59,7 @@ def near_image_pairs(train: Sequence[int | None], val: Sequence[int | None], d: 
     t = np.array([train[i] for i in t_idx], dtype=np.uint64)
     v = np.array([val[j] for j in v_idx], dtype=np.uint64)
     tables = []
-    for shift, w in _ranges(d):
+    for shift, w in pigeonhole_bands(d):
         key = (t >> np.uint64(shift)) & np.uint64((1 << w) - 1)
         order = np.argsort(key, kind="stable")
         tables.append((shift, w, key[order], order))
@@ -91,7 +76,7 @@ def near_image_pairs(train: Sequence[int | None], val: Sequence[int | None], d: 
             rows = np.repeat(np.arange(len(vb)), n)  # val position of each candidate pair
             starts = np.repeat(left - np.cumsum(n) + n, n)  # offset so that arange maps into [left, right)
             cand = order[np.arange(n.sum()) + starts]
-            dist = _popcount(vb[rows] ^ t[cand]).astype(np.int64)
+            dist = popcount(vb[rows] ^ t[cand]).astype(np.int64)
             for r, c, dd in zip(rows[dist <= d], cand[dist <= d], dist[dist <= d]):
                 if dd < best[lo + r] or (dd == best[lo + r] and t_idx[c] < best_at[lo + r]):
                     best[lo + r], best_at[lo + r] = dd, t_idx[c]
