@@ -44,8 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# first, always: this folder holds a train.py that would otherwise shadow the train package
+# (when PYTHONPATH already names the repo, it comes after this script's folder)
+sys.path.insert(0, str(ROOT))
 
 SIZE = 512
 
