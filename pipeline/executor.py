@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -31,11 +33,22 @@ def _nothing() -> None:
 
 def _start_worker(initializer, initargs) -> None:
     """Runs first in every worker process."""
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True, name="parent-watch").start()
     if initializer is not None:
         initializer(*initargs)
     # A worker has sent all its results and closed its files before it exits; tearing down its
     # interpreter (numpy, Pillow, ...) would only keep the caller waiting ~0.2 s at shutdown.
     atexit.register(os._exit, 0)
+
+
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
+    """End this worker once its parent is gone. A SIGKILLed (or OOM-killed) caller never tells
+    its workers, and they would wait for work forever: each holds the write end of its own task
+    queue's pipe (multiprocessing passes both ends), so the read never sees end-of-file."""
+    while True:
+        time.sleep(every)
+        if os.getppid() != parent:  # re-parented: the caller died
+            os._exit(1)
 
 
 class OrderedPool:

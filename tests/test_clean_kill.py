@@ -57,15 +57,46 @@ def run_and_kill(src: Path, out: Path, when, group: bool = True, timeout: float 
     t = time.monotonic()
     while p.poll() is None:
         if when(out):
+            workers = children(p.pid)
             os.killpg(p.pid, signal.SIGKILL) if group else os.kill(p.pid, signal.SIGKILL)
             p.wait()
-            if not group:  # orphaned workers notice the dead parent and exit; wait for them
-                time.sleep(1.0)
+            if not group:  # orphaned workers must notice the dead parent and exit, not wait forever
+                assert workers, "pipe clean had no worker processes to orphan"
+                assert wait_gone(workers, 10), f"workers {workers} outlived their SIGKILLed parent"
             return True
         assert time.monotonic() - t < timeout
         time.sleep(0.002)
     assert p.returncode == 0, p.stderr.read().decode()
     return False
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def wait_gone(pids: list[int], seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not [p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in _state(p)]:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 def snapshot(out: Path) -> dict[str, bytes]:
