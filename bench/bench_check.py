@@ -56,7 +56,8 @@ def bench_validation(n_rows: int) -> None:
     row = {"source": "cats/a.jpg", "key": "cats__a", "kind": "image", "label": "cats", "status": "kept", "reason": None,
            "detail": "", "duplicate_of": None, "output": "data/cats/cats__a.jpg", "bytes": 1234, "sha256": "a" * 64,
            "width": 640, "height": 480, "encoding": None, "encoding_confidence": None, "content_hash": "f" * 32,
-           "phash": "0123456789abcdef"}
+           "phash": "0123456789abcdef", "caption": ""}
+    assert not list(schemas.errors(row, "manifest_row")), "the bench's row no longer fits the schema: fix the row"
     rows = [{**row, "source": f"cats/{i}.jpg", "bytes": i} for i in range(n_rows)]
     rows[n_rows // 2]["sha256"] = "bad"
     t = time.perf_counter()
