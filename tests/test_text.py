@@ -160,3 +160,16 @@ def test_pipe_clean_writes_exact_utf8_and_says_why_it_rejects(tmp_path):
         assert rows[name]["output"] == ""
     assert rows["gbk.txt"]["encoding"] == "gb18030" and rows["sjis.txt"]["encoding"] == "cp932"
     assert rows["utf16le.txt"]["encoding"] == "utf-16-le"
+
+
+@pytest.mark.parametrize("lang_text", [
+    "Привіт! Її єнот їсть яблука, а ґава співає. ",  # Ukrainian: many cp1251 lead+continuation pairs
+    "Η Ελλάδα είναι όμορφη χώρα «με ήλιο». ",  # Greek
+])
+def test_one_mojibake_word_deep_inside_a_long_text_is_not_kept_silently(lang_text):
+    """The badness scan looks only around suspect spots: one far into a long text still counts."""
+    clean = lang_text * 300
+    assert clean_text(clean.encode()).notes == []  # the text alone is fine
+    moj = clean + "Le cafÃ© est bon. " + clean
+    o = clean_text(moj.encode())
+    assert o.reason == "garbled_text" or (o.text is not None and "café" in o.text and o.notes), (o.reason, o.notes)
