@@ -91,13 +91,18 @@ def _pillow_format(path: str) -> str | None:
         return None
 
 
-def _walk(root: str, root_real: str, rel: str, seen_dirs: set[str]):
-    """Yield (relative path, absolute path) of every non-directory entry, following in-root links."""
+def _walk(root: str, root_real: str, rel: str):
+    """Yield (relative path, absolute path, problem) of every non-directory entry and of every
+    link to a folder; ``problem`` is (reason, detail) when the walk itself decided one.
+
+    A link to a folder is never walked: one inside the root points at a folder that is read
+    under its own name (its files keep their own folder's label, and are listed once), one
+    outside the root must not be read at all. Either way the link is one row of its own."""
     here = os.path.join(root, rel) if rel else root
     try:
         entries = sorted(os.scandir(here), key=lambda e: e.name)
     except OSError as e:
-        yield rel, here, f"directory not readable: {e.strerror or e}"
+        yield rel, here, ("unreadable", f"directory not readable: {e.strerror or e}")
         return
     for entry in entries:
         child = f"{rel}/{entry.name}" if rel else entry.name
@@ -105,15 +110,14 @@ def _walk(root: str, root_real: str, rel: str, seen_dirs: set[str]):
             is_dir = entry.is_dir(follow_symlinks=True)
         except OSError:
             is_dir = False
-        if is_dir:
+        if is_dir and entry.is_symlink():
             real = os.path.realpath(entry.path)
-            if entry.is_symlink() and not _within(real, root_real):
-                yield child, entry.path, None  # classified as outside_root
-                continue
-            if real in seen_dirs:
-                continue  # a link back into a folder already walked: its files are listed once
-            seen_dirs.add(real)
-            yield from _walk(root, root_real, child, seen_dirs)
+            inside = os.path.relpath(real, root_real).replace(os.sep, "/") if _within(real, root_real) else None
+            yield child, entry.path, None if inside is None else (
+                "unsupported_format", f"a link to the folder {display_path(inside) if inside != '.' else 'INPUT itself'}, "
+                                      "whose files are read there, under their own folder's label")
+        elif is_dir:
+            yield from _walk(root, root_real, child)
         else:
             yield child, entry.path, None
 
@@ -127,11 +131,11 @@ def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str]
     root_s = os.path.abspath(root)
     root_real = os.path.realpath(root_s)
     out: list[Candidate] = []
-    for rel, abspath, walk_error in _walk(root_s, root_real, "", {root_real}):
+    for rel, abspath, problem in _walk(root_s, root_real, ""):
         if exclude and rel in exclude:
             continue
-        if walk_error:
-            out.append(Candidate(display_path(rel) or ".", abspath, "other", "directory", problem="unreadable", detail=walk_error))
+        if problem:
+            out.append(Candidate(display_path(rel) or ".", abspath, "other", "directory", problem=problem[0], detail=problem[1]))
             continue
         cand = _classify(rel, abspath, root_real)
         cand.source = display_path(rel)

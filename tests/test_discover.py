@@ -45,8 +45,25 @@ def test_symlink_inside_root_and_cycles(tmp_path):
     os.symlink(tmp_path / "a" / "x.jpg", tmp_path / "a" / "y.jpg")
     os.symlink(tmp_path, tmp_path / "a" / "loop")  # a cycle back to the root
     cands = {c.source: c for c in discover(tmp_path)}
-    assert set(cands) == {"a/x.jpg", "a/y.jpg"}
+    assert set(cands) == {"a/x.jpg", "a/y.jpg", "a/loop"}  # the cycle is one row, never walked
     assert cands["a/y.jpg"].problem is None
+    assert cands["a/loop"].problem == "unsupported_format" and "INPUT itself" in cands["a/loop"].detail
+
+
+def test_a_link_to_a_folder_never_relabels_its_files(tmp_path):
+    """A link that sorts before its target ("alias" < "zebra"), or sits in another class folder,
+    must not take the folder's files under its own name and label: they stay zebra's, and each
+    link is a row of its own."""
+    photo(tmp_path / "zebra" / "z1.jpg")
+    photo(tmp_path / "cats" / "c1.jpg")
+    os.symlink("zebra", tmp_path / "alias")
+    os.symlink("../zebra", tmp_path / "cats" / "sub")
+    cands = {c.source: c for c in discover(tmp_path)}
+    assert set(cands) == {"alias", "cats/c1.jpg", "cats/sub", "zebra/z1.jpg"}
+    assert cands["zebra/z1.jpg"].label == "zebra" and cands["zebra/z1.jpg"].problem is None
+    for link in ("alias", "cats/sub"):
+        assert cands[link].problem == "unsupported_format"
+        assert "link to the folder zebra" in cands[link].detail
 
 
 def test_broken_link_and_fifo_are_reported(tmp_path):
