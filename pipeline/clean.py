@@ -37,6 +37,9 @@ from pipeline.text import TextSettings
 RESIZE_MODES = ("pad", "crop", "stretch")
 FORMATS = ("jpg", "png", "webp")
 CONFLICT_POLICIES = ("quarantine", "majority", "first")
+# Largest output side: 8192x8192 RGB is 192 MiB a picture in each worker (and its resize
+# buffers); beyond that one output would exhaust a worker's memory and be blamed on the file
+MAX_SIZE = 8192
 OWNED = ("data", "quarantine", "manifest.parquet", "report.json", STATE_DIR)
 # Links, FIFOs and unreadable files have nothing (or nothing of ours) to copy into quarantine/.
 NO_COPY_REASONS = {"outside_root", "unreadable"}
@@ -124,7 +127,7 @@ def validate(cfg: CleanConfig) -> CleanConfig:
     if dst == src or src in dst.parents:
         raise UsageError(f"the output folder {cfg.output} is inside the input folder {cfg.input}; pipe never writes into its input")
     checks = [
-        (cfg.size >= 8, f"--size must be at least 8, got {cfg.size}"),
+        (8 <= cfg.size <= MAX_SIZE, f"--size must be between 8 and {MAX_SIZE} pixels, got {cfg.size}"),
         (cfg.resize_mode in RESIZE_MODES, f"--resize-mode must be one of {', '.join(RESIZE_MODES)}, got {cfg.resize_mode!r}"),
         (cfg.format in FORMATS, f"--format must be one of {', '.join(FORMATS)}, got {cfg.format!r}"),
         (1 <= cfg.quality <= 100, f"--quality must be between 1 and 100, got {cfg.quality}"),

@@ -92,6 +92,7 @@ def validate(cfg: ShardConfig) -> None:
         (cfg.expected_ranks >= 1, f"--expected-ranks must be at least 1, got {cfg.expected_ranks}"),
         (cfg.expected_workers >= 0, f"--expected-workers must be 0 or more, got {cfg.expected_workers}"),
         (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
+        (cfg.seed >= 0, f"--seed must be 0 or more, got {cfg.seed}"),
     ]
     for ok, message in checks:
         if not ok:

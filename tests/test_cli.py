@@ -46,7 +46,8 @@ def test_unwritable_output_is_usage_error(cli, tmp_path):
 
 def test_bad_flag_values_are_one_line(pipe_proc, tmp_path):
     (tmp_path / "raw").mkdir()
-    for flags in (["--size", "abc"], ["--resize-mode", "zoom"], ["--quality", "0"], ["--format", "gif"], ["--bogus"]):
+    for flags in (["--size", "abc"], ["--size", "100000"], ["--resize-mode", "zoom"], ["--quality", "0"], ["--format", "gif"],
+                  ["--bogus"]):
         p = pipe_proc("clean", tmp_path / "raw", "-o", tmp_path / "out", *flags)
         assert p.returncode == 2, flags
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]

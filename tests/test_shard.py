@@ -233,7 +233,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, pipe_proc, setup, expect):
 
 
 def test_bad_flags_are_usage_errors(cli, clean, tmp_path):
-    for flags in (["--val-fraction", "1"], ["--max-count", "0"], ["--max-size", "10"], ["--split-distance", "40"]):
+    for flags in (["--val-fraction", "1"], ["--max-count", "0"], ["--max-size", "10"], ["--split-distance", "40"],
+                  ["--seed", "-1"]):
         r = cli("shard", clean, "-o", tmp_path / "out", *flags)
         assert r.exit_code == 2 and "error" in r.stderr, flags
 
