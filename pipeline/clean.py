@@ -188,7 +188,7 @@ def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
         st = os.stat(c.path)
     except OSError:
         return False
-    if (st.st_size, st.st_mtime_ns) != (old.bytes, old.mtime_ns):
+    if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (old.bytes, old.mtime_ns, old.ctime_ns):
         return False
     if old.output:
         for place in (out / old.output, out / PARKED / old.output):

@@ -52,7 +52,7 @@ def process(cand: Candidate, settings=None) -> FileResult:
     try:
         with open(cand.path, "rb") as f:
             st = os.fstat(f.fileno())
-            r.bytes, r.mtime_ns = st.st_size, st.st_mtime_ns
+            r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
             if cand.kind == KIND_OTHER:
                 r.sha256 = _hash_stream(f)
                 data = b""
@@ -128,7 +128,7 @@ def _stat_only(cand: Candidate) -> FileResult:
     r = FileResult(source=cand.source, key=cand.key, kind=cand.kind, label=cand.label)
     try:
         st = os.stat(cand.path)
-        r.bytes, r.mtime_ns = st.st_size, st.st_mtime_ns
+        r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
         with open(cand.path, "rb") as f:
             r.sha256 = _hash_stream(f)
     except OSError:

@@ -55,6 +55,7 @@ class FileResult:
     bytes: int = 0
     sha256: str = ""
     mtime_ns: int = 0
+    ctime_ns: int = 0  # changes with any write, even one that puts the old mtime back (resume compares both)
     reason: str | None = None  # per-file quarantine reason, None when the file passed
     detail: str = ""  # human-readable error message / what was done (notes)
     width: int | None = None  # as found in the input

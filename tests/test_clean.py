@@ -89,6 +89,24 @@ def test_changed_input_is_redone_and_removed_input_swept(raw, tmp_path):
     assert report["reused"] == report["files"] - 1
 
 
+def test_a_same_size_rewrite_with_its_old_mtime_put_back_is_redone(raw, tmp_path):
+    """Resume must not trust size and mtime alone: tools that copy or restore files put the old
+    mtime back (cp -p, rsync -t, os.utime), and then only the ctime tells the file changed."""
+    out = tmp_path / "clean"
+    run(raw, out)
+    target = raw / "cats" / "c1.jpg"
+    st = target.stat()
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 200] = bytes(200)  # damaged, same size
+    target.write_bytes(bytes(data))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    report = run(raw, out)
+    fresh = run(raw, tmp_path / "fresh")
+    assert report["reused"] == report["files"] - 1
+    assert rows(out)["cats/c1.jpg"] == rows(tmp_path / "fresh")["cats/c1.jpg"]
+    assert fresh["files"] == report["files"]
+
+
 def test_refuses_foreign_or_mismatched_dir_unless_overwrite(raw, tmp_path, cli):
     foreign = tmp_path / "foreign"
     write(foreign / "keep.me", "x")
