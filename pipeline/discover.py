@@ -116,10 +116,25 @@ def _walk(root: str, root_real: str, rel: str):
             yield child, entry.path, None if inside is None else (
                 "unsupported_format", f"a link to the folder {display_path(inside) if inside != '.' else 'INPUT itself'}, "
                                       "whose files are read there, under their own folder's label")
+        elif is_dir and _metadata_folder(entry.name):
+            yield child, entry.path, ("unsupported_format", f"a hidden or tool folder ({_count_files(entry.path)} "
+                                      "inside), not read: .git, .ipynb_checkpoints, __MACOSX and the like hold copies "
+                                      "and metadata, not samples of a class")
         elif is_dir:
             yield from _walk(root, root_real, child)
         else:
             yield child, entry.path, None
+
+
+def _metadata_folder(name: str) -> bool:
+    """Hidden folders (".git", ".ipynb_checkpoints", ".cache") and macOS archive leftovers
+    ("__MACOSX"): read as classes, their copies of real files would become label conflicts."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
+def _count_files(path: str) -> str:
+    n = sum(len(files) for _, _, files in os.walk(path))
+    return f"{n} file" if n == 1 else f"{n} files"
 
 
 def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str] | None = None) -> list[Candidate]:

@@ -98,3 +98,18 @@ def test_formats_without_magic_in_our_table_are_found_by_pillow(tmp_path):
     assert kinds["texture.dat"] == ("image", "SGI")
     assert kinds["scan.bin"] == ("image", "PCX")
     assert kinds["blob.bin"][0] == "text"  # the text stage will call it binary_content
+
+
+def test_hidden_and_tool_folders_are_one_row_each_not_a_class(tmp_path):
+    """Jupyter's checkpoint copies must not become a class whose duplicates conflict with the
+    real files' labels; a .git folder is not data. Each such folder is one row with a reason."""
+    photo(tmp_path / "cats" / "c1.jpg")
+    photo(tmp_path / "cats" / ".ipynb_checkpoints" / "c1-checkpoint.jpg")
+    photo(tmp_path / "__MACOSX" / "cats" / "._c1.jpg")
+    (tmp_path / ".git" / "objects").mkdir(parents=True)
+    (tmp_path / ".git" / "objects" / "ab").write_bytes(b"x\x9c" + bytes(40))
+    cands = {c.source: c for c in discover(tmp_path)}
+    assert set(cands) == {"cats/c1.jpg", "cats/.ipynb_checkpoints", "__MACOSX", ".git"}
+    assert cands["cats/c1.jpg"].problem is None
+    for folder in ("cats/.ipynb_checkpoints", "__MACOSX", ".git"):
+        assert cands[folder].problem == "unsupported_format" and "1 file inside" in cands[folder].detail
