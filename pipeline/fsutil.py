@@ -6,6 +6,7 @@ half-written file. Temporary names end in ``.tmp`` so a later run can sweep left
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -20,12 +21,17 @@ def _tmp_name(path: Path) -> Path:
 def atomic_write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed write (disk full, the target a folder) leaves nothing behind
+        raise
 
 
 def atomic_write_text(path: Path, text: str, fsync: bool = False) -> None:

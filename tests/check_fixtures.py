@@ -3,11 +3,13 @@ break exactly one thing in it. Built with the real `pipe clean` (and `pipe shard
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from PIL import Image
 
 from pipeline import clean
 from pipeline.check import CheckConfig, run
@@ -81,6 +83,30 @@ def write_manifest(clean_dir: Path, rows: list[dict]) -> None:
 def kept_output(clean_dir: Path, kind: str = "image", label: str = "dogs") -> Path:
     row = next(r for r in manifest_rows(clean_dir) if r["status"] == "kept" and r["kind"] == kind and r["label"] == label)
     return clean_dir / row["output"]
+
+
+def zero_middle(data: bytes, n: int = 200) -> bytes | None:
+    """``data`` with ``n`` bytes zeroed in its middle, when that damage is what `pipe clean`'s strict
+    JPEG decode calls corrupt yet Pillow's ``load()`` accepts; None when it is not (Huffman codes
+    resynchronise on some files: `pipeline/jpeg.py`'s known limit)."""
+    from pipeline import jpeg
+    from pipeline.reject import Reject
+
+    bad = bytearray(data)
+    mid = len(bad) // 2
+    bad[mid : mid + n] = bytes(n)
+    bad = bytes(bad)
+    try:
+        jpeg.decode(jpeg.read_header(bad))
+        return None
+    except Reject as r:
+        if r.reason != "corrupt":
+            return None
+    try:
+        Image.open(io.BytesIO(bad)).load()  # the damage Pillow hides: what the check must not trust
+    except Exception:  # noqa: BLE001
+        return None
+    return bad
 
 
 def edit_json(path: Path, fn) -> None:

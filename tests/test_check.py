@@ -143,6 +143,65 @@ def test_junit_stays_valid_xml_with_control_characters_in_file_names(cli, good, 
     assert "bell\\x07\\x1b[31m.jpg" in case.find("failure").get("message")
 
 
+@pytest.fixture
+def shards(good, tmp_path):
+    from tests.check_fixtures import run_shard
+
+    return run_shard(good[1], tmp_path / "shards")
+
+
+@pytest.mark.parametrize("inside", ["index.json", "new.xml", "sub/dir/j.xml"])
+def test_junit_inside_a_checked_shard_dir_is_refused_and_nothing_written(cli, good, shards, inside):
+    before = {p: p.read_bytes() for p in shards.rglob("*") if p.is_file()}
+    r = cli("check", shards, "--policy", good[2], "--junit", shards / inside)
+    assert r.exit_code == 2
+    line = one_line_error(r)
+    assert "--junit" in line and "inside" in line
+    assert {p: p.read_bytes() for p in shards.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("inside", ["manifest.parquet", "report.json", "data/dogs/j.xml"])
+def test_junit_inside_a_checked_clean_dir_is_refused_and_nothing_written(cli, good, tmp_path, inside):
+    d = copy_dir(good[1], tmp_path / "clean")
+    before = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    r = cli("check", good[1], d, "--policy", good[2], "--junit", d / inside)  # the second folder holds it
+    assert r.exit_code == 2 and "inside" in one_line_error(r)
+    assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before
+
+
+def test_junit_through_a_relative_or_linked_path_into_a_checked_dir_is_refused(cli, good, tmp_path, monkeypatch):
+    d = copy_dir(good[1], tmp_path / "clean")
+    (tmp_path / "link").symlink_to(d)
+    manifest = (d / "manifest.parquet").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    for junit in ("clean/../clean/manifest.parquet", "link/manifest.parquet"):
+        r = cli("check", "clean", "--policy", good[2], "--junit", junit)
+        assert r.exit_code == 2 and "inside" in one_line_error(r), junit
+    assert (d / "manifest.parquet").read_bytes() == manifest
+
+
+def test_junit_naming_a_folder_is_refused(cli, good, tmp_path):
+    r = cli("check", good[1], "--policy", good[2], "--junit", tmp_path)
+    assert r.exit_code == 2 and "is a folder" in one_line_error(r)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_junit_beside_the_checked_dir_and_in_a_new_folder_is_written(cli, good, tmp_path):
+    out = tmp_path / "new" / "deeper" / "j.xml"  # missing folders are made
+    r = cli("check", good[1], "--policy", good[2], "--junit", out)
+    assert r.exit_code == 0, r.output
+    assert ET.parse(out).getroot().tag == "testsuites"
+
+
+def test_junit_path_that_cannot_be_written_is_one_line_exit_2(cli, good, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    r = cli("check", good[1], "--policy", good[2], "--junit", blocker / "j.xml")  # its parent is a file
+    assert r.exit_code == 2
+    assert "cannot write the JUnit file" in one_line_error(r)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
 def test_check_never_imports_torch(good):
     code = ("import sys; from pipeline.cli import app; from typer.testing import CliRunner; "
             f"r = CliRunner().invoke(app, ['check', {str(good[1])!r}, '--deep', '--json']); "

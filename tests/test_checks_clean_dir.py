@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from tests.check_fixtures import (build_raw, check, copy_dir, edit_json, failing, kept_output, manifest_rows,
-                                  policy_file, result, run_clean, write_manifest)
+                                  policy_file, result, run_clean, write_manifest, zero_middle)
 from tests.factories import image_bytes, noise_rgb, photo, write
 
 
@@ -207,6 +207,19 @@ def test_decodes_only_with_deep(good, broken):
     deep = check(broken, good[2], deep=True)
     assert failing(deep) == {"decodes"}
     assert out.name in result(deep, "decodes").message
+
+
+def test_decodes_deep_finds_damaged_jpeg_data_pillow_accepts(good, broken):
+    """Zeroed entropy-coded data: Pillow decodes it to grey blocks without an error, `pipe clean`'s
+    strict decode calls it corrupt; --deep must agree with pipe clean and name the file."""
+    outs = sorted(broken.joinpath(r["output"]) for r in manifest_rows(broken) if r["status"] == "kept" and r["kind"] == "image")
+    out, bad = next((o, b) for o in outs if (b := zero_middle(o.read_bytes())) is not None)
+    out.write_bytes(bad)
+    assert failing(check(broken, good[2])) == set()  # headers only: nothing to see
+    deep = check(broken, good[2], deep=True)
+    assert failing(deep) == {"decodes"}
+    msg = result(deep, "decodes").message
+    assert out.name in msg and "corrupt" in msg and "premature end of data segment" in msg
 
 
 def test_report_that_is_not_an_object_fails_schema_without_crashing_other_checks(good, broken):

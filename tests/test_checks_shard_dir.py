@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from tests.check_fixtures import (build_raw, check, copy_dir, edit_json, failing, policy_file, read_samples, result,
-                                  rewrite_shard, run_clean, run_shard, shard_names)
+                                  rewrite_shard, run_clean, run_shard, shard_names, zero_middle)
 from tests.factories import image_bytes, noise_rgb
 
 
@@ -222,6 +222,33 @@ def test_decodes(good, broken):
     for deep in (False, True):
         report = check(broken, good[1], deep=deep)
         assert failing(report) == {"decodes"}
+
+
+def test_decodes_deep_finds_damaged_jpeg_data_pillow_accepts(good, broken):
+    """A JPEG member zeroed in place inside its tar (sizes unchanged, the index's sha256 updated, as a
+    tool that rewrote the shard would): --deep decodes it strictly, as pipe clean does, and names it."""
+    import hashlib
+    import tarfile
+
+    index = json.loads((broken / "index.json").read_text())
+    for entry in index["shards"]:
+        path = broken / entry["name"]
+        with tarfile.open(path) as tar:
+            jpgs = [m for m in tar if m.name.endswith(".jpg")]
+        data = bytearray(path.read_bytes())
+        hit = next(((m, b) for m in jpgs
+                    if (b := zero_middle(bytes(data[m.offset_data : m.offset_data + m.size]))) is not None), None)
+        if hit:
+            break
+    m, bad = hit
+    data[m.offset_data : m.offset_data + m.size] = bad
+    path.write_bytes(bytes(data))
+    entry["sha256"] = hashlib.sha256(data).hexdigest()
+    (broken / "index.json").write_text(json.dumps(index, indent=1))
+    report = check(broken, good[1], deep=True)
+    assert failing(report) == {"decodes"}
+    msg = result(report, "decodes").message
+    assert m.name.partition(".")[0] in msg and "corrupt" in msg and "premature end of data segment" in msg
 
 
 def test_missing_index_json_with_tars_is_usage_error(good, broken, cli):

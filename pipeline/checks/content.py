@@ -1,7 +1,9 @@
 """Look at one output file's bytes: an image's size, mode and decodability; a text's encoding.
 
 Shared by the clean-dir and shard-dir checks. Fast mode reads image headers only; deep mode
-decodes every pixel. Nothing here raises on bad data: problems come back as strings.
+decodes every pixel, a JPEG strictly as `pipe clean` does (`pipeline/jpeg.py`: Pillow swallows
+libjpeg's "Corrupt JPEG data" warnings, so damaged entropy-coded data would pass). Nothing here
+raises on bad data: problems come back as strings.
 """
 
 from __future__ import annotations
@@ -47,19 +49,39 @@ def inspect_image(data: bytes, deep: bool = False, want_phash: bool = False) -> 
         return f
     if not (deep or want_phash):
         return f
+    if deep and data[:2] == b"\xff\xd8":
+        f.error = strict_jpeg_problem(data)  # the pixels below still feed the hashes (leakage, duplicates)
     try:
         if not deep:
             im.draft("L", (64, 64))  # JPEG only; other formats ignore it and decode fully
         im.load()
         f.decoded = True
     except Exception as e:  # noqa: BLE001 - truncated data, bad Huffman codes, decoder errors
-        f.error = f"does not decode: {e}"
+        f.error = f.error or f"does not decode: {e}"
         return f
     if deep:
         f.exact = xxhash.xxh3_128_hexdigest(im.convert("RGB").tobytes())
     if want_phash:
         f.phash = content_phash(im)
     return f
+
+
+def strict_jpeg_problem(data: bytes) -> str | None:
+    """Why `pipe clean` would quarantine this JPEG ("corrupt: ...", "truncated: ..."), or None.
+
+    The same header walk and strict full-size libjpeg-turbo decode `pipe clean` uses
+    (`jpeg.read_header`, `jpeg.decode`), so a check and a clean agree on what is damaged.
+    """
+    from pipeline import jpeg
+    from pipeline.reject import Reject
+
+    try:
+        jpeg.decode(jpeg.read_header(data))
+    except Reject as r:
+        return f"{r.reason}: {r.detail}"
+    except Exception as e:  # noqa: BLE001 - a decoder error no Reject covers is still a finding
+        return f"does not decode: {e}"
+    return None
 
 
 def content_phash(im: Image.Image) -> int:

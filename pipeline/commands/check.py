@@ -32,8 +32,10 @@ def check(
     from pipeline.config import explicit_params, load_section, resolve
 
     values = {"dirs": list(dirs), "policy": policy, "deep": deep, "input": input, "workers": workers}
-    report = stage.run(resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check")),
-                       show_progress=not json)
+    cfg = resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check"))
+    if junit is not None:
+        _refuse_junit_inside(junit, [*cfg.dirs, *([cfg.input] if cfg.input else [])])
+    report = stage.run(cfg, show_progress=not json)
     if junit is not None:
         _write_junit(report, junit)
     if json:
@@ -41,6 +43,20 @@ def check(
     else:
         _table(report)
     raise typer.Exit(report.exit_code)
+
+
+def _refuse_junit_inside(path: Path, folders: list[Path]) -> None:
+    """Before any check runs: --junit must not name a folder, nor a file inside a folder being
+    checked (it would overwrite index.json or manifest.parquet, or add a stray file to data/)."""
+    from pipeline.errors import UsageError
+
+    target = path.resolve()
+    if target.is_dir():
+        raise UsageError(f"--junit {path} is a folder; name the XML file to write")
+    for folder in folders:
+        inside = folder.resolve()
+        if target == inside or inside in target.parents:
+            raise UsageError(f"--junit {path} is inside {folder}, a folder being checked; write it elsewhere")
 
 
 def _write_junit(report, path: Path) -> None:
