@@ -89,14 +89,35 @@ def test_mistakes_stop_before_any_rank_starts(cli, two_datasets, tmp_path, flags
     assert len(lines) == 1 and words in lines[0], r.stderr
 
 
-def test_a_finished_run_is_continued_only_with_resume(cli, two_datasets, tmp_path):
+def test_a_finished_run_is_continued_only_with_resume_and_its_own_settings(cli, two_datasets, tmp_path):
     run = tmp_path / "run"
-    assert cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0").exit_code == 0
-    r = cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0")
+    flags = ("--epochs", "1", "--workers", "0", "--batch-size", "2", "--width", "8")
+    assert cli("train", two_datasets[0], "-o", run, *flags).exit_code == 0
+    r = cli("train", two_datasets[0], "-o", run, *flags)
     assert r.exit_code == 2 and "already holds a run" in r.stderr and "--resume" in r.stderr
-    r = cli("train", two_datasets[0], "-o", run, "--epochs", "2", "--workers", "0", "--resume")
+    before = ckpt.load(run / "last.pt")
+
+    # settings that shape the run (the schedule, the optimizer, the model) cannot change on resume:
+    # the restored scheduler and weights would follow the old ones while last.pt claimed the new
+    r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--lr", "0.5", "--epochs", "2")
+    assert r.exit_code == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert ("--resume: this run was made with --epochs 1 --lr 0.001; got --epochs 2 --lr 0.5: pass the same "
+            "settings, or start a new run directory") in lines[0]
+    r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--global-batch", "4")
+    assert r.exit_code == 2 and "--global-batch 2; got --global-batch 4" in r.stderr
+    r = cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0", "--batch-size", "2", "--resume")
+    assert r.exit_code == 2 and "--width 8; got --width 32" in r.stderr  # a default differing counts too
+    after = ckpt.load(run / "last.pt")
+    assert after["config"] == before["config"] and after["step"] == before["step"]  # nothing ran
+    assert json.loads((run / "config.json").read_text())["lr"] == 0.001
+
+    # the same settings, or ones that only change how it runs (split of the batch, workers, logging)
+    r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--accum", "2", "--batch-size", "1",
+            "--workers", "1", "--log-every", "3", "--checkpoint-every", "5", "--precision", "fp32")
     assert r.exit_code == 0, r.stderr
-    assert "resumed from" in r.stderr and ckpt.load(run / "last.pt")["epoch"] == 2
+    assert "resumed from" in r.stderr and ckpt.load(run / "last.pt")["epoch"] == 1
 
 
 def test_a_model_factory_that_does_not_import_is_one_line(cli, two_datasets, tmp_path):

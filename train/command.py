@@ -133,7 +133,8 @@ def check(cfg):
 
 def _check_run_dir(cfg) -> None:
     """A run folder that holds a run is continued only on request (a restarted rank under torchrun
-    --max-restarts continues by itself: the loop sees TORCHELASTIC_RESTART_COUNT)."""
+    --max-restarts continues by itself: the loop sees TORCHELASTIC_RESTART_COUNT), and only with the
+    settings that shaped it (`train.config.resume_conflict`). ``cfg`` has its batch resolved."""
     from pipeline.errors import UsageError
 
     if cfg.data_only or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
@@ -141,5 +142,12 @@ def _check_run_dir(cfg) -> None:
     last = Path(cfg.output) / "last.pt"
     if cfg.resume and not last.exists():
         raise UsageError(f"--resume: {cfg.output} has no last.pt to continue from")
+    if cfg.resume:
+        from train import checkpoint as ckpt
+        from train.config import resume_conflict
+
+        conflict = resume_conflict(ckpt.load(last, mmap=True).get("config") or {}, cfg.as_dict())
+        if conflict:
+            raise UsageError(conflict)
     if not cfg.resume and last.exists():
         raise UsageError(f"{cfg.output} already holds a run (last.pt); add --resume to continue it, or choose a new -o")
