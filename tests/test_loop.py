@@ -118,13 +118,16 @@ def test_an_existing_run_needs_resume_and_resume_needs_a_run(tmp_path):
         _run(_cfg(tmp_path, shard_dir=tmp_path / "other", resume=True))
 
 
-def test_max_steps_stops_mid_epoch_and_resume_continues(tmp_path):
+def test_max_steps_stops_mid_epoch_and_a_resume_keeps_the_schedule(tmp_path):
     summary, _ = _run(_cfg(tmp_path, max_steps=5))
     state = ckpt.load(tmp_path / "run" / "last.pt")
     assert (summary["steps"], state["step"], state["epoch"], state["step_in_epoch"]) == (5, 5, 0, 5)
     assert state["reader"]["consumed"] == 5 * 8
-    summary, _ = _run(_cfg(tmp_path, max_steps=8, resume=True))
-    assert summary["steps"] == 8
+    # the cosine ended at step 5: continuing to 8 would train at the floor while claiming max_steps 8
+    with pytest.raises(UsageError, match=r"made with --max-steps 5 --lr 0.005; got --max-steps 8 --lr 0.1"):
+        _run(_cfg(tmp_path, max_steps=8, lr=0.1, resume=True))
+    summary, printed = _run(_cfg(tmp_path, max_steps=5, resume=True, workers=0, log_every=7))  # same run: nothing left
+    assert "resumed from" in printed and summary["steps"] == 5
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -143,9 +146,14 @@ def test_finetune_from_a_checkpoint_with_freeze_then_unfreeze(tmp_path):
     write_index(tmp_path / "four", classes=["a", "b", "c", "d"])
     ft = dict(shard_dir=tmp_path / "four", model="image", init_from=tmp_path / "base" / "last.pt", freeze=0.7,
               unfreeze_at="2")
-    _, printed = _run(_cfg(tmp_path, "ft", epochs=1, **ft))
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt), pytest.MonkeyPatch.context() as m:  # a crash early in epoch 2
+        m.setattr(loop, "_maybe_inject_fault", _crash_after(96 // 8 + 1))
+        loop.run(_cfg(tmp_path, "ft", epochs=2, **ft), open_data=fake_source(), console=Console(file=out, width=300))
+    printed = out.getvalue()
     assert "head re-initialised" in printed and "file has 3 classes, this dataset 4" in printed
     assert "epoch 1: frozen 4 of 6 blocks (70% asked)" in printed
+    assert ckpt.load(tmp_path / "ft" / "last.pt")["epoch"] == 1  # the checkpoint at the end of epoch 1
     epoch1 = ckpt.load(tmp_path / "ft" / "last.pt")["model"]
     frozen = [k for k in base if k.startswith(("image.stem", "image.blocks.0.", "image.blocks.1.", "image.blocks.2."))]
     trained = [k for k in base if k.startswith(("image.blocks.3.", "image.blocks.4."))]

@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+from pipeline import shard as stage
+from tests.clean_dirs import Spec, make_clean_dir
 from tests.train_shards import make_shards
 from train import checkpoint as ckpt
 
@@ -89,17 +91,74 @@ def test_mistakes_stop_before_any_rank_starts(cli, two_datasets, tmp_path, flags
     assert len(lines) == 1 and words in lines[0], r.stderr
 
 
-def test_a_finished_run_is_continued_only_with_resume(cli, two_datasets, tmp_path):
+def test_a_finished_run_is_continued_only_with_resume_and_its_own_settings(cli, two_datasets, tmp_path):
     run = tmp_path / "run"
-    assert cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0").exit_code == 0
-    r = cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0")
+    flags = ("--epochs", "1", "--workers", "0", "--batch-size", "2", "--width", "8")
+    assert cli("train", two_datasets[0], "-o", run, *flags).exit_code == 0
+    r = cli("train", two_datasets[0], "-o", run, *flags)
     assert r.exit_code == 2 and "already holds a run" in r.stderr and "--resume" in r.stderr
-    r = cli("train", two_datasets[0], "-o", run, "--epochs", "2", "--workers", "0", "--resume")
+    before = ckpt.load(run / "last.pt")
+
+    # settings that shape the run (the schedule, the optimizer, the model) cannot change on resume:
+    # the restored scheduler and weights would follow the old ones while last.pt claimed the new
+    r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--lr", "0.5", "--epochs", "2")
+    assert r.exit_code == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert ("--resume: this run was made with --epochs 1 --lr 0.001; got --epochs 2 --lr 0.5: pass the same "
+            "settings, or start a new run directory") in lines[0]
+    r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--global-batch", "4")
+    assert r.exit_code == 2 and "--global-batch 2; got --global-batch 4" in r.stderr
+    r = cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0", "--batch-size", "2", "--resume")
+    assert r.exit_code == 2 and "--width 8; got --width 32" in r.stderr  # a default differing counts too
+    after = ckpt.load(run / "last.pt")
+    assert after["config"] == before["config"] and after["step"] == before["step"]  # nothing ran
+    assert json.loads((run / "config.json").read_text())["lr"] == 0.001
+
+    # the same settings, or ones that only change how it runs (split of the batch, workers, logging)
+    r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--accum", "2", "--batch-size", "1",
+            "--workers", "1", "--log-every", "3", "--checkpoint-every", "5", "--precision", "fp32")
     assert r.exit_code == 0, r.stderr
-    assert "resumed from" in r.stderr and ckpt.load(run / "last.pt")["epoch"] == 2
+    assert "resumed from" in r.stderr and ckpt.load(run / "last.pt")["epoch"] == 1
 
 
 def test_a_model_factory_that_does_not_import_is_one_line(cli, two_datasets, tmp_path):
     r = cli("train", two_datasets[0], "-o", tmp_path / "run", "--model", "no_such_pkg.models:make", "--workers", "0")
     assert r.exit_code == 2 and "cannot import no_such_pkg.models" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def one_modality(tmp_path_factory):
+    """Two SHARD_DIRs: images without captions, captions without images."""
+    root = tmp_path_factory.mktemp("modalities")
+    out = {}
+    for name, specs in (("images", [Spec(f"i{i:03d}", f"c{i % 2}", seed=i) for i in range(24)]),
+                        ("texts", [Spec(f"t{i:03d}", f"c{i % 2}", image=False, text=f"caption {i}") for i in range(24)])):
+        clean = make_clean_dir(root / name / "clean", specs)
+        stage.run(stage.ShardConfig(clean, root / name / "shards", val_fraction=0.2), show_progress=False)
+        out[name] = root / name / "shards"
+    return out
+
+
+@pytest.mark.parametrize("data, model, words", [
+    ("images", "text", "--model text needs texts, but {} has none (0 of {} train samples have a .txt): use --model image"),
+    ("images", "image-text", "--model image-text needs texts, but {} has none (0 of {} train samples have a .txt): use --model image"),
+    ("texts", "image", "--model image needs images, but {} has none (0 of {} train samples have an image): use --model text"),
+    ("texts", "image-text", "--model image-text needs images, but {} has none (0 of {} train samples have an image): use --model text"),
+])
+def test_a_model_whose_input_the_data_lacks_stops_before_any_rank_starts(cli, one_modality, tmp_path, data, model, words):
+    """A whole missing modality would train on zeros (an empty text, the mean colour) and exit 0."""
+    shards = one_modality[data]
+    n = json.loads((shards / "index.json").read_text())["counts"]["train"]["samples"]
+    r = cli("train", shards, "-o", tmp_path / "run", "--model", model, "--workers", "0", "--batch-size", "2")
+    assert r.exit_code == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and words.format(shards, n) in lines[0], r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_model_that_fits_the_data_trains(cli, one_modality, tmp_path):
+    r = cli("train", one_modality["texts"], "-o", tmp_path / "run", "--model", "text", "--epochs", "1",
+            "--workers", "0", "--batch-size", "2", "--width", "8")
+    assert r.exit_code == 0, r.stderr

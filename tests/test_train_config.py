@@ -117,3 +117,22 @@ def test_fingerprint_covers_what_ranks_must_share(tmp_path):
     assert a.fingerprint() != TrainConfig(shard_dir=tmp_path, output=tmp_path / "run", lr=0.1).fingerprint()
     # where files live and how many loader workers a node runs may differ between nodes
     assert a.fingerprint() == TrainConfig(shard_dir=tmp_path / "elsewhere", output=tmp_path / "r2", workers=7).fingerprint()
+
+
+def test_every_setting_is_either_kept_or_free_on_resume(tmp_path):
+    """A new setting needs a decision: does changing it on --resume change the run's trajectory?"""
+    from train.config import resume_conflict
+
+    kept, free = set(TrainConfig.RESUME_SETTINGS), set(TrainConfig.RESUME_FREE)
+    assert not kept & free
+    assert kept | free == {f.name for f in dataclasses.fields(TrainConfig)}
+    saved = {**TrainConfig(shard_dir=tmp_path).as_dict(), "global_batch": 16, "precision": "fp32"}
+    same = {**TrainConfig(shard_dir=tmp_path / "x", workers=5, batch_size=8, accum=2).as_dict(), "global_batch": 16}
+    assert resume_conflict(saved, same) is None  # the batch split, workers, paths, precision auto
+    assert resume_conflict(saved, {**same, "precision": "fp32", "init_from": None}) is None
+    assert resume_conflict(saved, {**same, "precision": "bf16"}) == (
+        "--resume: this run was made with --precision fp32; got --precision bf16: pass the same settings, "
+        "or start a new run directory")
+    assert "grad_clip 1.0; got grad_clip 0.5" in resume_conflict(saved, {**same, "grad_clip": 0.5})
+    assert "--init-from (not set); got --init-from" in resume_conflict(saved, {**same, "init_from": "w.pt"})
+    assert resume_conflict({"lr": 0.001}, {**same, "epochs": 9}) is None  # an older checkpoint: what it has

@@ -69,10 +69,11 @@ def mark_best(run_dir: Path) -> None:
     _fsync_dir(run_dir)
 
 
-def load(path: Path) -> dict:
-    """A checkpoint written by `save_atomic`, on the CPU, refusing anything but tensors and plain values."""
+def load(path: Path, mmap: bool = False) -> dict:
+    """A checkpoint written by `save_atomic`, on the CPU, refusing anything but tensors and plain values.
+    ``mmap``: tensors stay in the file until touched (cheap when only the plain values are wanted)."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise UsageError(f"no checkpoint at {path}") from None
     except Exception as e:

@@ -111,8 +111,8 @@ def check(cfg):
         from train.distributed import choose_backend
 
         choose_backend("nccl", torch.cuda.is_available())  # without CUDA: a usage error here, not in every rank
-    if not cfg.data_only and cfg.model in ("image", "image-text") and index.get("image_size") is None:
-        raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
+    if not cfg.data_only:
+        _check_modalities(cfg, index)
     plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world)
     cfg = dataclasses.replace(cfg, batch_size=plan.batch_size, accum=plan.accum, global_batch=plan.global_batch)
     counts = [s["count"] for s in index["shards"] if s["split"] == "train"]
@@ -131,9 +131,30 @@ def check(cfg):
     return cfg
 
 
+def _check_modalities(cfg, index: dict) -> None:
+    """A built-in model whose input the train split lacks entirely would train on zeros (a missing
+    image is the mean colour, a missing text an empty one: fine for some samples, by design, but a
+    whole missing modality makes that encoder dead weight and a text model a constant): refused.
+    A --model package.module:factory declares its inputs only once built; it is not checked here."""
+    from pipeline.errors import UsageError
+
+    needs = {"image": ("image",), "text": ("text",), "image-text": ("image", "text")}.get(cfg.model, ())
+    train = index["counts"]["train"]
+    have = {"image": train["images"] if index.get("image_size") is not None else 0, "text": train["texts"]}
+    for field in needs:
+        if have[field]:
+            continue
+        other = "text" if field == "image" else "image"
+        hint = f": use --model {other}" if have[other] else ""
+        member = "a .txt" if field == "text" else "an image"
+        raise UsageError(f"--model {cfg.model} needs {field}s, but {cfg.shard_dir} has none "
+                         f"(0 of {train['samples']} train samples have {member}){hint}")
+
+
 def _check_run_dir(cfg) -> None:
     """A run folder that holds a run is continued only on request (a restarted rank under torchrun
-    --max-restarts continues by itself: the loop sees TORCHELASTIC_RESTART_COUNT)."""
+    --max-restarts continues by itself: the loop sees TORCHELASTIC_RESTART_COUNT), and only with the
+    settings that shaped it (`train.config.resume_conflict`). ``cfg`` has its batch resolved."""
     from pipeline.errors import UsageError
 
     if cfg.data_only or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
@@ -141,5 +162,12 @@ def _check_run_dir(cfg) -> None:
     last = Path(cfg.output) / "last.pt"
     if cfg.resume and not last.exists():
         raise UsageError(f"--resume: {cfg.output} has no last.pt to continue from")
+    if cfg.resume:
+        from train import checkpoint as ckpt
+        from train.config import resume_conflict
+
+        conflict = resume_conflict(ckpt.load(last, mmap=True).get("config") or {}, cfg.as_dict())
+        if conflict:
+            raise UsageError(conflict)
     if not cfg.resume and last.exists():
         raise UsageError(f"{cfg.output} already holds a run (last.pt); add --resume to continue it, or choose a new -o")

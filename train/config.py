@@ -139,10 +139,64 @@ class TrainConfig(LaunchConfig):
                       "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts",
                       "rdzv_timeout")
 
+    # Settings that shape the training trajectory (the schedule's length, the optimizer, the model,
+    # the numerics, the data order's seed): a resumed run must keep the values it was started with,
+    # or the restored scheduler and weights would silently follow the old ones while config.json
+    # and last.pt claimed the new. The batch is compared as the global batch: how it is split
+    # (--batch-size, --accum, ranks) may change, the reader restarts a mid-epoch position then.
+    RESUME_SETTINGS = ("epochs", "max_steps", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
+                       "grad_clip", "precision", "model", "width", "resolution", "init_from", "freeze",
+                       "unfreeze_at", "max_text_len", "seed")
+    # Everything else may change on --resume: where files are, how ranks are launched, how the
+    # batch is split and read (workers, shuffle buffer: a changed layout restarts the epoch in
+    # progress, see `ShardReader.load_state_dict`), memory-saving recomputation, logging, checkpoints.
+    RESUME_FREE = ("shard_dir", "output", "data_only", "record_keys", "batch_size", "accum", "grad_checkpoint",
+                   "auto_micro_batch", "workers", "shuffle_buffer", "checkpoint_every", "resume", "log_every",
+                   "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
+                   "max_restarts", "rdzv_timeout")
+
     def fingerprint(self) -> str:
         """Hash of the settings every rank must share; the preflight compares it across ranks."""
         shared = {k: v for k, v in self.as_dict().items() if k not in self.LOCAL_SETTINGS}
         return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+
+
+TOML_ONLY = ("min_lr_fraction", "grad_clip")  # settings without a flag: named as their [train] key
+
+
+def _setting(name: str, value) -> str:
+    flag = name if name in TOML_ONLY else "--" + name.replace("_", "-")
+    return f"{flag} {'(not set)' if value is None else value}"
+
+
+def resume_conflict(saved: dict, now: dict) -> str | None:
+    """The usage error for resuming a run (``saved``: the resolved config in its last.pt) with
+    settings ``now`` that change its trajectory (`TrainConfig.RESUME_SETTINGS`), or None.
+
+    ``now`` has the batch arithmetic resolved (``global_batch`` set). ``--precision auto`` and a
+    missing ``--init-from`` mean "as before" (the checkpoint records the resolved precision, and
+    its weights replace any --init-from on resume). Keys an older checkpoint lacks are not compared.
+    """
+    old, new = [], []
+    for name in TrainConfig.RESUME_SETTINGS:
+        if name not in saved:
+            continue
+        a, b = saved[name], now.get(name)
+        if name == "precision" and b == "auto":
+            continue
+        if name == "init_from":
+            if b is None:
+                continue
+            same = a is not None and Path(a).resolve() == Path(b).resolve()
+        else:
+            same = a == b  # JSON-ready values: numbers, strings, None (1 == 1.0)
+        if not same:
+            old.append(_setting(name, a))
+            new.append(_setting(name, b))
+    if not old:
+        return None
+    return (f"--resume: this run was made with {' '.join(old)}; got {' '.join(new)}: pass the same settings, "
+            "or start a new run directory")
 
 
 @dataclass(frozen=True)

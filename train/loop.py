@@ -31,7 +31,7 @@ from pipeline.errors import StageFailed, UsageError
 from pipeline.fsutil import atomic_write_text
 from train import checkpoint as ckpt
 from train import distributed, preflight
-from train.config import BUILTIN_MODELS, BatchPlan, TrainConfig, parse_unfreeze_at, resolve_batch
+from train.config import BUILTIN_MODELS, BatchPlan, TrainConfig, parse_unfreeze_at, resolve_batch, resume_conflict
 from train.distributed import Dist, no_sync, unwrap
 from train.finetune import Freezer, FreezeSchedule, load_init
 from train.models import build_model, forward, reader_fields, reader_image_size
@@ -271,8 +271,9 @@ def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
 # -- resume ----------------------------------------------------------------------------------------
 
 
-def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: Dist) -> dict | None:
-    """The checkpoint this run continues from, or None for a fresh run; the same answer on every rank."""
+def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: Dist, plan: BatchPlan) -> dict | None:
+    """The checkpoint this run continues from, or None for a fresh run; the same answer on every rank.
+    `pipe train` checked the settings before any rank started; checked again here for callers of `run`."""
     last = run_dir / ckpt.LAST
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     exists = distributed.broadcast_object(last.exists(), d)  # rank 0's view decides
@@ -289,6 +290,9 @@ def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: 
     if state.get("dataset_fingerprint") != fingerprint:
         raise UsageError(f"{last} was trained on another dataset (index hash {state.get('dataset_fingerprint')}, now "
                          f"{fingerprint}); start a new run with -o and --init-from {last} to fine-tune from it")
+    conflict = resume_conflict(state.get("config") or {}, {**cfg.as_dict(), "global_batch": plan.global_batch})
+    if conflict:
+        raise UsageError(conflict)
     return state
 
 
@@ -326,7 +330,7 @@ class Trainer:
         self.index, self.fingerprint = read_index(cfg.shard_dir)
         reports = preflight.run(d, self.fingerprint, cfg.fingerprint(), self.console if d.is_main else None)
         self.hosts = [r["host"] for r in reports]
-        resume_from = _checkpoint_to_resume(cfg, self.run_dir, self.fingerprint, d)
+        resume_from = _checkpoint_to_resume(cfg, self.run_dir, self.fingerprint, d, self.plan)
 
         # 2. the model, identical on every rank (same seed; DDP also broadcasts rank 0's weights)
         torch.manual_seed(cfg.seed)
