@@ -73,6 +73,10 @@ def test_validate_names_the_problem(tmp_path):
         validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", precision="fp8"))
     with pytest.raises(UsageError, match="--init-from"):
         validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", init_from=tmp_path / "missing.pt"))
+    with pytest.raises(UsageError, match="a folder, not a checkpoint file"):
+        validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", init_from=tmp_path))
+    with pytest.raises(UsageError, match="--seed must be 0 or more"):
+        validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", seed=-1))
     with pytest.raises(UsageError, match="not a multiple"):
         validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", batch_size=8, global_batch=20), world_size=2)
     assert validate(TrainConfig(shard_dir=shards, output=tmp_path / "run", freeze=0.7, unfreeze_at="2")).freeze == 0.7

@@ -303,12 +303,14 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         (cfg.max_text_len >= 1, f"--max-text-len must be at least 1, got {cfg.max_text_len}"),
         (cfg.checkpoint_every >= 0, f"--checkpoint-every must be 0 or more, got {cfg.checkpoint_every}"),
         (cfg.log_every >= 1, f"--log-every must be at least 1, got {cfg.log_every}"),
+        (cfg.seed >= 0, f"--seed must be 0 or more, got {cfg.seed}"),
     ]
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
-        raise UsageError(f"--init-from {cfg.init_from}: no such file")
+        what = "a folder, not a checkpoint file" if Path(cfg.init_from).is_dir() else "no such file"
+        raise UsageError(f"--init-from {cfg.init_from}: {what}")
     schedule = parse_unfreeze_at(cfg.unfreeze_at)
     if schedule is not None and schedule[1] >= cfg.freeze:
         raise UsageError(f"--unfreeze-at {cfg.unfreeze_at} would leave {schedule[1]:.0%} frozen, "
