@@ -105,6 +105,17 @@ ISO_TWIN = {"cp1250": "iso8859-2", "cp1252": "iso8859-15", "cp1253": "iso8859-7"
 COMMON = {"ascii", "cp874", "cp932", "cp949", "euc_jis_2004", "euc_jp", "euc_kr", "gb18030", "gb2312", "gbk", "big5",
           "big5hkscs", "cp950", "shift_jis", "shift_jis_2004", "tis-620", "koi8-r", "koi8-u",
           *(f"cp{n}" for n in range(1250, 1259))}
+# A text up to this long may be read as cp1252 rather than as an unsure code page (`_western_instead`).
+WESTERN_MAX_BYTES = 400
+# The EBCDIC code pages (IBM mainframes): letters at 0x81-0xE9, so any run of high bytes decodes.
+EBCDIC = {"cp037", "cp273", "cp424", "cp500", "cp875", "cp1026", "cp1140"}
+# EBCDIC text has at least one space (0x40) per this many bytes.
+EBCDIC_SPACE_SHARE = 20
+# ISO-8859 parts hardly anyone wrote files in (Esperanto and Maltese, the Baltic and Nordic parts
+# superseded by ISO-8859-13 and the Windows code pages, Celtic, Romanian), and HP Roman-8: as
+# clean a reading in these as in another guess loses to the other one; their letters (ā, ŕ, ĝ, ć)
+# are what a Western text read in them shows.
+LESS_COMMON = {"iso8859-3", "iso8859-4", "iso8859-10", "iso8859-14", "iso8859-16", "hp-roman8"}
 MULTIBYTE = {"gb18030", "big5hkscs", "cp932", "shift_jis_2004", "cp949", "euc_jis_2004", "euc_kr", "johab"}
 # Tried last, when every guess failed: multi-byte encodings, whose strict decode of a whole file
 # is strong evidence. (No single-byte code page: those decode anything.)
@@ -319,6 +330,11 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
         return Decoded(encoding=first, confidence=guesses[0][1] if guesses else None, reason="undecodable_text",
                        detail=f"no encoding decodes it strictly (not UTF-8: {utf8_error.reason} at byte "
                               f"{utf8_error.start}; tried {', '.join(tried) or 'nothing'})")
+    western = _western_instead(data, result)
+    if western is not None:
+        return Decoded(western, "cp1252", round(result[2], 3), notes=[
+            f"decoded as cp1252: as clean as chardet's unsure {result[1]} ({result[2]:.2f}), whose reading has "
+            f"letters that text in it hardly ever shows"])
     why = _why_not_first(data, first, result[1], tried)
     if _rare(result[1]) or why == _LESS_PLAUSIBLE:
         checked = _second_opinion(chardet, data, result)
@@ -338,6 +354,38 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
 
 
 _LESS_PLAUSIBLE = "gave less plausible text"
+# Letters a Western (cp1252) text shows when read in a Central European or Baltic code page, and
+# that text in those languages hardly ever has: Slovak "ŕ", "ĺ" (Western "à", "å"), "ď" ("ï"),
+# a capital "Ť" (the "«" of Western quotes; "»" is "ť"), a capital "Ē" ("Ç").
+_RARE_LETTER = re.compile("[ŕŔĺĹďĎŤĒ]"
+                          # a letter stuck to a number ("10Ł" for "10£")
+                          r"|(?<=[0-9])[^\W\d_](?![^\W\d_])"
+                          # a lone Greek or Cyrillic letter among Latin words ("и" for Italian "è")
+                          r"|(?<![^\W\d_])[\u0370-\u03ff\u0400-\u04ff](?![^\W\d_])")
+
+
+def _western_instead(data: bytes, result: tuple[str, str, float, int]) -> str | None:
+    """The cp1252 reading of a short text, when chardet was unsure of a single-byte reading that
+    is no more plausible: cp1252 reads it without oddities, and the other reading shows letters
+    text in its code page hardly ever has. Western text is the likeliest legacy text, and
+    chardet's weakest spot on short texts."""
+    text, enc, conf, odd = result
+    if odd or conf >= LOW_CONFIDENCE or len(data) > WESTERN_MAX_BYTES or enc in ("cp1252", "iso8859-1", "iso8859-15"):
+        return None
+    if _single_byte(enc) is None or not _RARE_LETTER.search(text):
+        return None
+    try:
+        western = data.decode("cp1252")
+    except UnicodeDecodeError:
+        return None
+    if western == text or _oddities(western, data, "cp1252") or _RARE_LETTER.search(western):
+        return None
+    if len(_LATIN_LETTER.findall(text)) < len(_LETTER_RE.findall(text)) / 2:
+        return None  # mostly Greek or Cyrillic: not a Western text misread
+    return western
+
+
+_LATIN_LETTER = re.compile("[A-Za-zÀ-ɏ]")
 
 
 def _why_not_first(data: bytes, first: str | None, enc: str, tried: list[str]) -> str:
@@ -482,11 +530,26 @@ def _chardet_candidates(chardet, data: bytes, era) -> list[tuple[str, float]]:
         if not enc:
             continue
         for codec in (SUPERSET.get(enc), enc):
+            if codec in EBCDIC and not _ebcdic_like(data):
+                continue
             if codec and codec not in (c for c, _ in out) and _known(codec):
                 out.append((codec, float(g.get("confidence") or 0.0)))
     if out and "cp1252" not in (c for c, _ in out) and (out[0][1] < LOW_CONFIDENCE or out[0][0].startswith("iso8859")):
         out.append(("cp1252", 0.0))  # short Western texts: chardet's weakest spot
     return out
+
+
+def _ebcdic_like(data: bytes) -> bool:
+    """EBCDIC text has its letters at 0x81-0xE9 and its spaces at 0x40 ("@" in ASCII), and ASCII
+    letters there are symbols: bytes with no such spaces, or with ASCII letters, are not EBCDIC."""
+    n = len(data)
+    if not n:
+        return False
+    letters = n - len(data.translate(None, _ASCII_LETTER_BYTES))
+    return data.count(0x40) * EBCDIC_SPACE_SHARE >= n and letters * 10 < n
+
+
+_ASCII_LETTER_BYTES = bytes([*range(0x41, 0x5B), *range(0x61, 0x7B)])
 
 
 def _known(codec: str) -> bool:
@@ -523,14 +586,15 @@ def _best_strict(data: bytes, guesses: list[tuple[str, float]], tried: list[str]
     best = None
     for i, (t, e, c) in enumerate(decoded):
         evidence = 0 if e in MULTIBYTE and c >= top / 2 and _paired(t) else 1
-        if best is not None and (best[0] == 0 and evidence >= best[1]):
+        less = e in LESS_COMMON
+        if best is not None and (best[0] == 0 and (evidence, less) >= best[1:3]):
             continue  # cannot beat a flawless earlier decode: skip the costly score
-        score = (_oddities(t, data, e), evidence, i)
+        score = (_oddities(t, data, e), evidence, less, i)
         if best is None or score < best:
             best = score
     if plausible_only and best[0] > 0:
         return None
-    return (*decoded[best[2]], best[0])
+    return (*decoded[best[-1]], best[0])
 
 
 _C1 = re.compile("[\x80-\x9f]")

@@ -250,3 +250,39 @@ def test_a_rare_code_page_chardet_confirms_keeps_chardets_name():
     text = '<?xml version="1.0" encoding="IBM866"?>\n<title>' + CONFUSABLE["ru"][1] + "</title>\n"
     d = decode_bytes(text.encode("cp866"))
     assert (d.text, d.encoding) == (text, "cp866")
+
+
+@pytest.mark.parametrize("text", ["Ça va très bien", "Photo of a naïve café", "price: 10£"])
+def test_short_western_captions_are_read_as_cp1252(text):
+    """chardet, unsure on a few bytes, rates cp1257 "Ēa va trčs bien", cp1250 "naďve" and
+    "10Ł" above cp1252: as clean, but with letters those languages hardly ever show."""
+    d = decode_bytes(text.encode("latin-1"))
+    assert (d.text, d.encoding) == (text, "cp1252")
+    assert "cp1252" in d.notes[0]
+
+
+def test_western_quotes_are_not_read_as_slovak_letters():
+    """«» are ISO-8859-2 "Ťť": a quoted Western phrase is not a Slovak word."""
+    text = "Cliquez sur «Enregistrer» pour continuer"
+    assert decode_bytes(text.encode("iso8859_15")).text == text
+
+
+def test_ambiguous_garbage_is_not_read_as_western():
+    """Broken UTF-8 ("Ã(") has no cp1252 reading with an edge over the others: not turned
+    into Western text, and never taken for EBCDIC."""
+    d = decode_bytes(b"\xc3\x28 invalid")
+    assert d.encoding not in encodings.EBCDIC
+    assert d.reason == "undecodable_text" or d.text == "Ć( invalid"
+
+
+def test_high_bytes_without_ebcdic_spaces_are_not_read_as_ebcdic():
+    """b"\\x81\\x82\\x83" is EBCDIC "abc", but EBCDIC text has spaces (0x40): refused, not 'abc'."""
+    d = decode_bytes(b"\x81\x82\x83")
+    assert d.text != "abc" and d.encoding not in encodings.EBCDIC
+    assert d.text is None and d.reason == "undecodable_text" and d.detail
+
+
+def test_real_ebcdic_text_is_still_read():
+    text = "Ceci est un texte écrit sur un ordinateur central"
+    d = decode_bytes(text.encode("cp500"))
+    assert d.text == text and d.encoding in encodings.EBCDIC
