@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import os
+import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -33,12 +35,28 @@ def _nothing() -> None:
 
 def _start_worker(initializer, initargs) -> None:
     """Runs first in every worker process."""
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True, name="parent-watch").start()
+    parent = os.getppid()
+    _kill_me_with_parent()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="parent-watch").start()
     if initializer is not None:
         initializer(*initargs)
     # A worker has sent all its results and closed its files before it exits; tearing down its
     # interpreter (numpy, Pillow, ...) would only keep the caller waiting ~0.2 s at shutdown.
     atexit.register(os._exit, 0)
+
+
+def _kill_me_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this worker when the process that started it dies
+    (PR_SET_PDEATHSIG), whatever the worker is doing. `_exit_with_parent` is the portable
+    backstop. (Pools are started from the caller's main thread, whose end is the process's.)"""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _exit_with_parent(parent: int, every: float = 0.5) -> None:
