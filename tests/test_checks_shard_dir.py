@@ -283,3 +283,28 @@ def test_damaged_header_mid_shard_is_named(good, broken):
     report = check(broken, good[1])
     assert {"shard_checksums", "shard_counts"} <= failing(report)
     assert "unreachable" in result(report, "shard_counts").message
+
+
+def test_look_alikes_that_are_different_pictures_do_not_leak(good, broken):
+    """Two different handwritten 1s can have perceptual hashes a few bits apart; like pipe clean,
+    the check confirms a hash candidate on pixels before it calls it a leak."""
+    import io
+
+    import numpy as np
+
+    from pipeline.checks.content import inspect_image
+    from tests.image_samples import digit
+
+    rng = np.random.default_rng(0)
+    ones = [image_bytes(digit(rng, 1).convert("RGB").resize((512, 512), Image.Resampling.LANCZOS)) for _ in range(120)]
+    hashes = [inspect_image(b, want_phash=True).phash for b in ones]
+    dist, i, j = min((bin(hashes[i] ^ hashes[j]).count("1"), i, j) for i in range(120) for j in range(i + 1, 120))
+    assert dist <= 4, "no look-alike pair within the policy's distance: the test would prove nothing"
+    replace_image(broken, ones[i], split="train")
+    replace_image(broken, ones[j], split="val")
+    report = check(broken, good[1])
+    r = result(report, "leakage")
+    assert r.status == "pass" and r.numbers["leaked"] == 0 and r.numbers["look_alikes_not_the_same_picture"] >= 1
+    # the same picture re-encoded is still a leak
+    replace_image(broken, image_bytes(Image.open(io.BytesIO(ones[i])), quality=60), split="val")
+    assert result(check(broken, good[1]), "leakage").numbers["leaked"] == 1
