@@ -304,7 +304,42 @@ def test_look_alikes_that_are_different_pictures_do_not_leak(good, broken):
     replace_image(broken, ones[j], split="val")
     report = check(broken, good[1])
     r = result(report, "leakage")
-    assert r.status == "pass" and r.numbers["leaked"] == 0 and r.numbers["look_alikes_not_the_same_picture"] >= 1
+    assert r.status == "pass" and r.numbers["leaked"] == 0 and r.numbers["candidates_not_confirmed"] >= 1
     # the same picture re-encoded is still a leak
     replace_image(broken, image_bytes(Image.open(io.BytesIO(ones[i])), quality=60), split="val")
     assert result(check(broken, good[1]), "leakage").numbers["leaked"] == 1
+
+
+def _add_text_sample(broken: Path, split: str, key: str, text: str) -> None:
+    meta = json.dumps({"label": "cats", "sources": {"text": f"cats/{key}.txt"}}).encode()
+    rewrite_shard(broken, shard_names(broken, split)[0],
+                  lambda samples: [*samples, (key, {"txt": text.encode(), "cls": b"0", "json": meta})])
+
+
+STORY = ("The quick brown fox jumps over the lazy dog while the farmer watches from the old red barn, "
+         "wondering whether the rain will come before the harvest is in.")
+
+
+@pytest.mark.parametrize("val_text,leaks", [
+    (STORY.replace("old red barn", "old red shed"), 1),  # the same story, one word changed
+    ("A completely different caption about a harbour at dawn, gulls over the water.", 0),
+])
+def test_text_leakage_is_judged_by_real_jaccard(good, broken, val_text, leaks):
+    _add_text_sample(broken, "train", "textonly_a", STORY)
+    _add_text_sample(broken, "val", "textonly_b", val_text)
+    r = result(check(broken, good[1]), "leakage")
+    assert r.numbers["leaked"] == leaks
+    if leaks:
+        assert "textonly_b" in r.message and "(text," in r.message
+
+
+def test_a_minhash_estimate_above_the_limit_is_checked_on_the_texts(good, broken, monkeypatch):
+    """MinHash estimates the similarity (64 values: +-0.05); the real Jaccard decides, as in pipe clean."""
+    from pipeline.checks import shard_dir
+
+    _add_text_sample(broken, "train", "textonly_a", STORY)
+    _add_text_sample(broken, "val", "textonly_b", "A completely different caption about a harbour at dawn.")
+    monkeypatch.setattr(shard_dir, "near_text_pairs", lambda train, val, t: [
+        (j, next(i for i, s in enumerate(train) if s is not None), 0.9) for j, s in enumerate(val) if s is not None])
+    r = result(check(broken, good[1]), "leakage")
+    assert r.numbers["leaked"] == 0 and r.numbers["candidates_not_confirmed"] >= 1
