@@ -74,17 +74,12 @@ def worker(way: str, folder: Path) -> None:
     names = sorted(p for p in os.listdir(folder) if p.endswith(".txt"))
     out, nbytes = {}, 0
     if way == "naive":
-        import chardet
+        from naive import chardet_decode
 
         for name in names:
             data = (folder / name).read_bytes()
             nbytes += len(data)
-            enc = chardet.detect(data)["encoding"]
-            try:
-                text = data.decode(enc) if enc else None
-            except (UnicodeDecodeError, LookupError):
-                text = None
-            out[name] = text
+            out[name] = chardet_decode(data)[0]
     elif way == "ours":  # the same work as the naive way: bytes -> str
         from pipeline.encodings import decode_bytes
 
@@ -143,8 +138,7 @@ def best_of(rounds: int, folder: Path) -> dict[str, dict]:
 def short_text_accuracy() -> tuple[int, dict[str, int]]:
     """Every paragraph, sentence and clause (12+ characters) of the test samples in each legacy
     encoding that holds it: how many each way decodes to exactly the original."""
-    import chardet
-
+    from naive import chardet_decode
     from pipeline.encodings import decode_bytes
     from tests.text_samples import CONFUSABLE, LANGUAGES
 
@@ -163,11 +157,7 @@ def short_text_accuracy() -> tuple[int, dict[str, int]]:
                         cases.append((unit, data))
 
     def naive(data: bytes) -> str | None:
-        enc = chardet.detect(data)["encoding"]
-        try:
-            return data.decode(enc) if enc else None
-        except (UnicodeDecodeError, LookupError):
-            return None
+        return chardet_decode(data)[0]
 
     right = {"naive": sum(naive(d) == u for u, d in cases), "ours": sum(decode_bytes(d).text == u for u, d in cases)}
     return len(cases), right

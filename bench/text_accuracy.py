@@ -86,16 +86,11 @@ def main() -> None:
     ap.add_argument("--catalogs", type=Path, default=Path("/usr/share/locale"), help="a gettext locale folder")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    import chardet
-
+    from naive import chardet_decode
     from pipeline.encodings import decode_bytes
 
     def naive(data: bytes) -> str | None:
-        enc = chardet.detect(data)["encoding"]
-        try:
-            return data.decode(enc) if enc else None
-        except (UnicodeDecodeError, LookupError):
-            return None
+        return chardet_decode(data)[0]
 
     ways = {"ours": lambda data: decode_bytes(data).text, "naive": naive}
     cases = build(args.catalogs, args.seed)

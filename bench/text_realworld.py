@@ -71,13 +71,9 @@ def verdict(truth: str, text: str | None, true_codec: str, codec: str | None) ->
 
 
 def naive(data: bytes) -> tuple[str | None, str | None]:
-    import chardet
+    from naive import chardet_decode
 
-    enc = chardet.detect(data)["encoding"]
-    try:
-        return (data.decode(enc) if enc else None), enc
-    except (UnicodeDecodeError, LookupError):
-        return None, enc
+    return chardet_decode(data)
 
 
 def ours(data: bytes) -> tuple[str | None, str | None]:
