@@ -112,11 +112,12 @@ def _fix_mojibake(text: str) -> tuple[str | None, str]:
     gbk = _utf8_read_as_gbk(text)
     if gbk is not None:
         return gbk, "utf-8 read as gbk"
-    if not _suspect().search(text):
+    spans = _suspect_windows(text)
+    if not spans:
         return None, ""  # no UTF-8 lead character followed by a continuation one: nothing to fix
     import ftfy
 
-    bad = _bad_spot(text, _suspect_windows(text))
+    bad = _bad_spot(text, spans)
     if bad is None:
         return None, ""
     fixed, steps = ftfy.fix_encoding_and_explain(text)
