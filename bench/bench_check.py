@@ -31,7 +31,7 @@ def naive_pairs(train: list[int], val: list[int], d: int, block: int = 256) -> l
 
 
 def bench_leakage(n_train: int, n_val: int, d: int) -> None:
-    from pipeline.checks.leakage import near_image_pairs
+    from pipeline.check.leakage import near_image_pairs
 
     rng = random.Random(0)
     train = [rng.getrandbits(64) for _ in range(n_train)]
@@ -50,8 +50,8 @@ def bench_leakage(n_train: int, n_val: int, d: int) -> None:
 
 
 def bench_validation(n_rows: int) -> None:
-    from pipeline import schemas
-    from pipeline.checks.validate import each_error
+    from pipeline.core import schemas
+    from pipeline.check.validate import each_error
 
     row = {"source": "cats/a.jpg", "key": "cats__a", "kind": "image", "label": "cats", "status": "kept", "reason": None,
            "detail": "", "duplicate_of": None, "output": "data/cats/cats__a.jpg", "bytes": 1234, "sha256": "a" * 64,

@@ -241,10 +241,10 @@ PER_IMAGE = f"""
 import json, sys, time
 from pathlib import Path
 from PIL import Image
-from pipeline.discover import discover
-from pipeline.images import ImageSettings
-from pipeline.process import WorkerSettings, init_worker, process
-from pipeline.text import TextSettings
+from pipeline.clean.discover import discover
+from pipeline.media.image.clean import ImageSettings
+from pipeline.clean.process import WorkerSettings, init_worker, process
+from pipeline.media.text.clean import TextSettings
 
 src, dst, repeat = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 dst.mkdir(parents=True, exist_ok=True)
@@ -286,10 +286,10 @@ def per_image(src: Path, work: Path, repeat: int) -> dict:
 PROFILE = """
 import cProfile, pstats, sys, time
 from pathlib import Path
-from pipeline.discover import discover
-from pipeline.images import ImageSettings
-from pipeline.process import WorkerSettings, init_worker, process
-from pipeline.text import TextSettings
+from pipeline.clean.discover import discover
+from pipeline.media.image.clean import ImageSettings
+from pipeline.clean.process import WorkerSettings, init_worker, process
+from pipeline.media.text.clean import TextSettings
 
 cands = discover(Path(sys.argv[1]))
 for mode in ("stretch", "pad"):
@@ -309,8 +309,8 @@ for mode in ("stretch", "pad"):
 def profile(src: Path, work: Path) -> None:
     """Fixed costs (interpreter + CLI, worker start-up) and the per-image breakdown in a worker."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="1")
-    for what, code in (("python + pipe CLI imports", "import pipeline.cli, pipeline.clean"),
-                       ("worker start-up (imports the decoders)", "import pipeline.process; from pipeline.images import preload; preload(); import simplejpeg, xxhash")):
+    for what, code in (("python + pipe CLI imports", "import pipeline.cli.app, pipeline.clean.stage"),
+                       ("worker start-up (imports the decoders)", "import pipeline.clean.process; from pipeline.media.image.clean import preload; preload(); import simplejpeg, xxhash")):
         t = min(_wall([sys.executable, "-c", code], env) for _ in range(3))
         print(f"{what}: {t:.2f} s")
     one = work / "data" / "one"

@@ -81,14 +81,14 @@ def worker(way: str, folder: Path) -> None:
             nbytes += len(data)
             out[name] = chardet_decode(data)[0]
     elif way == "ours":  # the same work as the naive way: bytes -> str
-        from pipeline.encodings import decode_bytes
+        from pipeline.media.text.encodings import decode_bytes
 
         for name in names:
             data = (folder / name).read_bytes()
             nbytes += len(data)
             out[name] = decode_bytes(data).text
     else:  # the whole text stage: decode, mojibake check, normalise, hashes, MinHash
-        from pipeline.text import clean_text
+        from pipeline.media.text.clean import clean_text
 
         for name in names:
             data = (folder / name).read_bytes()
@@ -139,7 +139,7 @@ def short_text_accuracy() -> tuple[int, dict[str, int]]:
     """Every paragraph, sentence and clause (12+ characters) of the test samples in each legacy
     encoding that holds it: how many each way decodes to exactly the original."""
     from naive import chardet_decode
-    from pipeline.encodings import decode_bytes
+    from pipeline.media.text.encodings import decode_bytes
     from tests.text_samples import CONFUSABLE, LANGUAGES
 
     cases = []

@@ -57,7 +57,7 @@ def make_hashes(n: int, seed: int = 0):
 def worker(n: int, naive: bool) -> None:
     import tracemalloc
 
-    from pipeline.near_images import all_pairs, candidate_pairs
+    from pipeline.similarity.near_images import all_pairs, candidate_pairs
 
     h = make_hashes(n)
     tracemalloc.start()

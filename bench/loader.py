@@ -3,10 +3,10 @@
 1. Decoded batches: our `ShardReader` (shards, `make_loader`) against the way most training
    scripts load images: one JPEG file per sample, a map-style Dataset, `DistributedSampler`
    (shuffled) and a DataLoader. Both run 2 dataloader workers (forked), the same batch size and
-   the same work per sample: read the bytes, decode with `pipeline.codec.decode_image`
+   the same work per sample: read the bytes, decode with `pipeline.formats.sample.decode_image`
    (simplejpeg), scale to 0-1 and normalize with index.json's mean/std (the loose side the
    textbook way, per sample, then default_collate). Target: ours at least as fast.
-2. Raw reading, no decode: our reader's read path (`train.stream.SampleReader`, what
+2. Raw reading, no decode: our reader's read path (`train.data.stream.SampleReader`, what
    `ShardReader` reads with, no torch import) against `cat` of the train shards, both reading
    about ``--raw-gb`` GB (that many passes / epochs over the same bytes, as an epoch of a real
    dataset would) so process start-up is a small part. Two levels of ours: the reads alone
@@ -134,7 +134,7 @@ def child_loose(clean: str, shards: str, batch: int, workers: int, seed: int) ->
     import torch
     from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-    from pipeline.codec import decode_image
+    from pipeline.formats.sample import decode_image
 
     index = json.loads((Path(shards) / "index.json").read_text())
     classes = {c: i for i, c in enumerate(index["classes"])}
@@ -170,7 +170,7 @@ def child_loose(clean: str, shards: str, batch: int, workers: int, seed: int) ->
 
 def child_ours(shards: str, batch: int, workers: int, seed: int) -> dict:
     """Ours: `ShardReader` batches (images only) through `make_loader`'s forked workers."""
-    from train.data import ShardReader, close_loader, make_loader
+    from train.data.reader import ShardReader, close_loader, make_loader
 
     reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",))
     loader = make_loader(reader, workers)
@@ -185,11 +185,11 @@ def child_ours(shards: str, batch: int, workers: int, seed: int) -> dict:
 
 
 def child_raw(shards: str, level: str, batch: int, passes: int, seed: int) -> dict:
-    """Our reader's read path without decoding, ``passes`` epochs, through `train.stream`
+    """Our reader's read path without decoding, ``passes`` epochs, through `train.data.stream`
     (what `ShardReader` reads with, importable without torch). ``level`` "bytes": the reads
     alone (`SampleReader.reads`: each block's segments, in the plan's order); "samples": also
     parsed into samples (`SampleReader.samples`: tar headers checked, members located)."""
-    from train.stream import SampleReader
+    from train.data.stream import SampleReader
 
     reader = SampleReader(shards, "train", 0, 1, batch_size=batch, seed=seed)
     extent = {}  # (shard name, offset) -> bytes the sample takes in its shard

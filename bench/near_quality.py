@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 def _clean(src: Path, out: Path) -> tuple[list[dict], dict]:
     import pyarrow.parquet as pq
 
-    from pipeline import clean
-    from pipeline.clean import CleanConfig
+    from pipeline.clean import stage as clean
+    from pipeline.clean.stage import CleanConfig
 
     report = clean.run(CleanConfig(src, out, workers=0), show_progress=False)
     return pq.read_table(out / "manifest.parquet").to_pylist(), report

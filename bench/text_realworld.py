@@ -2,7 +2,7 @@
 (426 real web pages and texts in ~50 encodings, the folder naming each file's true encoding),
 fetched from PyPI as chardet's source distribution and cached in bench-out/.
 
-For each file, ours (`pipeline.encodings.decode_bytes`) and the naive way (`chardet.detect` on
+For each file, ours (`pipeline.media.text.encodings.decode_bytes`) and the naive way (`chardet.detect` on
 the whole file, then decode) are scored against the text the true encoding gives:
 
 * right: exactly the true text (after the normalisation pipe applies: NFC, `\\n`, no controls);
@@ -77,8 +77,8 @@ def naive(data: bytes) -> tuple[str | None, str | None]:
 
 
 def ours(data: bytes) -> tuple[str | None, str | None]:
-    from pipeline.encodings import decode_bytes
-    from pipeline.text import clean_text, TextSettings
+    from pipeline.media.text.encodings import decode_bytes
+    from pipeline.media.text.clean import clean_text, TextSettings
 
     d = decode_bytes(data)
     if d.text is None:

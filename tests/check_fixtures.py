@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipeline import clean
-from pipeline.check import CheckConfig, run
+from pipeline.clean import stage as clean
+from pipeline.check.stage import CheckConfig, run
 from tests.factories import photo, write
 
 # Thresholds the good dataset meets with little room, so each broken variant trips exactly one.
@@ -75,7 +75,7 @@ def manifest_rows(clean_dir: Path) -> list[dict]:
 def write_manifest(clean_dir: Path, rows: list[dict]) -> None:
     import pyarrow as pa
 
-    from pipeline.manifest import COLUMNS
+    from pipeline.formats.manifest import COLUMNS
 
     pq.write_table(pa.Table.from_pylist(rows, schema=COLUMNS), clean_dir / "manifest.parquet")
 
@@ -88,9 +88,9 @@ def kept_output(clean_dir: Path, kind: str = "image", label: str = "dogs") -> Pa
 def zero_middle(data: bytes, n: int = 200) -> bytes | None:
     """``data`` with ``n`` bytes zeroed in its middle, when that damage is what `pipe clean`'s strict
     JPEG decode calls corrupt yet Pillow's ``load()`` accepts; None when it is not (Huffman codes
-    resynchronise on some files: `pipeline/jpeg.py`'s known limit)."""
-    from pipeline import jpeg
-    from pipeline.reject import Reject
+    resynchronise on some files: `pipeline/media/image/jpeg.py`'s known limit)."""
+    from pipeline.media.image import jpeg
+    from pipeline.media.reject import Reject
 
     bad = bytearray(data)
     mid = len(bad) // 2
@@ -119,7 +119,7 @@ def edit_json(path: Path, fn) -> None:
 
 
 def run_shard(clean_dir: Path, out: Path) -> Path:
-    from pipeline import shard
+    from pipeline.shard import stage as shard
 
     shard.run(shard.ShardConfig(clean_dir, out, val_fraction=0.1, max_count=4, seed=0, workers=1), show_progress=False)
     return out

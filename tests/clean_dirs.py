@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.manifest import COLUMNS
+from pipeline.formats.manifest import COLUMNS
 from tests.factories import image_bytes, noise_rgb
 
 

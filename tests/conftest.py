@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def cli():
     """Invoke `pipe ...` in-process; returns the click Result (exit_code, stdout, stderr)."""
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""A stand-in for `train.data`'s reader in the loop's tests: the same API, synthetic samples.
+"""A stand-in for `train.data.reader`'s reader in the loop's tests: the same API, synthetic samples.
 
 It keeps the reader's promises the loop relies on: a new order every epoch from (seed, epoch),
 one contiguous span per rank, equal steps on every rank, ``set_epoch(epoch, consumed)`` resuming
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.fsutil import atomic_write_text
+from pipeline.core.files import atomic_write_text
 from train.loop import DataSource
 
 CLASSES = ["red", "green", "blue"]

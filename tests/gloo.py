@@ -1,7 +1,7 @@
 """Run code on real gloo ranks (separate processes, spawned) and collect what each returns.
 
 Each rank gets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT as torchrun gives them,
-so code under test joins the group the way it does in production (`train.distributed.setup`).
+so code under test joins the group the way it does in production (`train.distributed.group.setup`).
 
 Starting a rank costs a torch import (seconds on a busy 2-core CI machine), so the multi-rank
 checks of every test module run as *scenarios* in one shared 2-rank world: `scenario_results`
@@ -30,14 +30,14 @@ import torch.multiprocessing as mp
 WORLD = 2
 # "module:function" run on every rank as fn(d, workdir) inside a process group ...
 SCENARIOS = [
-    "tests.test_distributed:accumulation_scenario",
-    "tests.test_distributed:unfreeze_scenario",
-    "tests.test_preflight:mismatch_scenario",
+    "tests.train.distributed.test_group:accumulation_scenario",
+    "tests.train.distributed.test_group:unfreeze_scenario",
+    "tests.train.distributed.test_preflight:mismatch_scenario",
 ]
 # ... or as fn(workdir), joining the group itself (the training loop does)
 SELF_MANAGED = [
-    "tests.test_monitor:drift_scenario",
-    "tests.test_loop:reference_run_scenario",
+    "tests.train.components.test_monitor:drift_scenario",
+    "tests.train.test_loop:reference_run_scenario",
 ]
 
 
@@ -53,7 +53,7 @@ def _resolve(spec: str):
 
 
 def _entry(rank: int, world: int, ports: list[int], workdir: str, specs: list[str], self_managed: set[str]) -> None:
-    from train import distributed
+    from train.distributed import group as distributed
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
@@ -101,8 +101,7 @@ def _shared_world() -> tuple[str, list[dict]]:
 
 def scenario_results(fn) -> tuple[list, Path]:
     """The results of scenario ``fn`` on each rank, and its scratch folder (shared world, run once)."""
-    # pytest imports test modules as top-level names (no tests/__init__.py); the registry says tests.X
-    spec = f"tests.{fn.__module__.rpartition('.')[2]}:{fn.__name__}"
+    spec = f"{fn.__module__}:{fn.__name__}"  # pytest's importlib mode names modules by their path: tests.train.X
     assert spec in SCENARIOS + SELF_MANAGED, f"register {spec} in tests/gloo.py"
     workdir, ranks = _shared_world()
     return [r[spec] for r in ranks], Path(workdir) / spec.replace(":", ".")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import shard as stage
+from pipeline.shard import stage
 from tests.clean_dirs import Spec, make_clean_dir
 from tests.factories import image_bytes
 

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from pipeline.commands.common import exits_cleanly
+from pipeline.cli.common import exits_cleanly
 
 DATA = "Data"
 LAUNCH = "Launch"
@@ -75,12 +75,12 @@ def train(
     --resume continues from last.pt. --data-only runs just the streaming data pipeline under the
     same launcher and prints samples/s per rank; --record-keys writes the keys each rank consumed.
     """
-    from pipeline.config import explicit_params, load_section, resolve
+    from pipeline.core.config import explicit_params, load_section, resolve
     from train.config import TrainConfig
 
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config")}
     cfg = check(resolve(TrainConfig, values, explicit_params(ctx), load_section(config, "train")))
-    from train.launch import launch
+    from train.distributed.launch import launch
 
     if cfg.data_only:
         from train import data_only
@@ -95,11 +95,11 @@ def train(
 def check(cfg):
     """Mistakes found before any rank starts: one line, exit 2. Returns the config with the
     batch arithmetic resolved (--batch-size, --global-batch and --accum all set)."""
-    from pipeline import shard_index
-    from pipeline.errors import UsageError
+    from pipeline.formats import index as shard_index
+    from pipeline.core.errors import UsageError
     from train.config import resolve_batch, validate as validate_train
-    from train.launch import validate, world_size
-    from train.plan import epoch_plan
+    from train.distributed.launch import validate, world_size
+    from train.data.plan import epoch_plan
 
     validate(cfg.launch_config())
     index = shard_index.load(cfg.shard_dir)
@@ -108,7 +108,7 @@ def check(cfg):
     if cfg.backend == "nccl":
         import torch
 
-        from train.distributed import choose_backend
+        from train.distributed.group import choose_backend
 
         choose_backend("nccl", torch.cuda.is_available())  # without CUDA: a usage error here, not in every rank
     if not cfg.data_only:
@@ -136,7 +136,7 @@ def _check_modalities(cfg, index: dict) -> None:
     image is the mean colour, a missing text an empty one: fine for some samples, by design, but a
     whole missing modality makes that encoder dead weight and a text model a constant): refused.
     A --model package.module:factory declares its inputs only once built; it is not checked here."""
-    from pipeline.errors import UsageError
+    from pipeline.core.errors import UsageError
 
     needs = {"image": ("image",), "text": ("text",), "image-text": ("image", "text")}.get(cfg.model, ())
     train = index["counts"]["train"]
@@ -155,7 +155,7 @@ def _check_run_dir(cfg) -> None:
     """A run folder that holds a run is continued only on request (a restarted rank under torchrun
     --max-restarts continues by itself: the loop sees TORCHELASTIC_RESTART_COUNT), and only with the
     settings that shaped it (`train.config.resume_conflict`). ``cfg`` has its batch resolved."""
-    from pipeline.errors import UsageError
+    from pipeline.core.errors import UsageError
 
     if cfg.data_only or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
         return
@@ -163,7 +163,7 @@ def _check_run_dir(cfg) -> None:
     if cfg.resume and not last.exists():
         raise UsageError(f"--resume: {cfg.output} has no last.pt to continue from")
     if cfg.resume:
-        from train import checkpoint as ckpt
+        from train.components import checkpoint as ckpt
         from train.config import resume_conflict
 
         conflict = resume_conflict(ckpt.load(last, mmap=True).get("config") or {}, cfg.as_dict())

@@ -2,7 +2,7 @@
 
 Precedence is the project's: a flag typed on the command line > the ``[train]`` table of a
 ``--config`` TOML file (checked against ``schemas/config.schema.json``) > the defaults below.
-`pipeline.config.resolve` applies it; `validate` turns every bad choice into one sentence
+`pipeline.core.config.resolve` applies it; `validate` turns every bad choice into one sentence
 (`UsageError`, exit 2) before any process group or model exists.
 
 This module imports no torch: the command line builds and checks a config without it.
@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import UsageError
+from pipeline.core.errors import UsageError
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 BACKENDS = ("auto", "nccl", "gloo")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from pipeline.fsutil import atomic_write_text
+from pipeline.core.files import atomic_write_text
 from train.config import BUILTIN_MODELS, TrainConfig
 
 
@@ -20,11 +20,11 @@ def main(cfg: TrainConfig) -> dict:
     """One rank's run; returns its samples/s per epoch."""
     import torch.distributed as dist
 
-    from pipeline.errors import StageFailed
-    from train.data import SampleDecodeError, ShardReader, close_loader, make_loader
-    from train.launch import process_group
+    from pipeline.core.errors import StageFailed
+    from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
+    from train.distributed.launch import process_group
 
-    from pipeline import shard_index
+    from pipeline.formats import index as shard_index
 
     index = shard_index.load(cfg.shard_dir)
     counts = index["counts"]["train"]

@@ -8,7 +8,7 @@ optimizer steps.
 
 One optimizer step = ``accum`` micro-batches of ``batch_size`` samples on each of ``world_size``
 ranks (`train.config.BatchPlan`). Gradients add up locally over the micro-steps and are
-all-reduced once, in the last micro-step's backward (`train.distributed.no_sync`).
+all-reduced once, in the last micro-step's backward (`train.distributed.group.no_sync`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.errors import StageFailed, UsageError
-from pipeline.fsutil import atomic_write_text
-from train import checkpoint as ckpt
-from train import distributed, preflight
+from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.files import atomic_write_text
+from train.components import checkpoint as ckpt
+from train.distributed import group as distributed
+from train.distributed import preflight
 from train.config import BUILTIN_MODELS, BatchPlan, TrainConfig, parse_unfreeze_at, resolve_batch, resume_conflict
-from train.distributed import Dist, no_sync, unwrap
-from train.finetune import Freezer, FreezeSchedule, load_init
-from train.models import build_model, forward, reader_fields, reader_image_size
-from train.monitor import Monitor
+from train.distributed.group import Dist, no_sync, unwrap
+from train.models.finetune import Freezer, FreezeSchedule, load_init
+from train.models.builtin import build_model, forward, reader_fields, reader_image_size
+from train.components.monitor import Monitor
 
 # Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
 # optimizer step STEP, once per RUN_DIR (a marker file stops a restarted run from dying again).
@@ -80,9 +81,9 @@ def read_index(shard_dir: Path) -> tuple[dict, str]:
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
                 image_size: int | None = None) -> DataSource:
-    """The real readers over SHARD_DIR (`train.data`); images decoded at ``image_size`` (the
+    """The real readers over SHARD_DIR (`train.data.reader`); images decoded at ``image_size`` (the
     model's input size) in the dataloader workers, not at the stored size."""
-    from train.data import SampleDecodeError, ShardReader, close_loader, make_loader
+    from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
 
     if "image" in fields and index.get("image_size") is None:
         raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
@@ -300,7 +301,7 @@ def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: 
 
 
 def main(cfg: TrainConfig) -> dict:
-    """What each rank runs under `train.launch` (our launcher, torchrun, or in-process)."""
+    """What each rank runs under `train.distributed.launch` (our launcher, torchrun, or in-process)."""
     return run(cfg)
 
 

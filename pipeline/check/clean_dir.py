@@ -1,0 +1,366 @@
+"""Checks on a CLEAN_DIR (the output of `pipe clean`): manifest.parquet, report.json, data/.
+
+`load` reads the folder once (manifest rows, report, the kept outputs' headers or pixels); each
+check is a small function of the loaded folder and the policy that returns a `CheckResult`.
+A file that cannot be read is a finding (the schema check fails, the checks that need it skip),
+never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from pipeline.check import classes as class_checks
+from pipeline.check.content import ImageFacts, inspect_image, text_problem
+from pipeline.check.result import CheckResult, fail, ok, skip, verdict
+from pipeline.check.policy import Policy
+
+KIND = "clean"
+IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
+CHUNK = 256  # outputs per worker task
+MISSING = "<missing>"  # an output the manifest names that is not on disk (a text's "no problem" is None)
+
+
+@dataclass
+class CleanDir:
+    root: Path
+    deep: bool = False
+    report: dict | None = None
+    rows: list[dict] | None = None
+    problems: list[str] = field(default_factory=list)
+    """Files that could not be read or parsed at all (reported by the schema check)."""
+    input: Path | None = None
+    """The raw input folder to compare the manifest with, when it is reachable."""
+    input_note: str = ""
+    images: dict[str, ImageFacts] = field(default_factory=dict)
+    """Kept image output path -> what its header (or, deep, its pixels) says."""
+    texts: dict[str, str | None] = field(default_factory=dict)
+    """Kept text output path -> its problem, None when clean."""
+    missing: list[str] = field(default_factory=list)
+    """Kept outputs the manifest names that are not on disk."""
+
+    @cached_property
+    def kept_rows(self) -> list[dict]:
+        return [r for r in self.rows or [] if r.get("status") == "kept"]
+
+    def kept(self) -> list[dict]:
+        return self.kept_rows
+
+    def settings(self) -> dict:
+        """report.json's settings, or {} when the report is missing or malformed (the schema check says so)."""
+        s = self.report.get("settings") if isinstance(self.report, dict) else None
+        return s if isinstance(s, dict) else {}
+
+
+def is_clean_dir(root: Path) -> bool:
+    return (root / "manifest.parquet").is_file()
+
+
+def looks_unfinished(root: Path) -> bool:
+    """A folder `pipe clean` started but did not finish (no manifest yet)."""
+    return (root / ".pipe" / "state.json").is_file() and not is_clean_dir(root)
+
+
+def load(root: Path, deep: bool = False, input_override: Path | None = None, workers: int = 0) -> CleanDir:
+    d = CleanDir(root, deep)
+    d.report = _read_json(root / "report.json", d.problems)
+    d.rows = _read_manifest(root / "manifest.parquet", d.problems)
+    d.input, d.input_note = _find_input(root, d.settings(), input_override)
+    if d.rows is not None:
+        _inspect_outputs(d, workers)
+    return d
+
+
+def _read_json(path: Path, problems: list[str]):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append(f"{path.name} is missing")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        problems.append(f"{path.name} is not readable JSON: {e}")
+    return None
+
+
+def _read_manifest(path: Path, problems: list[str]) -> list[dict] | None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, pa.ArrowException) as e:
+        problems.append(f"manifest.parquet is not a readable Parquet file: {e}")
+        return None
+
+
+def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path | None, str]:
+    """The input folder: --input, else report.json's settings.input, else the absolute path .pipe/state.json keeps."""
+    if override is not None:
+        return override, ""  # checked to be a folder by the stage
+    tried = []
+    if isinstance(settings.get("input"), str) and settings["input"]:
+        tried.append(Path(settings["input"]))
+    try:
+        state = json.loads((root / ".pipe" / "state.json").read_text(encoding="utf-8"))
+        if state.get("input"):
+            tried.append(Path(state["input"]))
+    except (OSError, ValueError, AttributeError):
+        pass
+    for p in tried:
+        if p.is_dir():
+            return p, ""
+    where = " or ".join(str(p) for p in dict.fromkeys(tried)) or "(not recorded)"
+    return None, f"the input folder {where} is not here; pass --input to compare"
+
+
+def _inspect_outputs(d: CleanDir, workers: int) -> None:
+    root = d.root.resolve()
+    jobs = [(str(r.get("output") or ""), r.get("kind"), str(root), d.deep) for r in d.kept() if r.get("kind") in ("image", "text")]
+    if d.deep and len(jobs) >= IN_PROCESS_FILES and workers != 1:
+        from pipeline.core.executor import OrderedPool
+
+        chunks = [jobs[i : i + CHUNK] for i in range(0, len(jobs), CHUNK)]
+        pool = OrderedPool(inspect_chunk, min(workers or _cores(), len(chunks)))
+        found = [x for part in pool.map(chunks, on_crash=_crashed_chunk) for x in part]
+    else:
+        found = inspect_chunk(jobs)
+    for out, kind, facts in found:
+        if facts is MISSING:
+            d.missing.append(out)
+        elif kind == "image":
+            d.images[out] = facts
+        else:
+            d.texts[out] = facts
+
+
+def inspect_chunk(jobs: list[tuple[str, str, str, bool]]) -> list[tuple[str, str, object]]:
+    """(output, kind, ImageFacts | text problem or None | MISSING) for each kept output (a worker's unit)."""
+    found = []
+    for out, kind, root, deep in jobs:
+        path = (Path(root) / out).resolve()
+        try:
+            if Path(root) not in path.parents:
+                raise FileNotFoundError(out)  # "" or a path leaving CLEAN_DIR names no output of ours
+            data = path.read_bytes()
+        except OSError:
+            found.append((out, kind, MISSING))
+            continue
+        found.append((out, kind, inspect_image(data, deep=deep) if kind == "image" else text_problem(data)))
+    return found
+
+
+def _crashed_chunk(jobs, exc) -> list[tuple[str, str, object]]:
+    """A decoder killed its worker on one of these files: judge them one by one, in this process, header only."""
+    out = []
+    for o, kind, root, _ in jobs:
+        [(o, kind, facts)] = inspect_chunk([(o, kind, root, False)])
+        if kind == "image" and facts is not MISSING:
+            facts.error = facts.error or f"decoding crashed a worker process ({exc}) on this file or one near it"
+        out.append((o, kind, facts))
+    return out
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_schema(d: CleanDir, p: Policy) -> CheckResult:
+    from pipeline.check.validate import each_error
+    from pipeline.core.schemas import errors
+
+    found = list(d.problems)
+    if d.report is not None:
+        found += [f"report.json: {e}" for e in errors(d.report, "report")]
+    rows = d.rows or []
+    found += [f"manifest row {rows[i].get('source')!r}: {e}" for i, e in each_error(rows, "manifest_row")]
+    n = len(d.rows or []) + (d.report is not None)
+    return verdict("schema", found, n, "documents break their schema",
+                   f"report.json and {len(d.rows or [])} manifest rows match their schemas")
+
+
+def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
+    name = "manifest_matches_input"
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    if d.input is None:
+        return skip(name, d.input_note)
+    from pipeline.clean.discover import discover
+
+    exclude = _labels_file(d)
+    on_disk = {c.source for c in discover(d.input, labels={}, exclude=exclude)}
+    listed = Counter(r.get("source") for r in d.rows)
+    missing = sorted(s for s in on_disk if s not in listed)
+    gone = sorted(s for s in listed if s not in on_disk)
+    twice = sorted(s for s, n in listed.items() if n > 1)
+    offenders = ([f"{s}: in the input, not in the manifest" for s in missing]
+                 + [f"{s}: in the manifest, not in the input" for s in gone]
+                 + [f"{s}: listed {listed[s]} times" for s in twice])
+    return verdict(name, offenders, len(on_disk), "input files and manifest rows disagree",
+                   f"{len(d.rows)} manifest rows = {len(on_disk)} files in {d.input}",
+                   files=len(on_disk), rows=len(d.rows), not_in_manifest=len(missing), not_in_input=len(gone))
+
+
+def _labels_file(d: CleanDir) -> set[str]:
+    labels = d.settings().get("labels")
+    if not isinstance(labels, str) or not labels or d.input is None:
+        return set()
+    try:
+        return {Path(labels).resolve().relative_to(d.input.resolve()).as_posix()}
+    except ValueError:
+        return set()
+
+
+def check_outputs_match_manifest(d: CleanDir, p: Policy) -> CheckResult:
+    name = "outputs_match_manifest"
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    listed = {r.get("output") for r in d.kept()}
+    data = d.root / "data"
+    extra = sorted(q.relative_to(d.root).as_posix() for q in data.rglob("*")
+                   if (q.is_file() or q.is_symlink()) and q.relative_to(d.root).as_posix() not in listed) if data.is_dir() else []
+    offenders = [f"{o}: kept in the manifest, missing on disk" for o in d.missing] + [f"{o}: on disk, not in the manifest" for o in extra]
+    return verdict(name, offenders, len(listed), "kept outputs and files under data/ disagree",
+                   f"the {len(listed)} kept outputs are on disk and data/ holds nothing else",
+                   missing=len(d.missing), unlisted=len(extra))
+
+
+def _fraction(d: CleanDir, name: str, status: str, limit: float) -> CheckResult:
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    total = len(d.rows)
+    n = sum(r.get("status") == status for r in d.rows)
+    frac = n / total if total else 0.0
+    nums = dict(files=total, **{status: n}, fraction=round(frac, 6), limit=limit)
+    if frac <= limit:
+        return ok(name, f"{n} of {total} files {status} ({frac:.1%} <= {limit:.1%})", **nums)
+    reasons = Counter(r.get("reason") for r in d.rows if r.get("status") == status)
+    top = ", ".join(f"{k} {v}" for k, v in reasons.most_common(5))
+    examples = [f"{r.get('source')}: {r.get('reason')}" for r in d.rows if r.get("status") == status]
+    return fail(name, f"{n} of {total} files {status} ({frac:.1%} > {limit:.1%}): {top}", examples, **nums)
+
+
+def check_quarantined_fraction(d: CleanDir, p: Policy) -> CheckResult:
+    return _fraction(d, "quarantined_fraction", "quarantined", p.max_quarantined_fraction)
+
+
+def check_duplicate_fraction(d: CleanDir, p: Policy) -> CheckResult:
+    return _fraction(d, "duplicate_fraction", "duplicate", p.max_duplicate_fraction)
+
+
+def class_counts(d: CleanDir) -> Counter | None:
+    """Kept samples per label; an image and its caption (one key) count once; unlabelled left out."""
+    if d.rows is None:
+        return None
+    keys = {(r.get("label"), r.get("key")) for r in d.kept() if r.get("label") is not None}
+    return Counter(label for label, _ in keys)
+
+
+def check_min_samples_per_class(d: CleanDir, p: Policy) -> CheckResult:
+    return class_checks.min_samples(class_counts(d), p, "kept samples")
+
+
+def check_class_imbalance(d: CleanDir, p: Policy) -> CheckResult:
+    return class_checks.imbalance(class_counts(d), p)
+
+
+def check_labels_in_range(d: CleanDir, p: Policy) -> CheckResult:
+    name = "labels_in_range"
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    kept = d.kept()
+    labelled = [r for r in kept if r.get("label") is not None]
+    if not labelled:
+        return ok(name, f"no labels: an unlabelled dataset of {len(kept)} kept files", kept=len(kept), labelled=0)
+    offenders = [f"{r.get('source')}: no label in a labelled dataset" for r in kept if r.get("label") is None]
+    offenders += [f"{r.get('source')}: empty label" for r in labelled if not str(r["label"]).strip()]
+    if p.classes is not None:
+        allowed = set(p.classes)
+        offenders += [f"{r.get('source')}: label {r['label']!r} not in the policy's classes" for r in labelled if r["label"] not in allowed]
+        absent = sorted(allowed - {r["label"] for r in labelled})
+        offenders += [f"class {c!r} of the policy has no kept sample" for c in absent]
+    return verdict(name, offenders, len(kept), "kept files have a bad label",
+                   f"all {len(kept)} kept files carry one of {len({r['label'] for r in labelled})} labels",
+                   kept=len(kept), labelled=len(labelled))
+
+
+def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
+    name = "keys_unique"
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    import re
+
+    safe = re.compile(r"^[A-Za-z0-9_-]+$")
+    by_kind = Counter((r.get("key"), r.get("kind")) for r in d.kept())
+    offenders = [f"key {k!r} is used by {n} kept {kind} files" for (k, kind), n in sorted(by_kind.items(), key=str) if n > 1]
+    offenders += [f"key {r.get('key')!r} ({r.get('source')}) is not webdataset-safe" for r in d.kept() if not safe.match(str(r.get("key")))]
+    return verdict(name, offenders, len(by_kind), "sample keys clash",
+                   f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
+
+
+def expected_size(declared, p: Policy) -> int | None:
+    return p.image_size if p.image_size is not None else declared
+
+
+def check_image_size(d: CleanDir, p: Policy) -> CheckResult:
+    declared = d.settings().get("size")
+    declared = declared if isinstance(declared, int) and not isinstance(declared, bool) else None
+    return image_size(d.images, expected_size(declared, p), "image_size")
+
+
+def image_size(images: dict[str, ImageFacts], size: int | None, name: str) -> CheckResult:
+    if size is None:
+        return skip(name, "no image size declared by the folder nor set by the policy (image_size)")
+    offenders = [f"{k}: {f.width}x{f.height}" for k, f in images.items() if f.width is not None and (f.width, f.height) != (size, size)]
+    offenders += [f"{k}: {f.error}" for k, f in images.items() if f.width is None]
+    return verdict(name, offenders, len(images), f"images are not {size}x{size}",
+                   f"all {len(images)} images are {size}x{size}", size=size)
+
+
+def check_image_mode(d: CleanDir, p: Policy) -> CheckResult:
+    return image_mode(d.images, p.image_mode, "image_mode")
+
+
+def image_mode(images: dict[str, ImageFacts], mode: str, name: str) -> CheckResult:
+    offenders = [f"{k}: mode {f.mode}" for k, f in images.items() if f.mode is not None and f.mode != mode]
+    return verdict(name, offenders, len(images), f"images are not {mode}", f"all {len(images)} images are {mode}", mode=mode)
+
+
+def check_text_encoding(d: CleanDir, p: Policy) -> CheckResult:
+    return text_encoding(d.texts, "text_encoding")
+
+
+def text_encoding(texts: dict[str, str | None], name: str) -> CheckResult:
+    offenders = [f"{k}: {why}" for k, why in texts.items() if why]
+    return verdict(name, offenders, len(texts), "texts are not clean UTF-8",
+                   f"all {len(texts)} texts are UTF-8, NFC, without BOM or control characters")
+
+
+def check_decodes(d: CleanDir, p: Policy) -> CheckResult:
+    if not d.deep:
+        return skip("decodes", "only headers were read; --deep decodes every image")
+    offenders = [f"{k}: {f.error}" for k, f in d.images.items() if f.error]
+    return verdict("decodes", offenders, len(d.images), "images do not decode",
+                   f"all {len(d.images)} images decode completely")
+
+
+CHECKS = (
+    check_schema, check_manifest_matches_input, check_outputs_match_manifest, check_keys_unique,
+    check_labels_in_range, check_quarantined_fraction, check_duplicate_fraction, check_min_samples_per_class,
+    check_class_imbalance, check_image_size, check_image_mode, check_text_encoding, check_decodes,
+)
+
+
+def names() -> list[str]:
+    return [fn.__name__.removeprefix("check_") for fn in CHECKS]
+
+

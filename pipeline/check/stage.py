@@ -1,0 +1,159 @@
+"""`pipe check`: hold a clean dir or a shard dir to a quality policy, the CI data-quality gate.
+
+For each folder: recognise what it is (a clean dir has ``manifest.parquet``, a shard dir has
+``index.json``), load it once, run every check of its kind, and set each result's severity from
+the policy. The report says pass/fail per check; the exit code is 1 when any check whose severity
+is ``error`` failed, 0 otherwise (warnings allowed), 2 for usage errors (missing folder, bad policy).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.check import clean_dir
+from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
+from pipeline.core.errors import UsageError
+from pipeline.check.policy import Policy
+from pipeline.check.policy import load as load_policy
+
+
+@dataclass
+class CheckConfig:
+    """Settings of `pipe check`."""
+
+    dirs: list[Path]
+    """Clean dirs and/or shard dirs to check, each on its own."""
+    policy: Path | None = None
+    """TOML file of thresholds and severities (schemas/policy.schema.json); None: the defaults."""
+    deep: bool = False
+    """Decode every image (and parse every member) instead of reading headers only."""
+    input: Path | None = None
+    """The raw input folder a clean dir was made from, when it is not where report.json says."""
+    workers: int = 0
+    """Processes that read shards and (with --deep) decode a clean dir's images; 0: one per core."""
+
+
+@dataclass
+class FolderReport:
+    path: Path
+    kind: str  # clean | shard
+    results: list[CheckResult]
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "kind": self.kind, "seconds": round(self.seconds, 3),
+                "checks": [r.to_dict() for r in self.results]}
+
+
+@dataclass
+class CheckReport:
+    folders: list[FolderReport]
+    policy: Policy
+    deep: bool
+    counts: dict = field(default_factory=dict)
+
+    @property
+    def results(self) -> list[CheckResult]:
+        return [r for f in self.folders for r in f.results]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(r.blocking for r in self.results) else 0
+
+    def summary(self) -> dict:
+        rs = self.results
+        return {
+            "checks": len(rs),
+            "passed": sum(r.status == PASS for r in rs),
+            "errors": sum(r.status == FAIL and r.severity == ERROR for r in rs),
+            "warnings": sum(r.status == FAIL and r.severity == WARNING for r in rs),
+            "skipped": sum(r.status == SKIP for r in rs),
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": 1, "tool": f"pipe {__version__}", "ok": self.exit_code == 0,
+            "exit_code": self.exit_code, "deep": self.deep, "summary": self.summary(),
+            "policy": self.policy.as_dict(), "folders": [f.to_dict() for f in self.folders],
+        }
+
+
+def detect(path: Path) -> str:
+    """``clean`` or ``shard``; anything else is a UsageError that says what the folder lacks."""
+    if not path.exists():
+        raise UsageError(f"folder not found: {path}")
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder (pipe check takes a clean dir or a shard dir)")
+    if (path / "index.json").is_file():
+        return "shard"
+    if clean_dir.is_clean_dir(path):
+        return "clean"
+    if clean_dir.looks_unfinished(path):
+        raise UsageError(f"{path} is an unfinished pipe clean output (no manifest.parquet yet): run pipe clean again")
+    if any(path.glob("*.tar")):
+        raise UsageError(f"{path} holds .tar files but no index.json: pipe shard did not finish, or these are not pipe shards")
+    raise UsageError(f"{path} is neither a clean dir (manifest.parquet from pipe clean) nor a shard dir (index.json from pipe shard)")
+
+
+def run(cfg: CheckConfig, show_progress: bool = False) -> CheckReport:
+    if not cfg.dirs:
+        raise UsageError("give at least one folder to check")
+    if cfg.workers < 0:
+        raise UsageError(f"--workers must be 0 (all cores) or more, got {cfg.workers}")
+    if cfg.input is not None and not cfg.input.is_dir():
+        raise UsageError(f"--input {cfg.input} is not a folder")
+    policy = load_policy(cfg.policy)  # a bad policy stops us before any work
+    kinds = [(d, detect(d)) for d in cfg.dirs]  # so does a bad folder, even the last one
+    folders = []
+    for path, kind in kinds:
+        t = time.perf_counter()
+        results = run_folder(path, kind, policy, cfg, show_progress)
+        folders.append(FolderReport(path, kind, results, time.perf_counter() - t))
+    return CheckReport(folders, policy, cfg.deep)
+
+
+def run_folder(path: Path, kind: str, policy: Policy, cfg: CheckConfig, show_progress: bool = False) -> list[CheckResult]:
+    if kind == "clean":
+        folder, checks = clean_dir.load(path, cfg.deep, cfg.input, cfg.workers), clean_dir.CHECKS
+    else:
+        from pipeline.check import shard_dir
+
+        with _shard_progress(path, show_progress) as advance:
+            folder = shard_dir.load(path, cfg.deep, policy, cfg.workers, advance)
+        checks = shard_dir.CHECKS
+    return [run_one(fn, folder, policy) for fn in checks]
+
+
+@contextmanager
+def _shard_progress(path: Path, enabled: bool):
+    """A bar on stderr over the shards being read (the long part of checking a shard dir)."""
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pipeline.core.ui import err_console
+
+    with Progress(TextColumn("[bold]check {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task(str(path), total=None)
+        yield lambda: bar.advance(task)
+
+
+def run_one(fn, folder, policy: Policy) -> CheckResult:
+    name = fn.__name__.removeprefix("check_")
+    t = time.perf_counter()
+    try:
+        result = fn(folder, policy)
+    except Exception as e:  # noqa: BLE001 - data odd enough to crash a check fails that check, loudly
+        if os.environ.get("PIPE_DEBUG"):
+            raise
+        result = fail(name, f"the check crashed: {type(e).__name__}: {e} (PIPE_DEBUG=1 shows the traceback)")
+    result.severity = policy.severity_of(result.name)
+    result.seconds = time.perf_counter() - t
+    return result

@@ -1,0 +1,225 @@
+"""Read one shard once: its sha256 and size, and what every sample in it holds.
+
+The tar is streamed with Python's `tarfile` (any tar a user made, not only ours), through a
+reader that hashes every byte on the way, so checksum, counts, offsets and per-sample content
+are all found in a single sequential pass. Members are grouped into samples the way webdataset
+does it: consecutive members whose names share the part before the first dot of the base name.
+
+A worker process scans a shard and returns a compact `ShardScan` (per-sample keys, classes and
+hashes; offenders as strings by the check they break), never the samples themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tarfile
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.check.content import inspect_image, text_problem
+
+IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff"}
+TEXT_EXTS = {"txt", "text", "caption"}
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+@dataclass(frozen=True)
+class ScanSettings:
+    deep: bool
+    image_size: int | None
+    image_mode: str
+    classes: tuple[str, ...]
+
+
+@dataclass
+class ShardScan:
+    name: str
+    found: bool = True
+    bytes: int = 0
+    sha256: str = ""
+    offsets: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    cls: list[int | None] = field(default_factory=list)
+    image_hash: list[int | None] = field(default_factory=list)
+    """Perceptual hash of each sample's image (None: no image, or it did not decode)."""
+    exact: list[str | None] = field(default_factory=list)
+    """Exact-content key of each sample: its image (pixels when deep, bytes otherwise), else its text."""
+    text_sig: list[bytes | None] = field(default_factory=list)
+    """MinHash of the text of samples without an image (captions follow their image)."""
+    offenders: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    """check name -> "shard:key: why" for each sample that breaks it."""
+    checked: Counter = field(default_factory=Counter)
+    """What was looked at: images, texts, decoded (images decoded, fully or at reduced scale)."""
+    error: str | None = None
+    """The tar could not be read to its end (after len(keys) samples)."""
+    stopped_early: str | None = None
+    """Non-zero bytes lie after where tar readers stopped (a damaged header ends them quietly)."""
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
+
+
+class _HashingReader:
+    """A file wrapper that feeds every byte read to sha256 and counts them."""
+
+    def __init__(self, f):
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def read(self, size=-1):
+        b = self.f.read(size)
+        self.h.update(b)
+        self.n += len(b)
+        return b
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
+def scan_shard(job: tuple[Path, str, ScanSettings]) -> ShardScan:
+    path, name, s = job
+    scan = ShardScan(name)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        scan.found = False
+        return scan
+    except OSError as e:
+        scan.found, scan.error = False, f"cannot open: {e.strerror or e}"
+        return scan
+    stop = None
+    with f:
+        reader = _HashingReader(f)
+        try:
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                _read_samples(tar, scan, s)
+                stop = tar.offset  # where tar readers stopped: the end marker, or a damaged header
+        except (tarfile.TarError, OSError, EOFError) as e:
+            scan.error = f"tar unreadable after {scan.count} samples: {e}"
+        reader.drain()  # bytes past the end-of-archive marker count for size and checksum too
+    scan.bytes, scan.sha256 = reader.n, reader.h.hexdigest()
+    if stop is not None and scan.error is None:
+        scan.stopped_early = _unreachable(path, stop, scan.count)
+    return scan
+
+
+def _unreachable(path: Path, stop: int, count: int) -> str | None:
+    """tarfile ends quietly at a damaged header; data after where it stopped may be lost samples."""
+    with open(path, "rb") as f:
+        f.seek(stop)
+        rest = f.read()
+    if rest.strip(b"\0"):
+        return (f"tar readers stop at byte {stop} after {count} samples (a damaged header?); "
+                f"{len(rest.rstrip(bytes(1)))} bytes after it are unreachable")
+    return None
+
+
+def _read_samples(tar: tarfile.TarFile, scan: ShardScan, s: ScanSettings) -> None:
+    key, members, offset = None, {}, 0
+    for m in tar:
+        if not m.isfile():
+            continue
+        base = m.name.rsplit("/", 1)[-1]
+        k, dot, ext = base.partition(".")
+        data = tar.extractfile(m).read()
+        if k != key:
+            if key is not None:
+                _sample(scan, key, offset, members, s)
+            key, members, offset = k, {}, m.offset
+        if not dot:
+            scan.offenders["schema"].append(f"{scan.name}:{m.name}: member without an extension")
+        elif ext.lower() in members:
+            scan.offenders["keys_unique"].append(f"{scan.name}:{key}: two .{ext} members in one sample")
+        members[ext.lower()] = data
+    if key is not None:
+        _sample(scan, key, offset, members, s)
+
+
+def _sample(scan: ShardScan, key: str, offset: int, members: dict[str, bytes], s: ScanSettings) -> None:
+    where = f"{scan.name}:{key}"
+    bad = scan.offenders
+    scan.keys.append(key)
+    scan.offsets.append(offset)
+    if not _SAFE_KEY.match(key):
+        bad["keys_unique"].append(f"{where}: key is not webdataset-safe (letters, digits, _ and - only)")
+    label = _meta_label(members.get("json"), where, bad)
+    scan.cls.append(_class(members.get("cls"), label, where, s, bad))
+    img_ext = next((e for e in members if e in IMAGE_EXTS), None)
+    txt_ext = next((e for e in members if e in TEXT_EXTS), None)
+    if img_ext is None and txt_ext is None:
+        bad["schema"].append(f"{where}: neither an image nor a text member (has {', '.join(sorted(members))})")
+    phash = exact = sig = None
+    if img_ext is not None:
+        phash, exact = _image(members[img_ext], where, scan, s)
+    if txt_ext is not None:
+        t_exact, t_sig = _text(members[txt_ext], where, scan)
+        if img_ext is None:
+            exact, sig = t_exact, t_sig
+    scan.image_hash.append(phash)
+    scan.exact.append(exact)
+    scan.text_sig.append(sig)
+
+
+def _meta_label(data: bytes | None, where: str, bad) -> str | None:
+    if data is None:
+        return None
+    try:
+        meta = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        bad["schema"].append(f"{where}.json: not valid UTF-8 JSON: {e}")
+        return None
+    if not isinstance(meta, dict):
+        bad["schema"].append(f"{where}.json: not a JSON object")
+        return None
+    label = meta.get("label")
+    return label if isinstance(label, str) else None
+
+
+def _class(data: bytes | None, label: str | None, where: str, s: ScanSettings, bad) -> int | None:
+    if data is None:
+        bad["labels_in_range"].append(f"{where}: no .cls member")
+        return None
+    try:
+        cls = int(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        bad["labels_in_range"].append(f"{where}.cls: not an integer: {data[:20]!r}")
+        return None
+    if not 0 <= cls < len(s.classes):
+        bad["labels_in_range"].append(f"{where}.cls: {cls} is outside 0..{len(s.classes) - 1}")
+        return None
+    if label is not None and label != s.classes[cls]:
+        bad["labels_in_range"].append(f"{where}: .cls {cls} is {s.classes[cls]!r} but .json says {label!r}")
+    return cls
+
+
+def _image(data: bytes, where: str, scan: ShardScan, s: ScanSettings) -> tuple[int | None, str | None]:
+    f = inspect_image(data, deep=s.deep, want_phash=True)  # the hash needs pixels: leakage
+    scan.checked["images"] += 1
+    scan.checked["decoded"] += f.decoded
+    if f.width is None:
+        scan.offenders["image_size"].append(f"{where}: {f.error}")
+        return None, f.exact
+    if s.image_size is not None and (f.width, f.height) != (s.image_size, s.image_size):
+        scan.offenders["image_size"].append(f"{where}: {f.width}x{f.height}")
+    if f.mode != s.image_mode:
+        scan.offenders["image_mode"].append(f"{where}: mode {f.mode}")
+    if f.error:
+        scan.offenders["decodes"].append(f"{where}: {f.error}")
+    return f.phash, f.exact
+
+
+def _text(data: bytes, where: str, scan: ShardScan) -> tuple[str | None, bytes | None]:
+    import xxhash
+
+    from pipeline.check.leakage import normalise, text_signature
+
+    scan.checked["texts"] += 1
+    why = text_problem(data)
+    if why:
+        scan.offenders["text_encoding"].append(f"{where}.txt: {why}")
+    text = data.decode("utf-8", "replace")
+    return xxhash.xxh3_128_hexdigest(normalise(text).encode("utf-8")), text_signature(text)

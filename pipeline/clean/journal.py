@@ -1,0 +1,78 @@
+"""The clean journal: one JSON line per processed file, appended as results arrive.
+
+It is what makes `pipe clean` resumable. A re-run reuses the record of every input whose size
+and modification time are unchanged (and whose output is still on disk) instead of decoding it
+again. A line cut short by SIGKILL is ignored; the last record for a source wins.
+
+Layout under CLEAN_DIR/.pipe/: ``state.json`` (what input and which output-affecting settings
+this folder was made from) and ``journal.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pipeline.core.files import atomic_write_text
+from pipeline.clean.records import FileResult
+
+STATE_DIR = ".pipe"
+
+
+class Journal:
+    def __init__(self, clean_dir: Path):
+        self.dir = clean_dir / STATE_DIR
+        self.path = self.dir / "journal.jsonl"
+        self.state_path = self.dir / "state.json"
+        self._f = None
+        self._since_sync = 0
+
+    def read_state(self) -> dict | None:
+        try:
+            return json.loads(self.state_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def write_state(self, state: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.state_path, json.dumps(state, indent=2, sort_keys=True))
+
+    def load(self) -> dict[str, FileResult]:
+        records: dict[str, FileResult] = {}
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    if not line.endswith("\n"):
+                        break  # the tail of a killed run
+                    try:
+                        r = FileResult.from_json(line)
+                    except (ValueError, TypeError):
+                        continue
+                    records[r.source] = r
+        except FileNotFoundError:
+            pass
+        return records
+
+    def append(self, r: FileResult) -> None:
+        if self._f is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "a", encoding="utf-8")
+        self._f.write(r.to_json() + "\n")
+        self._f.flush()
+        self._since_sync += 1
+        if self._since_sync >= 256:
+            os.fsync(self._f.fileno())
+            self._since_sync = 0
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            self._f = None
+
+    def compact(self, results) -> None:
+        """Rewrite the journal with exactly the current records, in order."""
+        self.close()
+        atomic_write_text(self.path, "".join(r.to_json() + "\n" for r in results))

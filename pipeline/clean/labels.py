@@ -1,0 +1,167 @@
+"""Read a labels file (`--labels labels.csv|jsonl`, columns ``path,label[,text]``).
+
+The file itself is decoded like any text (`encodings.decode_bytes`: a BOM, UTF-16, GBK from
+Excel on a Chinese Windows...). Paths are relative to INPUT, with ``/`` or ``\\``. What did not
+fit is reported in report.json, never dropped silently: rows naming files that are not there,
+rows without a label, paths listed twice with different labels (the first row wins), and the
+files that no row names (each of those ends ``missing_label`` in the manifest).
+
+The optional ``text`` column is a caption for the file of that row (see `stage.py`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.errors import UsageError
+
+REPORT_LIMIT = 100  # paths listed per problem in report.json (the counts are exact)
+
+
+@dataclass
+class Labels:
+    labels: dict[str, str] = field(default_factory=dict)  # relative path -> label
+    captions: dict[str, str] = field(default_factory=dict)  # relative path -> caption text
+    notes: dict = field(default_factory=dict)  # for report.json
+    exclude: set[str] = field(default_factory=set)  # the labels file itself, if inside INPUT
+
+
+def load_labels(path: Path, input_root: Path) -> tuple[dict[str, str], dict, set[str]]:
+    """Return (relative path -> label, notes for report.json, files to leave out of discovery)."""
+    lab = read_labels(path, input_root)
+    return lab.labels, lab.notes, lab.exclude
+
+
+def read_labels(path: Path, input_root: Path) -> Labels:
+    from pipeline.media.text.encodings import decode_bytes
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read the labels file {path}: {e.strerror or e}") from None
+    d = decode_bytes(raw)
+    if d.text is None:
+        raise UsageError(f"the labels file {path} is not readable text ({d.detail})")
+    rows = _rows(d.text, path)
+    out = Labels()
+    conflicting, unlabeled = [], []
+    for n, row in rows:
+        rel = normalize_path(str(row.get("path") or ""))
+        label = row.get("label")
+        label = "" if label is None else str(label).strip()
+        if not rel:
+            continue
+        if not label:
+            unlabeled.append(f"line {n}: {rel}")
+            continue
+        if rel in out.labels and out.labels[rel] != label:
+            conflicting.append(f"line {n}: {rel} is {label!r} here, {out.labels[rel]!r} earlier (kept)")
+            continue
+        out.labels[rel] = label
+        text = row.get("text")
+        if text is not None and str(text).strip():
+            out.captions[rel] = str(text)
+    out.notes = {"file": str(path), "encoding": d.encoding, "rows": len(rows), "labelled_files": len(out.labels)}
+    _note(out.notes, "rows_without_label", unlabeled)
+    _note(out.notes, "conflicting_rows", conflicting)
+    try:
+        out.exclude.add(path.resolve().relative_to(input_root.resolve()).as_posix())
+    except ValueError:
+        pass
+    return out
+
+
+def normalize_path(p: str) -> str:
+    """``.\\\\cats\\\\a.jpg`` and ``./cats/a.jpg`` -> ``cats/a.jpg``."""
+    p = p.strip().replace("\\", "/")
+    while p.startswith("./"):
+        p = p[2:]
+    return p.lstrip("/")
+
+
+def _note(notes: dict, name: str, items: list[str]) -> None:
+    if items:
+        notes[name] = {"count": len(items), "first": items[:REPORT_LIMIT]}
+
+
+def _rows(text: str, path: Path) -> list[tuple[int, dict]]:
+    if path.suffix.lower() in (".jsonl", ".ndjson") or text.lstrip().startswith("{"):
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise UsageError(f"labels file {path}, line {n}: not valid JSON ({e})") from None
+            if not isinstance(obj, dict) or "path" not in obj or "label" not in obj:
+                raise UsageError(f"labels file {path}, line {n}: needs an object with \"path\" and \"label\"")
+            rows.append((n, obj))
+        return rows
+    dialect = "excel-tab" if path.suffix.lower() == ".tsv" else "excel"
+    reader = csv.DictReader(io.StringIO(text, newline=""), dialect=dialect)
+    fields = [f.strip().lower() for f in (reader.fieldnames or [])]
+    if not {"path", "label"} <= set(fields):
+        raise UsageError(f"labels file {path} needs a header row with the columns path,label[,text]; found {','.join(fields) or 'nothing'}")
+    reader.fieldnames = fields
+    try:
+        return [(reader.line_num, row) for row in reader]
+    except csv.Error as e:
+        raise UsageError(f"labels file {path}, line {reader.line_num}: {e}") from None
+
+
+def share_within_samples(candidates) -> None:
+    """An image and its caption are one sample: a label given for either applies to both."""
+    by_key: dict[str, list] = {}
+    for c in candidates:
+        by_key.setdefault(c.key, []).append(c)
+    for members in by_key.values():
+        labels = {c.label for c in members if c.label is not None}
+        if len(members) > 1 and len(labels) == 1:
+            label = labels.pop()
+            for c in members:
+                c.label = label
+
+
+def check_against(lab: Labels, candidates) -> dict:
+    """Rows naming files that are not in INPUT, and files no row names."""
+    found = {c.source for c in candidates}
+    missing = sorted(p for p in lab.labels if p not in found)
+    unlabelled = [c.source for c in candidates if c.label is None and c.kind != "other" and not c.problem]
+    notes: dict = {}
+    _note(notes, "rows_naming_missing_files", missing)
+    _note(notes, "files_without_label", unlabelled)
+    return notes
+
+
+def attach_captions(results, captions: dict[str, str]) -> dict:
+    """Give each image the caption the labels file's text column has for it, normalised like a
+    caption file (or the reason it was rejected). A caption file beside the image wins."""
+    from pipeline.clean.records import KIND_IMAGE, KIND_TEXT
+    from pipeline.media.text.clean import clean_text
+
+    with_file = {r.key for r in results if r.kind == KIND_TEXT}
+    ignored, rejected, given = [], [], 0
+    for r in results:
+        r.caption = r.caption_reason = None  # from this run's labels file only, never the journal's
+        raw = captions.get(r.source)
+        if raw is None or r.kind != KIND_IMAGE:
+            continue
+        if r.key in with_file:
+            ignored.append(r.source)
+            continue
+        o = clean_text(raw.encode("utf-8"))
+        if o.reason:
+            r.caption_reason = f"{o.reason} ({o.detail})"
+            rejected.append(f"{r.source}: {o.reason}")
+        else:
+            r.caption = o.text
+            given += 1
+    notes: dict = {"captions": given} if given else {}
+    _note(notes, "captions_ignored_for_a_caption_file", ignored)
+    _note(notes, "captions_rejected", rejected)
+    return notes

@@ -1,0 +1,136 @@
+"""The per-file function the workers run: read one input once, judge it, write its cleaned
+output, and return a `FileResult`. Pure with respect to its input file and settings, so results
+can be journaled and reused on resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.clean.discover import Candidate
+from pipeline.core.files import atomic_write_bytes
+from pipeline.media.image.clean import ImageSettings
+from pipeline.clean.records import KIND_IMAGE, KIND_OTHER, FileResult
+from pipeline.media.text.clean import TextSettings
+
+HASH_CHUNK = 1 << 20
+_SETTINGS = None  # set once per worker process by init_worker
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What every worker needs to know (pickled to it once, at start-up)."""
+
+    output: str
+    image: ImageSettings
+    text: TextSettings
+
+
+def init_worker(settings: WorkerSettings) -> None:
+    global _SETTINGS
+    _SETTINGS = settings
+    from pipeline.media.image.clean import preload
+
+    preload()
+
+
+def output_path(source: str, key: str, ext: str) -> str:
+    """Where a kept file goes, relative to CLEAN_DIR: its folder mirrored under data/."""
+    folder = source.rpartition("/")[0]
+    return f"data/{folder}/{key}.{ext}" if folder else f"data/{key}.{ext}"
+
+
+def process(cand: Candidate, settings=None) -> FileResult:
+    s = settings or _SETTINGS
+    r = FileResult(source=cand.source, key=cand.key, kind=cand.kind, label=cand.label)
+    if cand.problem:
+        r.reason, r.detail = cand.problem, cand.detail
+        return r
+    try:
+        with open(cand.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
+            if cand.kind == KIND_OTHER:
+                r.sha256 = _hash_stream(f)
+                data = b""
+            else:
+                data = f.read()
+                r.sha256 = hashlib.sha256(data).hexdigest()
+    except OSError as e:
+        r.reason, r.detail = "unreadable", f"{type(e).__name__}: {e.strerror or e}"
+        return r
+    if r.bytes == 0:
+        r.reason, r.detail = "zero_bytes", "the file is empty"
+        return r
+    if cand.kind == KIND_OTHER:
+        r.reason, r.detail = "unsupported_format", f"{cand.fmt}: not an image or a text"
+        return r
+    payload = None
+    try:
+        payload, ext = (_image if cand.kind == KIND_IMAGE else _text)(r, data, s)
+    except MemoryError:
+        r.reason, r.detail = "decompression_bomb", "ran out of memory while decoding"
+    except Exception as e:  # noqa: BLE001 - a decoder bug on hostile input is a verdict, not a crash
+        r.reason, r.detail = "corrupt", f"decoder failed: {type(e).__name__}: {e}"
+    if payload is not None and r.reason is None:
+        # outside the try: failing to write our own output (disk full) stops the run, it is no verdict
+        r.output = output_path(r.source, r.key, ext)
+        atomic_write_bytes(Path(s.output) / r.output, payload)
+        r.output_bytes = len(payload)
+    return r
+
+
+def _hash_stream(f) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(HASH_CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _image(r: FileResult, data: bytes, s) -> tuple[bytes | None, str]:
+    from pipeline.media.image.clean import clean_image
+
+    o = clean_image(data, s.image)
+    r.width, r.height, r.notes = o.width, o.height, o.notes
+    r.reason, r.detail = o.reason, o.detail
+    r.content_hash, r.phash = o.content_hash, o.phash
+    return o.data, o.ext
+
+
+def _text(r: FileResult, data: bytes, s) -> tuple[bytes | None, str]:
+    from pipeline.media.text.clean import clean_text
+
+    o = clean_text(data, s.text)
+    r.encoding, r.encoding_confidence, r.notes = o.encoding, o.confidence, o.notes
+    r.reason, r.detail = o.reason, o.detail
+    r.content_hash, r.minhash = o.content_hash, o.minhash
+    return (o.text.encode("utf-8") if o.text is not None else None), "txt"
+
+
+def crashed(cand: Candidate, exc: BaseException) -> FileResult:
+    """The result for a file whose decoder killed its worker process twice."""
+    r = _stat_only(cand)
+    r.reason, r.detail = "unreadable", "the decoder crashed the worker process on this file (twice)"
+    return r
+
+
+def timed_out(cand: Candidate, seconds: float) -> FileResult:
+    """The result for a file that held its worker longer than --file-timeout."""
+    r = _stat_only(cand)
+    r.reason, r.detail = "timeout", f"still not done after {seconds:g} s (--file-timeout); the worker was stopped"
+    return r
+
+
+def _stat_only(cand: Candidate) -> FileResult:
+    r = FileResult(source=cand.source, key=cand.key, kind=cand.kind, label=cand.label)
+    try:
+        st = os.stat(cand.path)
+        r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
+        with open(cand.path, "rb") as f:
+            r.sha256 = _hash_stream(f)
+    except OSError:
+        pass
+    return r

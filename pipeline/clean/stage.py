@@ -1,0 +1,387 @@
+"""`pipe clean`: every input file ends with exactly one status in the manifest.
+
+Three phases:
+
+1. process: each file is read once in a worker (`process.process`), judged, and its cleaned
+   output written under ``data/``; its `FileResult` is appended to the journal. Results whose
+   input is unchanged since a previous (possibly killed) run are reused from the journal.
+2. decide: duplicates, caption pairs and label conflicts, over all results (`decide`).
+3. finalize: outputs of files that did not end kept are removed, rejected inputs are copied to
+   ``quarantine/<reason>/``, stale files are swept, then ``report.json`` and, last,
+   ``manifest.parquet`` are written. The manifest's presence means the folder is complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.clean.discover import Candidate, discover
+from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.executor import OrderedPool
+from pipeline.core.files import atomic_copy, atomic_write_bytes, atomic_write_text, sweep_tmp
+from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
+from pipeline.clean.journal import STATE_DIR, Journal
+from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
+from pipeline.clean.records import QUARANTINED, FileResult
+from pipeline.clean.report import ReportBuilder
+from pipeline.media.text.clean import TextSettings
+
+RESIZE_MODES = ("pad", "crop", "stretch")
+FORMATS = ("jpg", "png", "webp")
+CONFLICT_POLICIES = ("quarantine", "majority", "first")
+# Largest output side: 8192x8192 RGB is 192 MiB a picture in each worker (and its resize
+# buffers); beyond that one output would exhaust a worker's memory and be blamed on the file
+MAX_SIZE = 8192
+OWNED = ("data", "quarantine", "manifest.parquet", "report.json", STATE_DIR)
+# Links, FIFOs and unreadable files have nothing (or nothing of ours) to copy into quarantine/.
+NO_COPY_REASONS = {"outside_root", "unreadable"}
+# Outputs of files that did not end kept (duplicates) wait here, so a re-run where they become
+# kept (their better copy was removed) need not decode them again.
+PARKED = f"{STATE_DIR}/parked"
+
+
+@dataclass
+class CleanConfig:
+    """Settings of `pipe clean` (flags of the same name; `[clean]` in a `--config` file)."""
+
+    input: Path
+    """The raw dataset folder. Never modified."""
+    output: Path
+    """CLEAN_DIR: cleaned files, quarantine/, manifest.parquet, report.json."""
+    size: int = 512
+    """Side of the square output images, in pixels."""
+    resize_mode: str = "pad"
+    """pad (letterbox on the background colour), crop (centre crop) or stretch."""
+    format: str = "jpg"
+    """Output image format: jpg, png or webp."""
+    quality: int = 90
+    """JPEG/WebP quality, 1-100."""
+    min_size: int = 32
+    """Images whose short side is below this are quarantined as too_small, never blown up."""
+    max_pixels: int = 178_956_970
+    """Images with more pixels than this (from the header, before decoding) are decompression bombs."""
+    background: str = "white"
+    """Colour transparent pixels are composited on, and the padding colour: white, black, grey or #rrggbb."""
+    labels: Path | None = None
+    """A labels.csv or labels.jsonl (path,label[,text]) instead of class folders."""
+    label_conflicts: str = "quarantine"
+    """Copies of one content under different labels: quarantine (all copies), majority or first."""
+    near_dedup: bool = True
+    """Look for near duplicates (perceptual hash + pixels for images, MinHash + Jaccard for texts)."""
+    near_image_distance: int = 8
+    """Perceptual-hash bits two images may differ in to be compared on pixels (0-12; above 8 is slower)."""
+    near_text_jaccard: float = 0.8
+    """Shingle Jaccard similarity from which two texts are near duplicates (0.5-1)."""
+    workers: int = 0
+    """Worker processes; 0 means one per available core."""
+    file_timeout: float = 120.0
+    """Seconds one file may take before its worker is stopped and the file quarantined as timeout (0 = no limit)."""
+    overwrite: bool = False
+    """Replace an existing CLEAN_DIR made from other input or settings instead of refusing."""
+
+    # settings that change what a worker writes for a file; a resumed run must match them
+    OUTPUT_SETTINGS = ("size", "resize_mode", "format", "quality", "min_size", "max_pixels", "background")
+
+    def fingerprint(self) -> dict:
+        return {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}
+
+    def as_dict(self) -> dict:
+        return {f.name: (str(v) if isinstance(v, Path) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+
+def parse_colour(value: str) -> tuple[int, int, int]:
+    v = value.strip().lower()
+    if v in BACKGROUNDS:
+        return BACKGROUNDS[v]
+    if v.startswith("#") and len(v) == 7:
+        try:
+            return tuple(int(v[i : i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+        except ValueError:
+            pass
+    raise UsageError(f"--background {value!r} is not a colour: use white, black, grey or #rrggbb")
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def validate(cfg: CleanConfig) -> CleanConfig:
+    """Check the operator's choices; every problem is one sentence and exit 2."""
+    if not cfg.input.exists():
+        raise UsageError(f"input folder not found: {cfg.input}")
+    if not cfg.input.is_dir():
+        raise UsageError(f"input is not a folder: {cfg.input}")
+    src, dst = cfg.input.resolve(), cfg.output.resolve()
+    if dst == src or src in dst.parents:
+        raise UsageError(f"the output folder {cfg.output} is inside the input folder {cfg.input}; pipe never writes into its input")
+    checks = [
+        (8 <= cfg.size <= MAX_SIZE, f"--size must be between 8 and {MAX_SIZE} pixels, got {cfg.size}"),
+        (cfg.resize_mode in RESIZE_MODES, f"--resize-mode must be one of {', '.join(RESIZE_MODES)}, got {cfg.resize_mode!r}"),
+        (cfg.format in FORMATS, f"--format must be one of {', '.join(FORMATS)}, got {cfg.format!r}"),
+        (1 <= cfg.quality <= 100, f"--quality must be between 1 and 100, got {cfg.quality}"),
+        (cfg.min_size >= 1, f"--min-size must be at least 1, got {cfg.min_size}"),
+        (cfg.max_pixels >= 1, f"--max-pixels must be positive, got {cfg.max_pixels}"),
+        (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
+        (cfg.label_conflicts in CONFLICT_POLICIES, f"--label-conflicts must be one of {', '.join(CONFLICT_POLICIES)}, got {cfg.label_conflicts!r}"),
+        (0 <= cfg.near_image_distance <= 12, f"--near-image-distance must be between 0 and 12 bits, got {cfg.near_image_distance}"),
+        (cfg.file_timeout >= 0, f"--file-timeout must be 0 (no limit) or more seconds, got {cfg.file_timeout}"),
+        (0.5 <= cfg.near_text_jaccard <= 1, f"--near-text-jaccard must be between 0.5 and 1, got {cfg.near_text_jaccard}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+    parse_colour(cfg.background)
+    if cfg.labels is not None and not cfg.labels.is_file():
+        raise UsageError(f"labels file not found: {cfg.labels}")
+    return cfg
+
+
+def prepare_output(cfg: CleanConfig) -> Journal:
+    """Resume a matching CLEAN_DIR, refuse a foreign one, or clear ours with --overwrite."""
+    out = cfg.output
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"the output path {out} exists and is not a folder")
+    journal = Journal(out)
+    state = journal.read_state()
+    if out.exists() and any(out.iterdir()):
+        if cfg.overwrite:
+            for name in OWNED:
+                p = out / name
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+            state = None
+        elif state is None or state.get("tool") != "pipe clean":
+            raise UsageError(f"{out} is not empty and was not written by pipe clean; choose an empty folder or pass --overwrite")
+        elif state.get("input") != str(cfg.input.resolve()):
+            raise UsageError(f"{out} was cleaned from {state.get('input')}, not {cfg.input.resolve()}; pass --overwrite to replace it")
+        elif state.get("settings") != cfg.fingerprint():
+            changed = ", ".join(f"--{k.replace('_', '-')} {state['settings'].get(k)} -> {v}"
+                                for k, v in cfg.fingerprint().items() if state["settings"].get(k) != v)
+            raise UsageError(f"{out} was made with other settings ({changed}); pass --overwrite to redo it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".pipe-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
+    journal.write_state({"tool": "pipe clean", "version": __version__, "input": str(cfg.input.resolve()),
+                         "settings": cfg.fingerprint()})
+    return journal
+
+
+def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
+    if old is None or c.problem or old.key != c.key or old.kind != c.kind or old.reason == "timeout":
+        return False
+    try:
+        st = os.stat(c.path)
+    except OSError:
+        return False
+    if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (old.bytes, old.mtime_ns, old.ctime_ns):
+        return False
+    if old.output:
+        for place in (out / old.output, out / PARKED / old.output):
+            try:
+                if place.stat().st_size == old.output_bytes:
+                    return True
+            except OSError:
+                pass
+        return False
+    return True
+
+
+def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
+    """Run the whole stage; return the report (also written to report.json)."""
+    validate(cfg)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    journal = prepare_output(cfg)
+    (cfg.output / "manifest.parquet").unlink(missing_ok=True)  # no manifest until this run is complete
+    # a fresh run decodes everything: start the workers now, their start-up overlaps discovery
+    pool = _pool(cfg, cfg.workers or available_cores()).start() if not journal.path.exists() else None
+    _warm_up_manifest_writer()
+    try:
+        sweep_tmp(cfg.output)
+        lab = _labels(cfg)
+        candidates = discover(cfg.input, lab.labels if lab else None, lab.exclude if lab else None)
+        label_notes = {}
+        if lab is not None:
+            from pipeline.clean.labels import check_against, share_within_samples
+
+            share_within_samples(candidates)
+            label_notes = {**lab.notes, **check_against(lab, candidates)}
+        timings["discover_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        results, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+        if lab is not None:
+            from pipeline.clean.labels import attach_captions
+
+            label_notes.update(attach_captions(results, lab.captions))
+        timings["process_s"] = time.perf_counter() - t
+    finally:
+        if pool is not None:
+            pool.close()
+
+    t = time.perf_counter()
+    from pipeline.clean.decide import DecideSettings, Outputs, decide  # numpy: not before the workers start
+
+    settings = DecideSettings(label_conflicts=cfg.label_conflicts, near_dedup=cfg.near_dedup,
+                              near_image_distance=cfg.near_image_distance, near_text_jaccard=cfg.near_text_jaccard,
+                              labels_required=lab is not None, resize_mode=cfg.resize_mode)
+    outcome = decide(results, settings, Outputs(cfg.output, PARKED, cfg.resize_mode))
+    timings["decide_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    extra = {"reused": reused, **({"labels": label_notes} if label_notes else {}),
+             "label_conflicts": outcome.label_conflicts, "near_duplicate_search": outcome.near}
+    report = _finalize(cfg, results, outcome.decisions, journal, extra, timings)
+    timings["finalize_s"] = time.perf_counter() - t
+    return report
+
+
+def _warm_up_manifest_writer() -> None:
+    """Importing pyarrow, numpy and the decide stage takes 0.2-0.5 s: let that happen on a spare
+    core while the workers decode, instead of after them, before the manifest is written."""
+
+    def load() -> None:
+        import pyarrow
+
+        import pipeline.clean.decide  # noqa: F401
+        import pipeline.formats.manifest  # noqa: F401
+
+        pyarrow.array([0])
+
+    threading.Thread(target=load, name="pipe-warm-up", daemon=True).start()
+
+
+def _labels(cfg: CleanConfig):
+    """The --labels file, read (None: labels come from class folders)."""
+    if cfg.labels is None:
+        return None
+    from pipeline.clean.labels import read_labels
+
+    return read_labels(cfg.labels, cfg.input)
+
+
+def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
+    settings = WorkerSettings(
+        output=str(cfg.output),
+        image=ImageSettings(cfg.size, cfg.resize_mode, cfg.format, cfg.quality, cfg.min_size, cfg.max_pixels,
+                            parse_colour(cfg.background)),
+        text=TextSettings(),
+    )
+    return OrderedPool(process, workers, initializer=init_worker, initargs=(settings,))
+
+
+def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal, show_progress: bool,
+                 pool: OrderedPool | None = None) -> tuple[list[FileResult], int]:
+    from pipeline.core.ui import progress
+
+    old = journal.load()
+    reuse = {c.source: old[c.source] for c in candidates if _reusable(old.get(c.source), c, cfg.output)}
+    todo = [c for c in candidates if c.source not in reuse]
+    if pool is None:
+        pool = _pool(cfg, min(cfg.workers or available_cores(), max(1, len(todo))))
+    results: list[FileResult] = []
+    with progress("clean", len(candidates), show_progress) as advance:
+        computed = pool.map(todo, on_crash=crashed, timeout=cfg.file_timeout, on_timeout=timed_out) if todo else iter(())
+        try:
+            for c in candidates:
+                r = reuse.get(c.source)
+                if r is None:
+                    r = next(computed)
+                    journal.append(r)
+                else:
+                    r.label = c.label
+                results.append(r)
+                advance(r.reason is None, c.source in reuse)
+        except OSError as e:
+            raise StageFailed(f"could not write the cleaned output: {e}") from None
+        finally:
+            pool.close()
+            journal.close()
+    return results, len(reuse)
+
+
+def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: dict) -> dict:
+    from pipeline.formats.manifest import ManifestWriter, row  # pyarrow: only needed now, at the end
+
+    out = cfg.output
+    keep_outputs, keep_quarantine, keep_parked = set(), set(), set()
+    report = ReportBuilder()
+    writer = ManifestWriter(out / "manifest.parquet")
+    try:
+        for r, d in zip(results, decisions):
+            cap = ""
+            if d.status == "kept" and r.caption is not None:  # a caption from the labels file
+                cap = output_path(r.source, r.key, "txt")
+                _write_if_changed(out / cap, r.caption.encode("utf-8"))
+                keep_outputs.add(cap)
+                d = dataclasses.replace(d, detail=f"{d.detail}: {cap}")
+            if d.status == "kept":
+                keep_outputs.add(r.output)
+                _move_if_there(out / PARKED / r.output, out / r.output)
+            elif r.output:
+                keep_parked.add(f"{PARKED}/{r.output}")
+                _move_if_there(out / r.output, out / PARKED / r.output)
+            if d.status == QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
+                rel = f"quarantine/{d.reason}/{r.source}"
+                keep_quarantine.add(rel)
+                dest = out / rel
+                if not (dest.exists() and dest.stat().st_size == r.bytes):
+                    try:
+                        atomic_copy(cfg.input / r.source, dest)
+                    except FileNotFoundError:  # gone since, or a name that is not UTF-8
+                        keep_quarantine.discard(rel)
+            rec = row(r, d, cap)
+            report.add(rec)
+            writer.add(rec)
+        _sweep(out / "data", keep_outputs, out)
+        _sweep(out / "quarantine", keep_quarantine, out)
+        _sweep(out / PARKED, keep_parked, out)
+        journal.compact(results)
+        doc = report.build(cfg.as_dict(), {k: round(v, 3) for k, v in timings.items()}, extra)
+        atomic_write_text(out / "report.json", json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
+        writer.close()  # the manifest last: its presence means the folder is complete
+    except OSError as e:
+        raise StageFailed(f"could not finish writing {out}: {e}") from None
+    return doc
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    atomic_write_bytes(path, data)
+
+
+def _move_if_there(src: Path, dest: Path) -> None:
+    if src.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dest)
+
+
+def _sweep(folder: Path, keep: set[str], root: Path) -> None:
+    """Remove files under ``folder`` that this run did not produce (left by earlier runs)."""
+    if not folder.exists():
+        return
+    for p in sorted(folder.rglob("*"), reverse=True):
+        if p.is_file() or p.is_symlink():
+            if p.relative_to(root).as_posix() not in keep:
+                p.unlink()
+        elif p.is_dir() and not any(p.iterdir()):
+            p.rmdir()

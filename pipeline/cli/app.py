@@ -1,0 +1,91 @@
+"""The `pipe` command line: thin. Each command turns its options into a typed config and calls
+its stage; it imports nothing heavy (no torch) until the command runs, so `pipe --help` is fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from typer.core import TyperGroup
+
+from pipeline import __version__
+
+try:
+    from typer._click import exceptions as _cx  # typer vendors click since 0.2x
+except ImportError:  # pragma: no cover - older typer depends on click itself
+    from click import exceptions as _cx
+
+
+class PipeGroup(TyperGroup):
+    """Usage errors as one line on stderr (exit 2), not a traceback or a boxed usage screen."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _cx.ClickException as e:  # UsageError, BadParameter, NoSuchOption
+            if type(e).__name__ == "NoArgsIsHelpError":
+                e.show()
+                sys.exit(0)
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else "pipe: "
+            sys.stderr.write(f"{where}error: {e.format_message()}\n")
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            sys.stderr.write("pipe: aborted\n")
+            sys.exit(130)
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
+app = typer.Typer(
+    cls=PipeGroup,
+    help="From a messy folder of images and text to a fine-tuned model: clean -> shard -> check -> train.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"pipe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version.")):
+    """From a messy folder of images and text to a fine-tuned model: clean -> shard -> check -> train."""
+
+
+def _register() -> None:
+    from pipeline.cli import check, clean, doctor, shard
+    from train import command as train_command
+
+    app.command("clean")(clean.clean)
+    app.command("shard")(shard.shard)
+    app.command("check")(check.check)
+    app.command("train")(train_command.train)
+    app.command("doctor")(doctor.doctor)
+
+
+_register()
+
+
+def _workers_skip_the_script() -> None:
+    """A spawned worker process first re-runs the main script, unless it is a package's
+    __main__: for the `pipe` console script that means importing this CLI (typer, rich) in every
+    worker, ~0.1-0.2 s each before its first file. Our workers only ever run pipeline functions,
+    so present the script as what it stands for, `python -m pipeline`."""
+    script = sys.modules.get("__main__")
+    if script is not None and getattr(script, "__spec__", None) is None:
+        import importlib.util
+
+        script.__spec__ = importlib.util.find_spec("pipeline.__main__")
+
+
+def main() -> None:
+    _workers_skip_the_script()
+    app(prog_name="pipe")

@@ -1,0 +1,96 @@
+"""`pipe check DIR... [--policy policy.toml] [--deep] [--json] [--junit FILE]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pipeline.cli.common import exits_cleanly
+
+
+@exits_cleanly
+def check(
+    ctx: typer.Context,
+    dirs: Annotated[list[Path], typer.Argument(help="Clean dirs (manifest.parquet) and/or shard dirs (index.json).", show_default=False)],
+    policy: Annotated[Optional[Path], typer.Option(help="TOML file of thresholds and severities (schemas/policy.schema.json).")] = None,
+    deep: Annotated[bool, typer.Option("--deep", help="Decode every image in every output and shard, not only headers.")] = False,
+    json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schemas/check_report.schema.json) instead of a table.")] = False,
+    junit: Annotated[Optional[Path], typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
+    input: Annotated[Optional[Path], typer.Option(help="Raw input folder of a clean dir, when not where its report.json says.")] = None,
+    workers: Annotated[int, typer.Option(help="Processes reading shards and, with --deep, decoding images (0 = one per core).")] = 0,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[check] table sets any of these flags.")] = None,
+) -> None:
+    """Hold clean or shard dirs to a quality policy: the CI data-quality gate.
+
+    Exit 0 when every check passed (warnings allowed), 1 when a check whose severity is error
+    failed, 2 for a usage error (missing folder, bad policy).
+    """
+    from pipeline.check import stage
+    from pipeline.core import ui
+    from pipeline.core.config import explicit_params, load_section, resolve
+
+    values = {"dirs": list(dirs), "policy": policy, "deep": deep, "input": input, "workers": workers}
+    cfg = resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check"))
+    if junit is not None:
+        _refuse_junit_inside(junit, [*cfg.dirs, *([cfg.input] if cfg.input else [])])
+    report = stage.run(cfg, show_progress=not json)
+    if junit is not None:
+        _write_junit(report, junit)
+    if json:
+        ui.print_json(report.to_dict())
+    else:
+        _table(report)
+    raise typer.Exit(report.exit_code)
+
+
+def _refuse_junit_inside(path: Path, folders: list[Path]) -> None:
+    """Before any check runs: --junit must not name a folder, nor a file inside a folder being
+    checked (it would overwrite index.json or manifest.parquet, or add a stray file to data/)."""
+    from pipeline.core.errors import UsageError
+
+    target = path.resolve()
+    if target.is_dir():
+        raise UsageError(f"--junit {path} is a folder; name the XML file to write")
+    for folder in folders:
+        inside = folder.resolve()
+        if target == inside or inside in target.parents:
+            raise UsageError(f"--junit {path} is inside {folder}, a folder being checked; write it elsewhere")
+
+
+def _write_junit(report, path: Path) -> None:
+    from pipeline.check import junit
+    from pipeline.core.errors import UsageError
+
+    try:
+        junit.write(report, path)
+    except OSError as e:
+        raise UsageError(f"cannot write the JUnit file {path}: {e.strerror or e}") from None
+
+
+_SHOW = {("pass", "error"): "[green]ok[/]", ("pass", "warning"): "[green]ok[/]",
+         ("fail", "error"): "[bold red]FAIL[/]", ("fail", "warning"): "[yellow]warn[/]",
+         ("skip", "error"): "[dim]skip[/]", ("skip", "warning"): "[dim]skip[/]"}
+
+
+def _table(report) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from pipeline.core.ui import out_console
+
+    for folder in report.folders:
+        table = Table(title=f"pipe check {folder.path} ({folder.kind} dir{', deep' if report.deep else ''})",
+                      title_justify="left")
+        table.add_column("check", style="bold")
+        table.add_column("result")
+        table.add_column("severity", style="dim")
+        table.add_column("finding", overflow="fold")
+        for r in folder.results:
+            table.add_row(r.name, _SHOW[(r.status, r.severity)], r.severity, escape(r.message))
+        out_console.print(table)
+    s = report.summary()
+    verdict = "[bold red]FAILED[/]" if report.exit_code else "[bold green]PASSED[/]"
+    out_console.print(f"{verdict}: {s['passed']} passed, {s['errors']} failed, {s['warnings']} warnings, "
+                      f"{s['skipped']} skipped (exit {report.exit_code})")

@@ -1,0 +1,63 @@
+"""`pipe clean INPUT -o CLEAN_DIR`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pipeline.cli.common import exits_cleanly
+
+
+
+@exits_cleanly
+def clean(
+    ctx: typer.Context,
+    input: Annotated[Path, typer.Argument(help="The raw dataset folder (never modified).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="CLEAN_DIR to write.", show_default=False)],
+    size: Annotated[int, typer.Option(help="Side of the square output images, in pixels.")] = 512,
+    resize_mode: Annotated[str, typer.Option(help="pad (letterbox), crop (centre) or stretch.")] = "pad",
+    format: Annotated[str, typer.Option("--format", help="Output image format: jpg, png or webp.")] = "jpg",
+    quality: Annotated[int, typer.Option(help="JPEG/WebP quality, 1-100.")] = 90,
+    min_size: Annotated[int, typer.Option(help="Quarantine images whose short side is below this (px).")] = 32,
+    max_pixels: Annotated[int, typer.Option(help="Decompression-bomb limit, from the header, before decoding.")] = 178_956_970,
+    background: Annotated[str, typer.Option(help="Colour under transparency and padding: white, black, grey, #rrggbb.")] = "white",
+    labels: Annotated[Optional[Path], typer.Option(help="labels.csv|jsonl with path,label[,text] instead of class folders.")] = None,
+    label_conflicts: Annotated[str, typer.Option(help="Same content, different labels: quarantine, majority or first.")] = "quarantine",
+    near_dedup: Annotated[bool, typer.Option(help="Find near duplicates too (perceptual hash + pixels, MinHash + Jaccard).")] = True,
+    near_image_distance: Annotated[int, typer.Option(help="Perceptual-hash bits apart for two images to be compared on pixels (0-12).")] = 8,
+    near_text_jaccard: Annotated[float, typer.Option(help="Shingle Jaccard similarity from which texts are near duplicates (0.5-1).")] = 0.8,
+    workers: Annotated[int, typer.Option(help="Worker processes (0 = one per core).")] = 0,
+    file_timeout: Annotated[float, typer.Option(help="Seconds one file may take before it is quarantined as timeout (0 = no limit).")] = 120.0,
+    overwrite: Annotated[bool, typer.Option(help="Replace a CLEAN_DIR made from other input or settings.")] = False,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[clean] table sets any of these flags.")] = None,
+    json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
+) -> None:
+    """Validate, normalise and deduplicate INPUT into CLEAN_DIR; every file gets a status.
+
+    Images become RGB at --size x --size; texts become UTF-8 NFC; duplicates and broken files are
+    set aside with a reason in manifest.parquet. Re-running resumes; exit 0 whenever it finished.
+    """
+    from pipeline.clean import stage
+    from pipeline.core.config import explicit_params, load_section, resolve
+
+    values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
+    cfg = resolve(stage.CleanConfig, values, explicit_params(ctx), load_section(config, "clean"))
+    report = stage.run(cfg, show_progress=not json)
+    from pipeline.core import ui  # rich: imported while the workers start, not before
+
+    if json:
+        ui.print_json(report)
+    else:
+        _summary(report, cfg)
+
+
+def _summary(report: dict, cfg) -> None:
+    from pipeline.core import ui
+
+    st = report["by_status"]
+    rows = [("files", report["files"]), ("kept", st["kept"]), ("duplicate", st["duplicate"]), ("quarantined", st["quarantined"])]
+    rows += [(f"  {reason}", n) for reason, n in report["by_reason"].items()]
+    rows.append(("time", f"{sum(report['timings'].values()):.1f} s"))
+    ui.summary_table(f"pipe clean -> {cfg.output}", rows)

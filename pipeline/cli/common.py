@@ -1,0 +1,38 @@
+"""Shared by the command modules: how a stage's failure becomes an exit code and one line."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import typer
+
+from pipeline.core.errors import StageFailed, UsageError
+
+
+def exits_cleanly(fn):
+    """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, one line each."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UsageError as e:
+            sys.stderr.write(f"pipe: error: {e}\n")
+            raise typer.Exit(2) from None
+        except StageFailed as e:
+            sys.stderr.write(f"pipe: failed: {e}\n")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            sys.stderr.write("interrupted: run the same command again to resume\n")
+            raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except Exception as e:  # a bug of ours: say so in one line; PIPE_DEBUG=1 shows the traceback
+            if os.environ.get("PIPE_DEBUG"):
+                raise
+            sys.stderr.write(f"pipe: internal error: {type(e).__name__}: {e} (PIPE_DEBUG=1 shows the traceback)\n")
+            raise typer.Exit(1) from None
+
+    return wrapper

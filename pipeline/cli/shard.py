@@ -1,0 +1,59 @@
+"""`pipe shard CLEAN_DIR -o SHARD_DIR`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pipeline.cli.common import exits_cleanly
+
+
+@exits_cleanly
+def shard(
+    ctx: typer.Context,
+    input: Annotated[Path, typer.Argument(help="CLEAN_DIR written by pipe clean (never modified).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="SHARD_DIR to write.", show_default=False)],
+    val_fraction: Annotated[float, typer.Option(help="Share of each class for validation.")] = 0.1,
+    max_count: Annotated[int, typer.Option(help="Most samples per shard.")] = 1000,
+    max_size: Annotated[int, typer.Option(help="Most bytes per shard (tar headers and padding counted).")] = 1 << 30,
+    seed: Annotated[int, typer.Option(help="Seed of the split and the shuffle.")] = 0,
+    split_distance: Annotated[int, typer.Option(help="Images within this many perceptual-hash bits stay on one side of the split.")] = 6,
+    expected_ranks: Annotated[int, typer.Option(help="Ranks you expect to train with (sizes the 'too few shards' warning).")] = 8,
+    expected_workers: Annotated[int, typer.Option(help="Dataloader workers per rank you expect to train with.")] = 4,
+    workers: Annotated[int, typer.Option(help="Processes that decode images to measure them (0 = one per core).")] = 0,
+    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[shard] table sets any of these flags.")] = None,
+    json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
+) -> None:
+    """Write CLEAN_DIR's kept samples as deterministic webdataset shards plus index.json.
+
+    Samples are split per class into train/val (near duplicates on one side), shuffled with
+    --seed and cut by --max-count/--max-size. Kept samples without a label are left out and
+    counted. The same CLEAN_DIR and settings give byte-identical shards.
+    """
+    from pipeline.shard import stage
+    from pipeline.core import ui
+    from pipeline.core.config import explicit_params, load_section, resolve
+
+    values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
+    cfg = resolve(stage.ShardConfig, values, explicit_params(ctx), load_section(config, "shard"))
+    summary = stage.run(cfg, show_progress=not json)
+    if json:
+        ui.print_json(summary)
+        return
+    rows = [("classes", summary["classes"]), ("image size", summary["image_size"] or "-"),
+            ("train", f"{summary['train']} samples in {_shards(summary['train_shards'])}"),
+            ("val", f"{summary['val']} samples in {_shards(summary['val_shards'])}"),
+            ("left out: no label", summary["unlabelled"]),
+            ("near-duplicate groups", summary["near_duplicate_groups"]),
+            ("size", f"{summary['bytes'] / 1e6:.1f} MB"),
+            ("time", f"{sum(summary['timings'].values()):.1f} s")]
+    ui.summary_table(f"pipe shard -> {cfg.output}", rows)
+    for w in summary["warnings"]:
+        sys.stderr.write(f"warning: {w}\n")
+
+
+def _shards(n: int) -> str:
+    return f"{n} shard" if n == 1 else f"{n} shards"

@@ -1,1 +1,0 @@
-"""One module per command: its options (with help) -> a typed config -> the stage's `run`."""

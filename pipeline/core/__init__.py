@@ -1,0 +1,1 @@
+"""What every stage shares: errors, atomic files, config, schema loading, the console, the worker pool."""

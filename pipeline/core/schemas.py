@@ -1,0 +1,49 @@
+"""Load the JSON Schemas in ``schemas/`` and validate documents against them.
+
+Schema files are named ``<name>.schema.json``. Stages validate what they write in their tests;
+``pipe check`` and config loading validate what they read.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import UsageError
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+
+
+@lru_cache(maxsize=None)
+def load_schema(name: str) -> dict[str, Any]:
+    path = SCHEMA_DIR / f"{name}.schema.json"
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@lru_cache(maxsize=None)
+def _validator(name: str):
+    import jsonschema
+
+    schema = load_schema(name)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def errors(doc: Any, name: str) -> list[str]:
+    """Every violation of schema ``name`` in ``doc``, as ``path: message`` lines (empty = valid)."""
+    out = []
+    for err in sorted(_validator(name).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+        out.append(f"{where}: {err.message}")
+    return out
+
+
+def validate_or_usage_error(doc: Any, name: str, what: str) -> None:
+    errs = errors(doc, name)
+    if errs:
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        raise UsageError(f"{what} does not match schemas/{name}.schema.json: {errs[0]}{more}")

@@ -1,0 +1,1 @@
+"""The files pipe writes and reads: manifest rows, shard members, tar streams, index.json."""

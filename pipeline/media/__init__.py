@@ -1,0 +1,1 @@
+"""How one input file is recognised, judged and normalised, by kind (image, text)."""

@@ -1,0 +1,109 @@
+"""One image file in, one verdict out: a quarantine reason, or the cleaned output image.
+
+`clean_image` is what a worker runs for every image: decode (`decode.py`: structure, header
+limits, full strict decode, colour, orientation), then the exact-duplicate key (a hash of the
+decoded pixels, so one picture in PNG, BMP or lossless WebP is one key), the resize
+(`resize.fit_and_picture`), the perceptual hash of the whole picture (taken from its scaled
+copy where the resize made one) and the encode. Every failure ends as a reason from the fixed
+vocabulary with a readable detail; no exception escapes.
+
+The decoded pixels that are hashed are those of the upright RGB image the output is made from.
+For a JPEG that may already be shrunk in the DCT domain (see `resize.dct_scale`), so the key
+of a JPEG matches other JPEGs with the same coefficients (a copy with its metadata stripped, a
+lossless re-encode) but not a PNG of its full-size pixels: that pair is left to near-duplicate
+detection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0), "grey": (128, 128, 128), "gray": (128, 128, 128)}
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    size: int = 512
+    resize_mode: str = "pad"
+    format: str = "jpg"
+    quality: int = 90
+    min_size: int = 32
+    max_pixels: int = 178_956_970
+    background: tuple[int, int, int] = (255, 255, 255)
+
+
+@dataclass
+class ImageOutcome:
+    reason: str | None = None
+    detail: str = ""
+    width: int | None = None
+    height: int | None = None
+    content_hash: str | None = None
+    phash: int | None = None
+    data: bytes | None = None  # the encoded output image
+    ext: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def preload() -> None:
+    """Import the decoders and the resizer (numpy, Pillow, libjpeg-turbo, fast_image_resize):
+    done once per worker at start-up. The main process never needs them, so `pipe clean`
+    itself starts fast."""
+    import cykooz_resizer  # noqa: F401
+
+    import pipeline.media.image.decode  # noqa: F401
+    import pipeline.similarity.perceptual  # noqa: F401
+
+
+def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
+    from pipeline.media.image.decode import Decoded, Target, decode
+    from pipeline.similarity.perceptual import phash
+    from pipeline.media.reject import Reject
+    from pipeline.media.image.resize import fit_and_picture
+
+    out = ImageOutcome()
+    d = Decoded()
+    try:
+        decode(data, Target(s.size, s.resize_mode, s.min_size, s.max_pixels, s.background), d)
+    except Reject as r:
+        out.reason, out.detail = r.reason, r.detail
+    except MemoryError:
+        out.reason, out.detail = "decompression_bomb", "ran out of memory while decoding"
+    except Exception as e:  # noqa: BLE001 - a decoder bug on hostile input is a verdict, not a crash
+        out.reason, out.detail = "corrupt", f"decoder failed: {type(e).__name__}: {e}"
+    out.width, out.height = d.width or None, d.height or None
+    out.notes = list(dict.fromkeys(d.notes))  # each note once, in order
+    if out.reason is not None:
+        return out
+    rgb = d.image
+    out.content_hash = pixel_hash(rgb, d.pixels)
+    final, picture = fit_and_picture(rgb, s.size, s.resize_mode, s.background)
+    # the hash squeezes the picture to 32x32: from the scaled picture it is the same hash at a
+    # third of the cost of hashing the decoded one
+    out.phash = phash(picture if picture is not None else rgb)
+    out.data, out.ext = encode(final, s.format, s.quality), s.format
+    return out
+
+
+def pixel_hash(rgb, pixels=None) -> str:
+    """Exact-duplicate key: xxh3-128 of the size and the RGB bytes (``pixels``, when given, is
+    the same bytes as an (H, W, 3) uint8 array, hashed without copying them out of Pillow)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    h.update(f"{rgb.width}x{rgb.height}".encode())
+    h.update(pixels if pixels is not None and pixels.flags.c_contiguous else rgb.tobytes())
+    return h.hexdigest()
+
+
+def encode(im, fmt: str, quality: int) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    if fmt == "jpg":
+        im.save(buf, "JPEG", quality=quality, optimize=False)
+    elif fmt == "png":
+        im.save(buf, "PNG", compress_level=6)
+    else:
+        im.save(buf, "WEBP", quality=quality, method=4)
+    return buf.getvalue()

@@ -1,0 +1,1 @@
+"""Texts: encoding detection and strict decoding, then normalisation to UTF-8 NFC."""

@@ -1,0 +1,448 @@
+"""`pipe shard`: a CLEAN_DIR becomes deterministic webdataset tar shards and an `index.json`.
+
+1. load: the kept rows of `manifest.parquet`, grouped by key (an image and its caption are one
+   sample). Samples without a label cannot be trained on as a class: they are left out, counted
+   in index.json (`excluded.unlabeled`) and named in the summary, never dropped silently.
+2. split: per class, seeded, near duplicates (by `phash`) kept on one side (`split.py`).
+3. measure: every image is decoded once (in worker processes): its size must match the others,
+   and the train images' exact pixel sums give the mean and std readers normalise with.
+4. pack: each split shuffled (seeded) then cut into shards by `--max-count` and `--max-size`
+   (bytes on disk, tar headers and padding included; only a single sample larger than the limit
+   makes a shard larger).
+5. write: each shard under a temporary name, fsynced, renamed; stale shards of an earlier run
+   removed; `index.json` last, so no reader ever sees a half-written dataset.
+
+Same CLEAN_DIR, same settings -> byte-identical shards and index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.formats import index as shard_index
+from pipeline.formats import tarstream
+from pipeline.formats.sample import SampleParts, shard_key
+from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.files import atomic_write_text
+from pipeline.shard.split import rng_for, split
+from pipeline.core.ui import progress
+
+SPLITS = ("train", "val")
+SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
+IMAGE_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
+IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
+
+
+@dataclass
+class ShardConfig:
+    """Settings of `pipe shard` (flags of the same name; `[shard]` in a `--config` file)."""
+
+    input: Path
+    """CLEAN_DIR written by `pipe clean` (its manifest.parquet is read; nothing there is modified)."""
+    output: Path
+    """SHARD_DIR: {train,val}-NNNNNN.tar and index.json."""
+    val_fraction: float = 0.1
+    """Share of each class that goes to validation (at least one sample of every class with two or more)."""
+    max_count: int = 1000
+    """Most samples in one shard."""
+    max_size: int = 1 << 30
+    """Most bytes in one shard, tar headers and padding counted; only a single larger sample exceeds it."""
+    seed: int = 0
+    """Seed of the split and of the shuffle before sharding."""
+    split_distance: int = 6
+    """Images whose perceptual hashes differ in at most this many of 64 bits stay on one side of the split."""
+    expected_ranks: int = 8
+    """Ranks you expect to train with; with expected_workers, sizes the 'too few shards' warning."""
+    expected_workers: int = 4
+    """Dataloader workers per rank you expect to train with."""
+    workers: int = 0
+    """Processes that decode images to measure them; 0 = one per core."""
+
+    def as_dict(self) -> dict:
+        return {f.name: (str(v) if isinstance(v, Path) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+
+@dataclass
+class Sample:
+    key: str  # shard key (safe, unique)
+    label: str
+    image: str | None = None  # path relative to CLEAN_DIR
+    image_ext: str | None = None
+    text: str | None = None
+    phash: int | None = None
+    meta: dict = dataclasses.field(default_factory=dict)
+    cls: int = -1
+    tar_bytes: int = 0
+
+
+def validate(cfg: ShardConfig) -> None:
+    checks = [
+        (0 <= cfg.val_fraction < 1, f"--val-fraction must be at least 0 and below 1, got {cfg.val_fraction}"),
+        (cfg.max_count >= 1, f"--max-count must be at least 1, got {cfg.max_count}"),
+        (cfg.max_size >= 4096, f"--max-size must be at least 4096 bytes, got {cfg.max_size}"),
+        (0 <= cfg.split_distance <= 32, f"--split-distance must be between 0 and 32 bits, got {cfg.split_distance}"),
+        (cfg.expected_ranks >= 1, f"--expected-ranks must be at least 1, got {cfg.expected_ranks}"),
+        (cfg.expected_workers >= 0, f"--expected-workers must be 0 or more, got {cfg.expected_workers}"),
+        (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
+        (cfg.seed >= 0, f"--seed must be 0 or more, got {cfg.seed}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+    if not cfg.input.is_dir():
+        raise UsageError(f"CLEAN_DIR not found: {cfg.input}")
+    if not (cfg.input / "manifest.parquet").is_file():
+        raise UsageError(f"{cfg.input} has no manifest.parquet: run pipe clean first (or let it finish)")
+    src, dst = cfg.input.resolve(), cfg.output.resolve()
+    if dst == src or src in dst.parents:
+        raise UsageError(f"the output folder {cfg.output} is inside CLEAN_DIR {cfg.input}; choose another folder")
+    if cfg.output.exists() and not cfg.output.is_dir():
+        raise UsageError(f"the output path {cfg.output} exists and is not a folder")
+    if cfg.output.is_dir():
+        foreign = sorted(p.name for p in cfg.output.iterdir() if not _ours(p.name))
+        if foreign:
+            raise UsageError(f"{cfg.output} holds files pipe shard did not write ({', '.join(foreign[:3])}); choose an empty folder")
+
+
+def _ours(name: str) -> bool:
+    return bool(SHARD_NAME.match(name)) or name == shard_index.INDEX_NAME or (name.startswith(".") and name.endswith(".tmp"))
+
+
+# ---------------------------------------------------------------- 1. load
+
+
+def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
+    """Labelled samples sorted by key, the keys of unlabelled ones, and the manifest's sha256."""
+    import pyarrow.parquet as pq
+
+    path = clean_dir / "manifest.parquet"
+    raw = path.read_bytes()
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 - any Arrow failure means the same thing to the user
+        raise UsageError(f"{path} is not a readable Parquet file: {e}") from None
+    missing = {"key", "kind", "label", "status", "output", "source"} - set(table.column_names)
+    if missing:
+        raise UsageError(f"{path} lacks the columns {', '.join(sorted(missing))}: is it a pipe clean manifest?")
+    rows = [r for r in table.to_pylist() if r["status"] == "kept"]
+    by_key: dict[str, list[dict]] = {}
+    for r in rows:
+        by_key.setdefault(r["key"], []).append(r)
+    samples, unlabelled = [], []
+    for key in sorted(by_key):
+        s = _sample(key, by_key[key], clean_dir)
+        if s is None:
+            unlabelled.append(key)
+        else:
+            samples.append(s)
+    _unique_keys(samples)
+    samples.sort(key=lambda s: s.key)
+    return samples, unlabelled, hashlib.sha256(raw).hexdigest()
+
+
+def _sample(key: str, rows: list[dict], clean_dir: Path) -> Sample | None:
+    images = [r for r in rows if r["kind"] == "image"]
+    texts = [r for r in rows if r["kind"] == "text"]
+    if len(images) > 1 or len(texts) > 1 or len(images) + len(texts) != len(rows):
+        raise UsageError(f"manifest key {key!r} has {len(images)} kept images and {len(texts)} kept texts; "
+                         "expected at most one of each: is the manifest from pipe clean?")
+    labels = {r["label"] for r in rows}
+    if len(labels) > 1:
+        raise UsageError(f"manifest key {key!r} has rows with different labels {sorted(map(str, labels))}")
+    label = labels.pop()
+    if label is None or label == "":
+        return None
+    s = Sample(key=shard_key(key), label=label, meta={"label": label, "sources": {}})
+    if key != s.key:
+        s.meta["manifest_key"] = key
+    for r in images:
+        s.image = _checked_output(clean_dir, r)
+        ext = IMAGE_EXT.get(Path(s.image).suffix.lower())
+        if ext is None:
+            raise UsageError(f"{clean_dir / s.image}: not a .jpg, .png or .webp image")
+        s.image_ext = ext
+        s.phash = int(r["phash"], 16) if r.get("phash") else None
+        s.meta["sources"]["image"] = r["source"]
+        s.meta["image"] = {"width": r.get("width"), "height": r.get("height")}
+        if r.get("caption") and not texts:  # a caption from the labels file: no row of its own
+            s.text = _checked_output(clean_dir, {**r, "output": r["caption"]})
+            s.meta["sources"]["text"] = f"{r['source']} (labels file caption)"
+    for r in texts:
+        s.text = _checked_output(clean_dir, r)
+        s.meta["sources"]["text"] = r["source"]
+        s.meta["text"] = {"encoding": r.get("encoding"), "encoding_confidence": r.get("encoding_confidence")}
+    return s
+
+
+def _checked_output(clean_dir: Path, row: dict) -> str:
+    rel = row["output"] or ""
+    p = clean_dir / rel
+    if not rel or ".." in Path(rel).parts or Path(rel).is_absolute():
+        raise UsageError(f"manifest row for {row['source']!r} is kept but has no usable output path ({rel!r})")
+    if not p.is_file():
+        raise UsageError(f"{p} is listed as kept in the manifest but is missing: was CLEAN_DIR changed? re-run pipe clean")
+    return rel
+
+
+def _unique_keys(samples: list[Sample]) -> None:
+    seen: set[str] = set()
+    for s in sorted(samples, key=lambda s: s.meta.get("manifest_key", s.key)):
+        while s.key in seen:  # only possible after shortening long keys
+            s.key = shard_key(f"{s.key}-{hashlib.sha1(s.key.encode()).hexdigest()[:8]}")
+        seen.add(s.key)
+
+
+# ---------------------------------------------------------------- 3. measure
+
+
+def measure_image(path: str) -> tuple:
+    """(width, height, pixels, channel sums, channel sums of squares) or ("error", message)."""
+    import numpy as np
+
+    from pipeline.formats.sample import DecodeError, decode_image
+
+    ext = IMAGE_EXT.get(Path(path).suffix.lower(), "")
+    try:
+        with open(path, "rb") as f:
+            arr = decode_image(f.read(), ext)
+    except (OSError, DecodeError) as e:
+        return ("error", str(e))
+    h, w = arr.shape[:2]
+    flat = arr.reshape(-1, 3).astype(np.uint64)
+    return (w, h, h * w, flat.sum(axis=0).tolist(), (flat * flat).sum(axis=0).tolist())
+
+
+def _measure_crashed(path: str, exc: BaseException) -> tuple:
+    return ("error", f"the decoder crashed ({type(exc).__name__})")
+
+
+def measure(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool) -> tuple[shard_index.PixelStats, int | None]:
+    """Decode every image; exact train pixel stats and the one image size (errors are UsageError)."""
+    from pipeline.clean.stage import available_cores
+    from pipeline.core.executor import OrderedPool
+
+    todo = [(s, v) for s, v in zip(samples, is_val) if s.image is not None]
+    paths = [str(cfg.input / s.image) for s, _ in todo]
+    workers = min(cfg.workers or available_cores(), max(1, len(paths) // 64))
+    if len(paths) < IN_PROCESS_BELOW or workers <= 1:
+        results = map(measure_image, paths)
+        pool = None
+    else:
+        pool = OrderedPool(measure_image, workers)
+        results = pool.map(paths, on_crash=_measure_crashed)
+    stats, sizes = shard_index.PixelStats(), Counter()
+    try:
+        with progress("measure images", len(paths), show_progress) as advance:
+            for (s, val), res in zip(todo, results):
+                if res[0] == "error":
+                    raise UsageError(f"{cfg.input / s.image} does not decode ({res[1]}): was CLEAN_DIR changed? re-run pipe clean")
+                w, h, n, sums, squares = res
+                sizes[(w, h)] += 1
+                if not val:
+                    stats.add(n, sums, squares)
+                advance(True)
+    finally:
+        if pool is not None:
+            pool.close()
+    if len(sizes) > 1 or any(w != h for w, h in sizes):
+        seen = ", ".join(f"{w}x{h} ({n} images)" for (w, h), n in sizes.most_common(3))
+        raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
+    size = next(iter(sizes))[0] if sizes else None
+    return stats, size
+
+
+# ---------------------------------------------------------------- 4. pack
+
+
+def sample_tar_bytes(s: Sample, clean_dir: Path) -> int:
+    parts = SampleParts(s.key, s.cls, s.meta, image=None, text=None)
+    n = sum(tarstream.member_size(len(data)) for _, data in parts.members())
+    if s.image is not None:
+        n += tarstream.member_size((clean_dir / s.image).stat().st_size)
+    if s.text is not None:
+        n += tarstream.member_size((clean_dir / s.text).stat().st_size)
+    return n
+
+
+def pack(sizes: list[int], max_count: int, max_size: int) -> list[tuple[int, int]]:
+    """Cut a sequence of sample sizes into [begin, end) runs: at most max_count samples and
+    max_size bytes each (the end-of-archive blocks counted), unless one sample alone is larger."""
+    runs, begin, used = [], 0, len(tarstream.END_OF_ARCHIVE)
+    for i, n in enumerate(sizes):
+        full = i - begin >= max_count or used + n > max_size
+        if full and i > begin:
+            runs.append((begin, i))
+            begin, used = i, len(tarstream.END_OF_ARCHIVE)
+        used += n
+    if begin < len(sizes):
+        runs.append((begin, len(sizes)))
+    return runs
+
+
+# ---------------------------------------------------------------- 5. write
+
+
+def write_shard(path: Path, samples: list[Sample], clean_dir: Path) -> shard_index.ShardEntry:
+    """Write one shard atomically; return its index entry (offsets, size, sha256)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    digest, offsets, pos = hashlib.sha256(), [], 0
+    with open(tmp, "wb") as f:
+        for s in samples:
+            offsets.append(pos)
+            parts = SampleParts(s.key, s.cls, s.meta, image_ext=s.image_ext)
+            if s.image is not None:
+                parts.image = (clean_dir / s.image).read_bytes()
+            if s.text is not None:
+                parts.text = (clean_dir / s.text).read_bytes()
+                _check_utf8(parts.text, clean_dir / s.text)
+            start = pos
+            for name, data in parts.members():
+                chunk = tarstream.member(name, data)
+                f.write(chunk)
+                digest.update(chunk)
+                pos += len(chunk)
+            if pos - start != s.tar_bytes:
+                raise StageFailed(f"{clean_dir} changed while sharding (sample {s.key}); run pipe shard again")
+        f.write(tarstream.END_OF_ARCHIVE)
+        digest.update(tarstream.END_OF_ARCHIVE)
+        pos += len(tarstream.END_OF_ARCHIVE)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    split_name = path.name.split("-", 1)[0]
+    return shard_index.ShardEntry(path.name, split_name, len(samples), pos, digest.hexdigest(), offsets)
+
+
+def _check_utf8(data: bytes, path: Path) -> None:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not UTF-8 ({e.reason} at byte {e.start}): was CLEAN_DIR changed? re-run pipe clean") from None
+
+
+def readers_warning(train_shards: int, n_train: int, cfg: ShardConfig) -> str | None:
+    """Warn when per-shard readers (stock webdataset: one shard per worker) would sit idle."""
+    readers = cfg.expected_ranks * max(1, cfg.expected_workers)
+    if train_shards >= readers or n_train == 0:
+        return None
+    what = (f"only {train_shards} train shard{'s' * (train_shards != 1)} for {cfg.expected_ranks} ranks x "
+            f"{max(1, cfg.expected_workers)} workers = {readers} readers")
+    if n_train < readers:
+        return f"{what}, and only {n_train} train samples: readers that take whole shards will sit idle (pipe train's reader does not)"
+    fix = max(1, n_train // readers)
+    return f"{what}: readers that take whole shards will sit idle (pipe train's reader does not); --max-count {fix} gives {readers} or more"
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def run(cfg: ShardConfig, show_progress: bool = True) -> dict:
+    """Run the whole stage; return a summary (what index.json says, in counts, plus warnings)."""
+    validate(cfg)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    samples, unlabelled, manifest_sha = load_samples(cfg.input)
+    if not samples:
+        why = f" ({len(unlabelled)} kept samples have no label)" if unlabelled else ""
+        raise UsageError(f"{cfg.input} has no kept, labelled samples to shard{why}")
+    classes = sorted({s.label for s in samples})
+    class_index = {c: i for i, c in enumerate(classes)}
+    for s in samples:
+        s.cls = class_index[s.label]
+    timings["load_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    res = split([s.label for s in samples], [s.phash for s in samples], cfg.val_fraction, cfg.seed, cfg.split_distance)
+    timings["split_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    stats, image_size = measure(cfg, samples, res.is_val, show_progress)
+    mean, std = stats.mean_std()
+    timings["measure_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    entries = _write_all(cfg, samples, res.is_val, show_progress)
+    timings["write_s"] = time.perf_counter() - t
+
+    by_split = {sp: [s for s, v in zip(samples, res.is_val) if v == (sp == "val")] for sp in SPLITS}
+    warnings = []
+    if unlabelled:
+        warnings.append(f"{len(unlabelled)} kept samples have no label and were left out (e.g. {', '.join(unlabelled[:3])})")
+    if res.classes_without_val:
+        warnings.append(f"classes with no validation sample (their samples are near duplicates of each other): "
+                        f"{', '.join(res.classes_without_val[:5])}")
+    w = readers_warning(sum(e.split == "train" for e in entries), len(by_split["train"]), cfg)
+    if w:
+        warnings.append(w)
+    doc = {
+        "schema_version": shard_index.SCHEMA_VERSION,
+        "created_by": f"pipe shard {__version__}",
+        "manifest_sha256": manifest_sha,
+        "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers")},
+        "classes": classes,
+        "image_size": image_size,
+        "mean": mean,
+        "std": std,
+        "counts": {
+            sp: {"samples": len(by_split[sp]), "shards": sum(e.split == sp for e in entries),
+                 "per_class": dict(sorted(Counter(s.label for s in by_split[sp]).items())),
+                 "images": sum(s.image is not None for s in by_split[sp]),
+                 "texts": sum(s.text is not None for s in by_split[sp])}
+            for sp in SPLITS
+        },
+        "excluded": {"unlabelled": len(unlabelled)},
+        "near_duplicate_groups": {"groups": res.groups, "samples": res.grouped_samples,
+                                  "max_distance": cfg.split_distance},
+        "shards": [e.as_dict() for e in entries],
+    }
+    try:
+        atomic_write_text(cfg.output / shard_index.INDEX_NAME, shard_index.dumps(doc), fsync=True)
+    except OSError as e:
+        raise StageFailed(f"could not write {cfg.output / shard_index.INDEX_NAME}: {e}") from None
+    return {"output": str(cfg.output), "classes": len(classes), "image_size": image_size,
+            "train": len(by_split["train"]), "val": len(by_split["val"]),
+            "train_shards": doc["counts"]["train"]["shards"], "val_shards": doc["counts"]["val"]["shards"],
+            "bytes": sum(e.bytes for e in entries), "unlabelled": len(unlabelled),
+            "near_duplicate_groups": res.groups, "warnings": warnings,
+            "timings": {k: round(v, 3) for k, v in timings.items()}}
+
+
+def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool) -> list[shard_index.ShardEntry]:
+    out = cfg.output
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / shard_index.INDEX_NAME).unlink(missing_ok=True)  # no index until this run is complete
+        for p in out.iterdir():
+            if p.name.startswith(".") and p.name.endswith(".tmp"):
+                p.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
+    entries: list[shard_index.ShardEntry] = []
+    with progress("write shards", len(samples), show_progress) as advance:
+        for sp, stream in ((sp, i + 2) for i, sp in enumerate(SPLITS)):
+            part = [s for s, v in zip(samples, is_val) if v == (sp == "val")]
+            order = rng_for(cfg.seed, stream).permutation(len(part))
+            part = [part[int(i)] for i in order]
+            for s in part:
+                s.tar_bytes = sample_tar_bytes(s, cfg.input)
+            for n, (b, e) in enumerate(pack([s.tar_bytes for s in part], cfg.max_count, cfg.max_size)):
+                try:
+                    entries.append(write_shard(out / f"{sp}-{n:06d}.tar", part[b:e], cfg.input))
+                except OSError as err:
+                    raise StageFailed(f"could not write {out / f'{sp}-{n:06d}.tar'}: {err}") from None
+                for _ in range(e - b):
+                    advance(True)
+    written = {e.name for e in entries}
+    for p in out.iterdir():  # shards of an earlier run with more shards
+        if SHARD_NAME.match(p.name) and p.name not in written:
+            p.unlink()
+    return entries

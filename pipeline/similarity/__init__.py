@@ -1,0 +1,1 @@
+"""Near-duplicate search without comparing all pairs: perceptual hashes for images, MinHash for texts."""

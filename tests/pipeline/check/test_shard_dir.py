@@ -1,0 +1,345 @@
+"""Every shard-dir check: shards made by the real `pipe clean` + `pipe shard`, broken in exactly one
+way (often by rewriting a shard and its index entry as another tool would), fail that check only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.check_fixtures import (build_raw, check, copy_dir, edit_json, failing, policy_file, read_samples, result,
+                                  rewrite_shard, run_clean, run_shard, shard_names, zero_middle)
+from tests.factories import image_bytes, noise_rgb
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    root = tmp_path_factory.mktemp("good")
+    clean = run_clean(build_raw(root / "raw"), root / "clean")
+    return run_shard(clean, root / "shards"), policy_file(root)
+
+
+@pytest.fixture
+def broken(good, tmp_path) -> Path:
+    return copy_dir(good[0], tmp_path / "shards")
+
+
+def shards_of(tmp_path: Path, classes: dict[str, int]) -> Path:
+    clean = run_clean(build_raw(tmp_path / "raw", classes), tmp_path / "clean")
+    return run_shard(clean, tmp_path / "shards")
+
+
+def first_image(samples) -> tuple[int, str]:
+    i = next(i for i, (_, m) in enumerate(samples) if "jpg" in m)
+    return i, "jpg"
+
+
+def replace_image(broken: Path, data: bytes, split: str = "train") -> None:
+    def fn(samples):
+        i, ext = first_image(samples)
+        samples[i][1][ext] = data
+        return samples
+
+    rewrite_shard(broken, shard_names(broken, split)[0], fn)
+
+
+def test_good_shards_pass_everything(good):
+    shards, policy = good
+    for deep in (False, True):
+        report = check(shards, policy, deep=deep)
+        assert failing(report) == set(), [r.message for r in report.results if r.status == "fail"]
+        assert report.folders[0].kind == "shard"
+    assert result(report, "decodes").message.endswith("decode completely")
+
+
+def test_a_rewritten_but_reindexed_shard_still_passes(broken, good):
+    """The helper that breaks things changes nothing by itself (tarfile's own layout is fine)."""
+    rewrite_shard(broken, shard_names(broken, "train")[0], lambda samples: samples)
+    assert failing(check(broken, good[1])) == set()
+
+
+@pytest.mark.parametrize("how", ["index", "sample_json"])
+def test_schema(good, broken, how):
+    if how == "index":
+        edit_json(broken / "index.json", lambda d: d.update(made_by_hand=True))
+    else:
+        def fn(samples):
+            samples[0][1]["json"] = b"{not json"
+            return samples
+        rewrite_shard(broken, shard_names(broken, "train")[0], fn)
+    report = check(broken, good[1])
+    assert failing(report) == {"schema"}
+    assert ("made_by_hand" if how == "index" else "not valid UTF-8 JSON") in result(report, "schema").message
+
+
+@pytest.mark.parametrize("how", ["bit_flip_in_padding", "bit_flip_in_end_marker", "unindexed_shard"])
+def test_shard_checksums(good, broken, how):
+    import tarfile
+
+    name = shard_names(broken, "train")[0]
+    data = bytearray((broken / name).read_bytes())
+    if how == "bit_flip_in_padding":
+        with tarfile.open(broken / name) as tar:
+            cls = next(m for m in tar if m.name.endswith(".cls"))
+        data[cls.offset_data + cls.size + 10] ^= 0x01  # zero padding after the data: readers skip it
+        (broken / name).write_bytes(bytes(data))
+    elif how == "bit_flip_in_end_marker":
+        data[-700] ^= 0x01  # readers take a damaged end marker as the end: nothing is lost
+        (broken / name).write_bytes(bytes(data))
+    else:
+        shutil.copy(broken / name, broken / "train-000099.tar")
+    report = check(broken, good[1])
+    assert failing(report) == {"shard_checksums"}
+    assert ("train-000099.tar" if how == "unindexed_shard" else name) in result(report, "shard_checksums").message
+
+
+@pytest.mark.parametrize("how", ["offset", "count"])
+def test_shard_counts(good, broken, how):
+    def fn(d):
+        e = d["shards"][0]
+        if how == "offset":
+            e["offsets"][1] += 512
+        else:
+            e["count"] += 1
+    edit_json(broken / "index.json", fn)
+    report = check(broken, good[1])
+    assert failing(report) == {"shard_counts"}
+
+
+def test_keys_unique(good, broken):
+    first, second = shard_names(broken, "train")[:2]
+    taken = read_samples(broken / first)[0][0]
+
+    def fn(samples):
+        samples[0] = (taken, samples[0][1])
+        return samples
+    rewrite_shard(broken, second, fn)
+    report = check(broken, good[1])
+    assert failing(report) == {"keys_unique"}
+    assert taken in result(report, "keys_unique").message
+
+
+@pytest.mark.parametrize("cls", [b"7", b"x"])
+def test_labels_in_range(good, broken, cls):
+    def fn(samples):
+        samples[0][1]["cls"] = cls
+        return samples
+    rewrite_shard(broken, shard_names(broken, "train")[0], fn)
+    report = check(broken, good[1])
+    assert failing(report) == {"labels_in_range"}
+
+
+def test_labels_in_range_cls_disagrees_with_json_label(good, broken):
+    def fn(samples):
+        cls = int(samples[0][1]["cls"])
+        samples[0][1]["cls"] = str(1 - cls).encode()
+        return samples
+    rewrite_shard(broken, shard_names(broken, "train")[0], fn)
+    report = check(broken, good[1])
+    assert failing(report) == {"labels_in_range"}
+    assert "but .json says" in result(report, "labels_in_range").message
+
+
+def test_min_samples_per_class(good, tmp_path):
+    shards = shards_of(tmp_path, {"cats": 6, "dogs": 6, "birds": 4})  # birds: 3 train (+1 val) < 4
+    report = check(shards, good[1])
+    assert failing(report) == {"min_samples_per_class"}
+    assert "'birds' has 3" in result(report, "min_samples_per_class").message
+
+
+def test_class_imbalance(good, tmp_path):
+    shards = shards_of(tmp_path, {"cats": 6, "dogs": 23})  # 5 vs 20 train samples: 4 > 3
+    report = check(shards, good[1])
+    assert failing(report) == {"class_imbalance"}
+
+
+def test_val_has_every_class(good, broken):
+    classes = json.loads((broken / "index.json").read_text())["classes"]
+    cats = str(classes.index("cats")).encode()
+    rewrite_shard(broken, shard_names(broken, "val")[0], lambda samples: [s for s in samples if s[1]["cls"] != cats])
+    report = check(broken, good[1])
+    assert failing(report) == {"val_has_every_class"}
+    assert "'cats'" in result(report, "val_has_every_class").message
+
+
+@pytest.mark.parametrize("how", ["exact", "reencoded"])
+def test_leakage(good, broken, how):
+    train_img = next(m["jpg"] for _, m in read_samples(broken / shard_names(broken, "train")[0]) if "jpg" in m)
+    if how == "reencoded":
+        import io
+        train_img = image_bytes(Image.open(io.BytesIO(train_img)), quality=60)
+    replace_image(broken, train_img, split="val")
+    report = check(broken, good[1])
+    assert failing(report) == {"leakage"}
+    r = result(report, "leakage")
+    assert r.numbers["leaked"] == 1 and ("exact" if how == "exact" else "bits apart") in r.message
+
+
+def test_leakage_within_the_policys_allowance_passes(good, broken, tmp_path):
+    train_img = next(m["jpg"] for _, m in read_samples(broken / shard_names(broken, "train")[0]) if "jpg" in m)
+    replace_image(broken, train_img, split="val")
+    policy = policy_file(tmp_path, good[1].read_text().replace("[severity]", "max_leaked_samples = 1\n\n[severity]"))
+    r = result(check(broken, policy), "leakage")
+    assert r.status == "pass" and r.numbers["leaked"] == 1 and r.examples
+
+
+def test_image_size(good, broken):
+    replace_image(broken, image_bytes(noise_rgb(48, 48, seed=7)))
+    report = check(broken, good[1])
+    assert failing(report) == {"image_size"}
+    assert "48x48" in result(report, "image_size").message
+
+
+def test_image_mode(good, broken):
+    replace_image(broken, image_bytes(Image.fromarray(noise_rgb(64, 64, seed=7)).convert("L")))
+    report = check(broken, good[1])
+    assert failing(report) == {"image_mode"}
+
+
+@pytest.mark.parametrize("data", ["一只灰猫".encode("gbk"), "cafe\u0301".encode()])
+def test_text_encoding(good, broken, data):
+    for name in shard_names(broken, "train") + shard_names(broken, "val"):
+        if any("txt" in m for _, m in read_samples(broken / name)):
+            def fn(samples):
+                for _, m in samples:
+                    if "txt" in m:
+                        m["txt"] = data
+                return samples
+            rewrite_shard(broken, name, fn)
+            break
+    else:
+        pytest.fail("the good dataset has a caption; it must be in some shard")
+    report = check(broken, good[1])
+    assert failing(report) == {"text_encoding"}
+
+
+def test_decodes(good, broken):
+    img = next(m["jpg"] for _, m in read_samples(broken / shard_names(broken, "train")[0]) if "jpg" in m)
+    replace_image(broken, img[: len(img) // 2])  # header intact: size and mode still read
+    for deep in (False, True):
+        report = check(broken, good[1], deep=deep)
+        assert failing(report) == {"decodes"}
+
+
+def test_decodes_deep_finds_damaged_jpeg_data_pillow_accepts(good, broken):
+    """A JPEG member zeroed in place inside its tar (sizes unchanged, the index's sha256 updated, as a
+    tool that rewrote the shard would): --deep decodes it strictly, as pipe clean does, and names it."""
+    import hashlib
+    import tarfile
+
+    index = json.loads((broken / "index.json").read_text())
+    for entry in index["shards"]:
+        path = broken / entry["name"]
+        with tarfile.open(path) as tar:
+            jpgs = [m for m in tar if m.name.endswith(".jpg")]
+        data = bytearray(path.read_bytes())
+        hit = next(((m, b) for m in jpgs
+                    if (b := zero_middle(bytes(data[m.offset_data : m.offset_data + m.size]))) is not None), None)
+        if hit:
+            break
+    m, bad = hit
+    data[m.offset_data : m.offset_data + m.size] = bad
+    path.write_bytes(bytes(data))
+    entry["sha256"] = hashlib.sha256(data).hexdigest()
+    (broken / "index.json").write_text(json.dumps(index, indent=1))
+    report = check(broken, good[1], deep=True)
+    assert failing(report) == {"decodes"}
+    msg = result(report, "decodes").message
+    assert m.name.partition(".")[0] in msg and "corrupt" in msg and "premature end of data segment" in msg
+
+
+def test_missing_index_json_with_tars_is_usage_error(good, broken, cli):
+    (broken / "index.json").unlink()
+    r = cli("check", broken)
+    assert r.exit_code == 2 and "no index.json" in r.stderr
+
+
+def test_unreadable_index_fails_schema_and_skips_the_rest(good, broken):
+    (broken / "index.json").write_text("{ half written")
+    report = check(broken, good[1])
+    assert failing(report) == {"schema"}
+    assert all(r.status == "skip" for r in report.results if r.name != "schema")
+    assert report.exit_code == 1
+
+
+def test_shards_are_read_in_worker_processes_with_the_same_result(good, broken, monkeypatch):
+    from pipeline.check import shard_dir
+
+    monkeypatch.setattr(shard_dir, "IN_PROCESS_BYTES", 0)
+    replace_image(broken, image_bytes(noise_rgb(48, 48, seed=7)))
+    report = check(broken, good[1], workers=2)
+    assert failing(report) == {"image_size"}
+
+
+def test_damaged_header_mid_shard_is_named(good, broken):
+    name = shard_names(broken, "train")[0]
+    offsets = json.loads((broken / "index.json").read_text())["shards"][0]["offsets"]
+    data = bytearray((broken / name).read_bytes())
+    data[offsets[2] + 148] ^= 0x07  # the header checksum of the third sample's first member
+    (broken / name).write_bytes(bytes(data))
+    report = check(broken, good[1])
+    assert {"shard_checksums", "shard_counts"} <= failing(report)
+    assert "unreachable" in result(report, "shard_counts").message
+
+
+def test_look_alikes_that_are_different_pictures_do_not_leak(good, broken):
+    """Two different handwritten 1s can have perceptual hashes a few bits apart; like pipe clean,
+    the check confirms a hash candidate on pixels before it calls it a leak."""
+    import io
+
+    import numpy as np
+
+    from pipeline.check.content import inspect_image
+    from tests.image_samples import digit
+
+    rng = np.random.default_rng(0)
+    ones = [image_bytes(digit(rng, 1).convert("RGB").resize((512, 512), Image.Resampling.LANCZOS)) for _ in range(120)]
+    hashes = [inspect_image(b, want_phash=True).phash for b in ones]
+    dist, i, j = min((bin(hashes[i] ^ hashes[j]).count("1"), i, j) for i in range(120) for j in range(i + 1, 120))
+    assert dist <= 4, "no look-alike pair within the policy's distance: the test would prove nothing"
+    replace_image(broken, ones[i], split="train")
+    replace_image(broken, ones[j], split="val")
+    report = check(broken, good[1])
+    r = result(report, "leakage")
+    assert r.status == "pass" and r.numbers["leaked"] == 0 and r.numbers["candidates_not_confirmed"] >= 1
+    # the same picture re-encoded is still a leak
+    replace_image(broken, image_bytes(Image.open(io.BytesIO(ones[i])), quality=60), split="val")
+    assert result(check(broken, good[1]), "leakage").numbers["leaked"] == 1
+
+
+def _add_text_sample(broken: Path, split: str, key: str, text: str) -> None:
+    meta = json.dumps({"label": "cats", "sources": {"text": f"cats/{key}.txt"}}).encode()
+    rewrite_shard(broken, shard_names(broken, split)[0],
+                  lambda samples: [*samples, (key, {"txt": text.encode(), "cls": b"0", "json": meta})])
+
+
+STORY = ("The quick brown fox jumps over the lazy dog while the farmer watches from the old red barn, "
+         "wondering whether the rain will come before the harvest is in.")
+
+
+@pytest.mark.parametrize("val_text,leaks", [
+    (STORY.replace("old red barn", "old red shed"), 1),  # the same story, one word changed
+    ("A completely different caption about a harbour at dawn, gulls over the water.", 0),
+])
+def test_text_leakage_is_judged_by_real_jaccard(good, broken, val_text, leaks):
+    _add_text_sample(broken, "train", "textonly_a", STORY)
+    _add_text_sample(broken, "val", "textonly_b", val_text)
+    r = result(check(broken, good[1]), "leakage")
+    assert r.numbers["leaked"] == leaks
+    if leaks:
+        assert "textonly_b" in r.message and "(text," in r.message
+
+
+def test_a_minhash_estimate_above_the_limit_is_checked_on_the_texts(good, broken, monkeypatch):
+    """MinHash estimates the similarity (64 values: +-0.05); the real Jaccard decides, as in pipe clean."""
+    from pipeline.check import shard_dir
+
+    _add_text_sample(broken, "train", "textonly_a", STORY)
+    _add_text_sample(broken, "val", "textonly_b", "A completely different caption about a harbour at dawn.")
+    monkeypatch.setattr(shard_dir, "near_text_pairs", lambda train, val, t: [
+        (j, next(i for i, s in enumerate(train) if s is not None), 0.9) for j, s in enumerate(val) if s is not None])
+    r = result(check(broken, good[1]), "leakage")
+    assert r.numbers["leaked"] == 0 and r.numbers["candidates_not_confirmed"] >= 1

@@ -1,0 +1,152 @@
+"""`pipe clean` as a whole: one row per file, resume, refusal, outputs, schemas."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.clean import stage as clean
+from pipeline.core import schemas
+from pipeline.clean.stage import CleanConfig
+from tests.factories import image_bytes, noise_rgb, photo, write
+
+
+def run(src: Path, out: Path, **kw) -> dict:
+    return clean.run(CleanConfig(src, out, workers=kw.pop("workers", 2), **kw), show_progress=False)
+
+
+def rows(out: Path) -> dict[str, dict]:
+    return {r["source"]: r for r in pq.read_table(out / "manifest.parquet").to_pylist()}
+
+
+@pytest.fixture
+def raw(tmp_path) -> Path:
+    src = tmp_path / "raw"
+    for i in range(4):
+        photo(src / "cats" / f"c{i}.jpg", seed=i)
+    arr = noise_rgb(200, 150, seed=9)
+    write(src / "dogs" / "d.png", image_bytes(arr, "PNG"))
+    write(src / "dogs" / "d_copy.bmp", image_bytes(arr, "BMP"))  # same pixels, other container
+    write(src / "dogs" / "empty.jpg", b"")
+    write(src / "notes.zip", b"PK\x03\x04" + bytes(100))
+    write(src / "cats" / "c0.txt", "a grey cat")
+    return src
+
+
+def test_one_row_per_file_and_schema_valid(raw, tmp_path):
+    out = tmp_path / "clean"
+    report = run(raw, out)
+    files = sorted(p.relative_to(raw).as_posix() for p in raw.rglob("*") if p.is_file())
+    got = rows(out)
+    assert sorted(got) == files
+    for r in got.values():
+        assert schemas.errors(r, "manifest_row") == [], r
+    assert schemas.errors(json.loads((out / "report.json").read_text()), "report") == []
+    assert report["files"] == len(files)
+    assert sum(report["by_status"].values()) == len(files)
+
+
+def test_statuses_reasons_and_outputs(raw, tmp_path):
+    out = tmp_path / "clean"
+    run(raw, out)
+    got = rows(out)
+    assert got["dogs/empty.jpg"]["reason"] == "zero_bytes"
+    assert got["notes.zip"]["reason"] == "unsupported_format"
+    assert (out / "quarantine" / "unsupported_format" / "notes.zip").read_bytes() == (raw / "notes.zip").read_bytes()
+    # the same pixels in PNG and BMP are one image: the first path is kept
+    assert got["dogs/d.png"]["status"] == "kept"
+    assert got["dogs/d_copy.bmp"]["status"] == "duplicate"
+    assert got["dogs/d_copy.bmp"]["reason"] == "exact_duplicate"
+    assert got["dogs/d_copy.bmp"]["duplicate_of"] == "dogs/d.png"
+    kept = [r for r in got.values() if r["status"] == "kept"]
+    assert {r["output"] for r in kept} == {p.relative_to(out).as_posix() for p in (out / "data").rglob("*") if p.is_file()}
+    assert got["cats/c0.jpg"]["key"] == got["cats/c0.txt"]["key"]
+
+
+def test_rerun_reuses_and_is_byte_identical(raw, tmp_path):
+    out = tmp_path / "clean"
+    run(raw, out)
+    before = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "report.json"}
+    report = run(raw, out)
+    after = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "report.json"}
+    assert before == after
+    assert report["reused"] == report["files"]
+
+
+def test_changed_input_is_redone_and_removed_input_swept(raw, tmp_path):
+    out = tmp_path / "clean"
+    run(raw, out)
+    photo(raw / "cats" / "c1.jpg", w=400, h=300, seed=42)
+    os.utime(raw / "cats" / "c1.jpg", ns=(1, 1))
+    (raw / "cats" / "c2.jpg").unlink()
+    report = run(raw, out)
+    got = rows(out)
+    assert "cats/c2.jpg" not in got
+    assert not list((out / "data").rglob("cats__c2.*"))
+    assert got["cats/c1.jpg"]["width"] == 400
+    assert report["reused"] == report["files"] - 1
+
+
+def test_a_same_size_rewrite_with_its_old_mtime_put_back_is_redone(raw, tmp_path):
+    """Resume must not trust size and mtime alone: tools that copy or restore files put the old
+    mtime back (cp -p, rsync -t, os.utime), and then only the ctime tells the file changed."""
+    out = tmp_path / "clean"
+    run(raw, out)
+    target = raw / "cats" / "c1.jpg"
+    st = target.stat()
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 200] = bytes(200)  # damaged, same size
+    target.write_bytes(bytes(data))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    report = run(raw, out)
+    fresh = run(raw, tmp_path / "fresh")
+    assert report["reused"] == report["files"] - 1
+    assert rows(out)["cats/c1.jpg"] == rows(tmp_path / "fresh")["cats/c1.jpg"]
+    assert fresh["files"] == report["files"]
+
+
+def test_refuses_foreign_or_mismatched_dir_unless_overwrite(raw, tmp_path, cli):
+    foreign = tmp_path / "foreign"
+    write(foreign / "keep.me", "x")
+    r = cli("clean", raw, "-o", foreign)
+    assert r.exit_code == 2 and "not written by pipe clean" in r.stderr
+    out = tmp_path / "clean"
+    assert cli("clean", raw, "-o", out, "--workers", "1").exit_code == 0
+    r = cli("clean", raw, "-o", out, "--size", "256")
+    assert r.exit_code == 2 and "--size 512 -> 256" in r.stderr
+    r = cli("clean", raw, "-o", out, "--size", "256", "--overwrite", "--workers", "1")
+    assert r.exit_code == 0, r.stderr
+    from PIL import Image
+
+    kept = next(v for v in rows(out).values() if v["kind"] == "image" and v["status"] == "kept")
+    assert Image.open(out / kept["output"]).size == (256, 256)
+
+
+def test_inputs_are_never_modified(raw, tmp_path):
+    snapshot = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in raw.rglob("*") if p.is_file()}
+    run(raw, tmp_path / "clean")
+    assert snapshot == {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in raw.rglob("*") if p.is_file()}
+
+
+def test_config_file_precedence(raw, tmp_path, cli):
+    cfg = write(tmp_path / "pipe.toml", "[clean]\nsize = 64\nquality = 50\n")
+    out = tmp_path / "clean"
+    r = cli("clean", raw, "-o", out, "--config", cfg, "--size", "96", "--workers", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    settings = json.loads(r.stdout)["settings"]
+    assert settings["size"] == 96  # the command line beats the file
+    assert settings["quality"] == 50  # the file beats the default
+    bad = write(tmp_path / "bad.toml", "[clean]\nsise = 64\n")
+    r = cli("clean", raw, "-o", tmp_path / "c2", "--config", bad)
+    assert r.exit_code == 2 and "sise" in r.stderr
+
+
+def test_json_output_is_the_report(raw, tmp_path, cli):
+    r = cli("clean", raw, "-o", tmp_path / "clean", "--json", "--workers", "1")
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    assert doc == json.loads((tmp_path / "clean" / "report.json").read_text()) | {"timings": doc["timings"]}
+    assert np.isclose(sum(doc["by_status"].values()), doc["files"])

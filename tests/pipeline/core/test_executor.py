@@ -1,0 +1,69 @@
+"""The ordered pool: results in input order; a worker crash is pinned on one item."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.core.executor import OrderedPool
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def crash_on_seven(x: int) -> int:
+    if x == 7:
+        os._exit(139)  # what a segfaulting decoder looks like from outside
+    return x
+
+
+def test_results_in_input_order():
+    pool = OrderedPool(square, workers=2)
+    assert list(pool.map(range(50), on_crash=lambda i, e: -1, window=5)) == [i * i for i in range(50)]
+
+
+def test_crash_is_isolated_to_its_item():
+    pool = OrderedPool(crash_on_seven, workers=2)
+    out = list(pool.map(range(12), on_crash=lambda i, e: ("crashed", i), window=4))
+    assert out == [0, 1, 2, 3, 4, 5, 6, ("crashed", 7), 8, 9, 10, 11]
+
+
+def test_workers_of_the_pipe_script_do_not_rerun_it(tmp_path):
+    # the `pipe` console script is a file run as __main__; spawned workers re-run such a file
+    # first (importing the whole CLI) unless cli.main says it is pipeline's __main__
+    script = tmp_path / "pipe"
+    script.write_text(
+        "import sys\n"
+        "from pipeline.cli import app as cli\n"
+        "if __name__ == '__main__':\n"
+        "    if sys.argv[1] == 'as-main':\n"
+        "        cli._workers_skip_the_script()\n"
+        "    from pipeline.core.executor import OrderedPool\n"
+        "    probe = \"'pipeline.cli.app' in __import__('sys').modules\"\n"
+        "    print(list(OrderedPool(eval, 1).map([probe], on_crash=lambda item, e: None)))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]))
+    runs = {how: subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True, check=True)
+            for how in ("as-main", "plain")}
+    assert runs["as-main"].stdout.strip() == "[False]", runs["as-main"].stderr
+    assert runs["plain"].stdout.strip() == "[True]"  # what it guards against
+
+
+def hang_on_three(x: int) -> int:
+    import time
+
+    if x == 3:
+        time.sleep(3600)
+    return x
+
+
+def test_a_stuck_item_times_out_and_the_rest_complete():
+    import time
+
+    pool = OrderedPool(hang_on_three, workers=2)
+    t = time.monotonic()
+    out = list(pool.map(range(8), on_crash=lambda i, e: ("crashed", i), window=4, timeout=2,
+                        on_timeout=lambda i, s: ("timeout", i)))
+    assert out == [0, 1, 2, ("timeout", 3), 4, 5, 6, 7]
+    assert time.monotonic() - t < 30

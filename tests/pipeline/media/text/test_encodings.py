@@ -1,0 +1,288 @@
+"""Text or binary, and which encoding: every decode strict, the exact text asserted."""
+
+import codecs
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.media.text import encodings
+from pipeline.media.text.encodings import decode_bytes
+from tests.text_samples import CONFUSABLE, LANGUAGES
+
+# (language, encoding the file is written in) for every legacy encoding we promise to read
+LEGACY = [(lang, enc) for lang, (encs, _t) in LANGUAGES.items() for enc in encs]
+CONFUSED = [(lang, enc) for lang, (encs, _t) in CONFUSABLE.items() for enc in encs]
+
+
+@pytest.mark.parametrize("lang,enc", LEGACY, ids=[f"{lang}-{enc}" for lang, enc in LEGACY])
+def test_legacy_encodings_decode_to_the_exact_text(lang, enc):
+    text = LANGUAGES[lang][1]
+    d = decode_bytes(text.encode(enc))
+    assert d.reason is None, d.detail
+    assert d.text == text
+    assert codecs.lookup(d.encoding)  # a real Python codec name, for the manifest
+    assert 0 < d.confidence <= 1
+
+
+@pytest.mark.parametrize("lang,enc", CONFUSED, ids=[f"{lang}-{enc}" for lang, enc in CONFUSED])
+def test_code_pages_that_disagree_on_a_few_letters(lang, enc):
+    """ISO-8859-15 "œ€" is cp1252 "½¤", ISO-8859-2 "śą" cp1250 "¶±", ISO-8859-7 "Ά" cp1253 "¶",
+    MacCyrillic "я" cp1251 "Я": the exact letters, whichever of the pair the file is in."""
+    text = CONFUSABLE[lang][1]
+    assert decode_bytes(text.encode(enc)).text == text
+
+
+def _quick(data: bytes):
+    """What the quick pass (modern-web encodings only) decides on its own, or None."""
+    import chardet
+
+    start = max(0, encodings._first_high_byte(data) - 256)
+    return encodings._quick_guess(chardet, data, data[start : start + encodings.DETECT_WINDOW])
+
+
+@pytest.mark.parametrize("lang,enc", [("zh-Hans", "gbk"), ("zh-Hant", "big5"), ("ja", "shift_jis"), ("ko", "euc_kr"),
+                                      ("ru", "koi8_r"), ("uk", "cp1251"), ("de", "cp1252"), ("pl", "cp1250"),
+                                      ("el", "cp1253"), ("tr", "cp1254"), ("he", "cp1255"), ("ar", "cp1256")])
+def test_the_quick_pass_decides_ordinary_legacy_text(lang, enc):
+    """The common case costs one chardet call over a third of the candidates, and gets it right."""
+    text = LANGUAGES[lang][1] * 3
+    d = _quick(text.encode(enc))
+    assert d is not None and d.text == text
+
+
+@pytest.mark.parametrize("text,enc,why", [
+    ("Izbrana možnost omogoča, da se oznaka uporabi za izbrane datoteke. Določa ali so vrednosti svetlosti "
+     "obrnjene: temnejše barve so svetlejše. " * 10, "iso8859_2",
+     'cp1250, the guess, reads it as clean letters too: "moľnost", "temnejąe"'),
+    (LANGUAGES["pl"][1] * 10, "iso8859_2", 'cp1250 puts "±" and "¶" beside letters'),
+    (LANGUAGES["fr"][1] * 30 + " Le cœur de l'œuvre coûte 15 €.", "iso8859_15",
+     'the only "œ" and "€" come after the window: cp1252 reads them "½" and "¤"'),
+    (CONFUSABLE["el"][1] * 5, "iso8859_7", 'cp1253 reads "Ά" as "¶"'),
+    (CONFUSABLE["ru"][1] * 5, "mac_cyrillic", 'cp1251 reads "я" as "Я" ("мЯгких"); no modern code page fits'),
+], ids=["sl-iso8859_2", "pl-iso8859_2", "fr-iso8859_15-late", "el-iso8859_7", "ru-mac_cyrillic"])
+def test_what_the_quick_pass_cannot_settle_goes_to_the_full_detection(text, enc, why):
+    data = text.encode(enc)
+    assert _quick(data) is None, why
+    assert decode_bytes(data).text == text
+
+
+@pytest.mark.parametrize("text,enc", [
+    ("Vstupní zpráva k\xa0dispozici, v\xa0pořádku a s\xa0úsměvem.", "cp1250"),  # no-break spaces after "k", "v", "s"
+    ("Permet la reinstal·lació dels paquets i la col·lecció d'informació.", "cp1252"),  # Catalan "l·l"
+    (LANGUAGES["de"][1] + " Müller GmbH® liefert Öfen für 20 €.", "cp1252"),
+    (LANGUAGES["uk"][1] + " Потужність 5 кВт, пам'ять 512 МіБ, файл 3 кБ.", "cp1251"),  # units in camelCase
+])
+def test_real_signs_beside_letters_do_not_mislead(text, enc):
+    assert decode_bytes(text.encode(enc)).text == text
+
+
+@pytest.mark.parametrize("enc", ["gbk", "big5", "shift_jis", "euc_kr", "koi8_r", "cp1252"])
+def test_one_sentence_captions(enc):
+    """Captions are short: one sentence must be enough."""
+    text = {"gbk": "一只橘色的小猫躺在沙发上睡觉。", "big5": "一隻橘色的小貓躺在沙發上睡覺。",
+            "shift_jis": "オレンジ色の子猫がソファで寝ています。", "euc_kr": "주황색 새끼 고양이가 소파에서 자고 있습니다.",
+            "koi8_r": "Рыжий котёнок спит на диване.", "cp1252": "Un chaton roux dort sur le canapé, “tranquille”."}[enc]
+    assert decode_bytes(text.encode(enc)).text == text
+
+
+@pytest.mark.parametrize("enc,bom", [("utf-16-le", True), ("utf-16-be", True), ("utf-16-le", False),
+                                     ("utf-16-be", False), ("utf-32-le", True), ("utf-32-be", False)])
+@pytest.mark.parametrize("lang", ["fr", "ru", "zh-Hans", "ja", "ko"])
+def test_utf16_and_utf32_with_and_without_bom(enc, bom, lang):
+    text = LANGUAGES[lang][1]
+    mark = {"utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE,
+            "utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE}[enc]
+    d = decode_bytes((mark if bom else b"") + text.encode(enc))
+    assert (d.text, d.encoding) == (text, enc)
+
+
+def test_utf8_with_bom_loses_the_bom_only():
+    d = decode_bytes(codecs.BOM_UTF8 + "héllo wörld\n".encode())
+    assert (d.text, d.encoding, d.confidence) == ("héllo wörld\n", "utf-8-sig", 1.0)
+
+
+def test_utf8_is_the_fast_path_with_full_confidence():
+    d = decode_bytes(LANGUAGES["ja"][1].encode())
+    assert (d.text, d.encoding, d.confidence) == (LANGUAGES["ja"][1], "utf-8", 1.0)
+
+
+def test_iso2022_jp_is_not_read_as_ascii():
+    text = LANGUAGES["ja"][1]
+    d = decode_bytes(text.encode("iso2022_jp"))
+    assert d.text == text and d.encoding.startswith("iso2022_jp")
+
+
+def test_legacy_text_whose_first_kilobytes_are_ascii():
+    """chardet sees a window starting at the first non-ASCII byte, not 8 KB of English header."""
+    text = "Title: travel notes\n" * 600 + LANGUAGES["zh-Hans"][1]
+    d = decode_bytes(text.encode("gbk"))
+    assert d.text == text and d.encoding == "gb18030"
+
+
+def test_a_prefix_guess_that_fails_later_falls_back():
+    """The first 8 KB look like Windows Shift_JIS (cp932); the end has JIS X 0213 characters
+    that only shift_jis_2004 holds. The guess fails on the whole file; the next one is tried."""
+    text = LANGUAGES["ja"][1] * 40 + "アイヌ語のㇰとㇱ、そして鷗外と𠀋。"
+    data = text.encode("shift_jis_2004")
+    with pytest.raises(UnicodeDecodeError):
+        data.decode("cp932")
+    d = decode_bytes(data)
+    assert (d.text, d.encoding) == (text, "shift_jis_2004")
+    assert "did not decode the whole file" in d.notes[0]
+
+
+@pytest.mark.parametrize("data,what", [
+    (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4, "png-like"),
+    (bytes(range(256)) * 8, "all bytes"),
+    (b"\x00" * 10, "NULs"),
+    (b"\x00\x01\x02\x03binary", "short binary"),
+    (bytes([7, 8, 1, 2, 3]) + b"abc", "control bytes, no NUL"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_binary_content(data, what):
+    d = decode_bytes(data)
+    assert d.reason == "binary_content" and d.text is None
+
+
+def test_16_bit_integers_are_binary_not_utf16():
+    import numpy as np
+
+    d = decode_bytes(np.arange(1000, dtype="<u2").tobytes())
+    assert d.reason == "binary_content"
+
+
+def test_a_stray_control_byte_does_not_make_text_binary():
+    d = decode_bytes(b"a caption with a bell\x07 in it, and more words after it")
+    assert d.reason is None and "\x07" in d.text  # removed later, by normalisation
+
+
+def test_undecodable_bytes_are_never_replaced():
+    # a UTF-8 byte-order mark followed by bytes that are not UTF-8
+    d = decode_bytes(codecs.BOM_UTF8 + "caf".encode() + b"\xe9 cr\xe8me")
+    assert d.reason == "undecodable_text" and d.text is None
+    assert "byte 6" in d.detail
+
+
+def test_truncated_utf16_is_undecodable():
+    d = decode_bytes(codecs.BOM_UTF16_LE + "a caption".encode("utf-16-le") + b"a")
+    assert d.reason == "undecodable_text" and "truncated" in d.detail
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_never_raises_and_never_lossy(data):
+    d = decode_bytes(data)
+    assert (d.text is None) == (d.reason is not None)
+    if d.text is not None:
+        assert "\ufffd" not in d.text or b"\xef\xbf\xbd" in data or d.encoding.startswith("utf-16")\
+            or d.encoding.startswith("utf-32")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=200))
+def test_any_utf8_text_round_trips(text):
+    d = decode_bytes(text.encode("utf-8"))
+    assert d.text == text and d.encoding == "utf-8"
+
+
+def test_iso2022_kr_is_text_not_binary():
+    """ISO-2022-KR shifts in and out of Korean with SO/SI control bytes (a fifth of the bytes in
+    chardet's own test files): the escape sequence says it is text before the control share does."""
+    text = "한국어 텍스트입니다. 이것은 테스트입니다.\n" * 3
+    d = decode_bytes(text.encode("iso2022_kr"))
+    assert (d.reason, d.text) == (None, text)
+
+
+# --- a reading that overrides chardet, or a rare code page, must have a real reason -------------
+
+def test_every_reading_is_judged_from_the_same_byte():
+    """Shift_JIS-2004 reads the ASCII "~" as "‾": judged from its own first non-ASCII character,
+    its window held only English and looked flawless, while cp932's held the Japanese. Both are
+    judged from the first high byte, and the tilde stays a tilde."""
+    text = "Only ~5% of this file is English; the tilde (~) must stay a tilde.\n" * 100 \
+        + "日本語のテキストです。時々、人々はPythonでコードを書きます。データベースのサーバーを使います。\n" * 3
+    d = decode_bytes(text.encode("shift_jis"))
+    assert (d.text, d.encoding) == (text, "cp932")
+
+
+@pytest.mark.parametrize("text,codec", [
+    ("在IE中为abbr标签加样式，使用CSS布局的教程。", "gb18030"),
+    ("時々、人々はPythonでコードを書きます。サーバーのデータ。", "cp932"),  # 々 and ー are Japanese too
+    ("PC에서 CSS를 사용합니다.", "cp949"),
+], ids=["zh", "ja", "ko"])
+def test_latin_words_set_in_east_asian_text_are_not_odd(text, codec):
+    """No spaces around a Latin word in Chinese or Japanese, a Korean particle attached to it:
+    not a change of script within a word."""
+    data = text.encode(codec)
+    assert encodings._oddities(data.decode(codec), data, codec) == 0
+
+
+def test_latin_text_misread_as_a_multibyte_code_page_still_looks_odd():
+    """A cp1252 text read as GB18030 pairs each accented letter with the next one: a lone
+    ideograph inside a Latin word ("d間o鹴ant")."""
+    data = "Un goût dégoûtant: Mélanie étonnée.".encode("cp1252")
+    assert encodings._oddities(data.decode("gb18030"), data, "gb18030") > 0
+
+
+def test_a_declared_rare_code_page_is_read_as_declared():
+    """A short MacCyrillic page: KZ-1048 reads its capitals as Kazakh letters just as cleanly,
+    but a rare code page is taken only with chardet's word, and chardet over the whole file
+    (its XML declaration included) reads it as MacCyrillic."""
+    text = '<?xml version="1.0" encoding="x-mac-cyrillic"?>\n<title>Новости: Москва и Санкт-Петербург</title>\n'
+    d = decode_bytes(text.encode("mac_cyrillic"))
+    assert (d.text, d.encoding) == (text, "mac-cyrillic")
+    assert "rare code page" in d.notes[0]
+
+
+def test_an_unconfirmed_rare_code_page_is_refused_not_guessed():
+    """One MacRoman apostrophe in 150 KB of ASCII: HP Roman-8 reads it as a clean "í", cp1252 as
+    "Õ", chardet has no real opinion. No reading to trust: refused, not decoded silently wrong."""
+    text = '"Product"="Daniel Blanchard’s Trackpad #1","Version"=1\n' \
+        + "IOService:/AppleACPIPlatformExpert/PCI0@0 <class IOPCIDevice, id 0x100000200>\n" * 2000
+    d = decode_bytes(text.encode("mac_roman"))
+    assert d.text is None and d.reason == "undecodable_text"
+    assert "rare code page" in d.detail
+
+
+def test_a_rare_code_page_chardet_confirms_keeps_chardets_name():
+    """A declared IBM866 page whose letters cp1125 (Ukrainian DOS) reads the same: the manifest
+    names the encoding the file declares."""
+    text = '<?xml version="1.0" encoding="IBM866"?>\n<title>' + CONFUSABLE["ru"][1] + "</title>\n"
+    d = decode_bytes(text.encode("cp866"))
+    assert (d.text, d.encoding) == (text, "cp866")
+
+
+@pytest.mark.parametrize("text", ["Ça va très bien", "Photo of a naïve café", "price: 10£"])
+def test_short_western_captions_are_read_as_cp1252(text):
+    """chardet, unsure on a few bytes, rates cp1257 "Ēa va trčs bien", cp1250 "naďve" and
+    "10Ł" above cp1252: as clean, but with letters those languages hardly ever show."""
+    d = decode_bytes(text.encode("latin-1"))
+    assert (d.text, d.encoding) == (text, "cp1252")
+    assert "cp1252" in d.notes[0]
+
+
+def test_western_quotes_are_not_read_as_slovak_letters():
+    """«» are ISO-8859-2 "Ťť": a quoted Western phrase is not a Slovak word."""
+    text = "Cliquez sur «Enregistrer» pour continuer"
+    assert decode_bytes(text.encode("iso8859_15")).text == text
+
+
+def test_ambiguous_garbage_is_not_read_as_western():
+    """Broken UTF-8 ("Ã(") has no cp1252 reading with an edge over the others: not turned
+    into Western text, and never taken for EBCDIC."""
+    d = decode_bytes(b"\xc3\x28 invalid")
+    assert d.encoding not in encodings.EBCDIC
+    assert d.reason == "undecodable_text" or d.text == "Ć( invalid"
+
+
+def test_high_bytes_without_ebcdic_spaces_are_not_read_as_ebcdic():
+    """b"\\x81\\x82\\x83" is EBCDIC "abc", but EBCDIC text has spaces (0x40): refused, not 'abc'."""
+    d = decode_bytes(b"\x81\x82\x83")
+    assert d.text != "abc" and d.encoding not in encodings.EBCDIC
+    assert d.text is None and d.reason == "undecodable_text" and d.detail
+
+
+def test_real_ebcdic_text_is_still_read():
+    text = "Ceci est un texte écrit sur un ordinateur central"
+    d = decode_bytes(text.encode("cp500"))
+    assert d.text == text and d.encoding in encodings.EBCDIC

@@ -1,0 +1,76 @@
+"""The reader's byte side: samples read back exactly as tar wrote them, whether a range is
+mapped or read (small ranges, network file systems), views that stay valid after their block,
+a short shard named rather than a crash, and no torch import on the way."""
+
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from pipeline.shard import stage
+from tests.clean_dirs import make_clean_dir, simple_specs
+from train.data import stream
+from train.data.stream import SampleDecodeError, SampleReader
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    make_clean_dir(root / "clean", simple_specs(40, classes=2, text_every=3))
+    stage.run(stage.ShardConfig(root / "clean", root / "shards", max_count=7, val_fraction=0), show_progress=False)
+    return root / "shards"
+
+
+def members_by_tarfile(shard_dir) -> dict[str, dict[str, bytes]]:
+    """key -> {ext: bytes} of every train sample, read with Python's tarfile (an independent parser)."""
+    out: dict[str, dict[str, bytes]] = {}
+    for path in sorted(shard_dir.glob("train-*.tar")):
+        with tarfile.open(path) as tf:
+            for m in tf.getmembers():
+                key, ext = m.name.split(".", 1)
+                out.setdefault(key, {})[ext] = tf.extractfile(m).read()
+    return out
+
+
+def epoch_samples(reader: SampleReader, epoch: int = 0) -> dict[str, dict[str, bytes]]:
+    samples = [s for _, s in reader.samples(epoch)]  # all kept alive past their blocks
+    return {s.key: {ext: bytes(v) for ext, v in s.fields.items()} for s in samples}
+
+
+# how a range of samples is read: mapped (large ranges), read into aligned memory (large ranges
+# where mapping fails: some network file systems), or read plainly (small ranges)
+READ_PATHS = {"mapped": (0, True), "aligned read": (0, False), "small read": (1 << 62, True)}
+
+
+@pytest.fixture(params=sorted(READ_PATHS))
+def read_path(request, monkeypatch):
+    map_from, can_map = READ_PATHS[request.param]
+    monkeypatch.setattr(stream, "MAP_FROM", map_from)
+    monkeypatch.setattr(stream, "_CAN_MAP", can_map)
+    return request.param
+
+
+def test_samples_are_the_tar_members_and_outlive_their_block(shards, read_path):
+    reader = SampleReader(shards, batch_size=4, shuffle_buffer=5)  # many small blocks, one sample left out
+    got = epoch_samples(reader)
+    want = members_by_tarfile(shards)
+    assert len(got) == len(want) - len(reader.plan(0).dropped)
+    assert all(got[k] == want[k] for k in got)
+
+
+def test_a_shard_shorter_than_its_index_is_named(tmp_path, read_path):
+    make_clean_dir(tmp_path / "clean", simple_specs(6, classes=2))
+    stage.run(stage.ShardConfig(tmp_path / "clean", tmp_path / "shards", val_fraction=0), show_progress=False)
+    tar = tmp_path / "shards" / "train-000000.tar"
+    tar.write_bytes(tar.read_bytes()[:-2000])  # never mapped past its end (that would be SIGBUS, not a message)
+    with pytest.raises(SampleDecodeError, match=r"^train-000000\.tar: the file is shorter than index\.json says"):
+        list(SampleReader(tmp_path / "shards", batch_size=1, shuffle_buffer=0).samples(0))
+
+
+def test_reading_does_not_import_torch(shards):
+    code = ("import sys; from train.data.stream import SampleReader; "
+            f"n = sum(1 for _ in SampleReader({str(shards)!r}, batch_size=4).samples(0)); "
+            "assert n > 0 and 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

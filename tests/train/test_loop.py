@@ -1,0 +1,278 @@
+"""The training loop end to end on a stand-in reader: it learns, writes what it promises, resumes
+exactly (also after a real SIGKILL under torchrun --max-restarts), and fails with clear messages."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from pipeline.core.errors import StageFailed, UsageError
+from tests.conftest import REPO, pipe_env
+from tests.fake_data import fake_source, write_index
+from tests.gloo import scenario_results
+from train.components import checkpoint as ckpt
+from train import loop
+from train.config import BatchPlan, TrainConfig
+from train.distributed.group import Dist
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """One intra-op thread, as each rank of a launched run gets: on a shared 2-core machine two
+    OpenMP threads spin against the other processes and a step takes 10x longer."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _cfg(tmp: Path, name: str = "run", **over) -> TrainConfig:
+    shards = tmp / "shards"
+    if not (shards / "index.json").exists():
+        write_index(shards)
+    values = dict(shard_dir=shards, output=tmp / name, epochs=2, batch_size=8, workers=0, width=8, log_every=3,
+                  model="image-text", lr=5e-3)
+    return TrainConfig(**{**values, **over})
+
+
+def _run(cfg: TrainConfig, **data) -> tuple[dict, str]:
+    out = io.StringIO()
+    summary = loop.run(cfg, open_data=fake_source(**data), console=Console(file=out, width=300))
+    return summary, out.getvalue()
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_tensors(a: dict, b: dict) -> list[str]:
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_a_run_learns_and_writes_checkpoints_metrics_and_tensorboard(tmp_path):
+    cfg = _cfg(tmp_path)
+    summary, printed = _run(cfg)
+    assert summary["steps"] == 2 * (96 // 8) and summary["epochs"] == 2
+    assert summary["val_acc"] > 0.8  # three separable classes: chance is 1/3
+    assert "global batch 8 = 8 per rank x 1 rank x 1 accumulation step" in printed
+    state = ckpt.load(cfg.output / "last.pt")
+    for key in ("model", "optimizer", "scheduler", "scaler", "epoch", "step", "reader", "rng", "config",
+                "dataset_fingerprint"):
+        assert key in state, key
+    assert state["reader"] == {"epoch": 2, "consumed": 0, "world_size": 1, "batch_size": 8}
+    assert state["config"]["global_batch"] == 8 and state["config"]["precision"] == "fp32"
+    assert (cfg.output / "best.pt").exists()
+    rows = _metrics(cfg.output)
+    assert [r["epoch"] for r in rows if r["kind"] == "val"] == [1, 2]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"]
+    assert list((cfg.output / "tb").glob("events.out.tfevents.*"))
+    assert json.loads((cfg.output / "config.json").read_text())["world_size"] == 1
+
+
+def _crash_after(step: int):
+    def fault(run_dir, done, d):
+        if done == step:
+            raise KeyboardInterrupt  # dies like Ctrl-C would: no clean end, only the last checkpoint
+    return fault
+
+
+def test_resume_after_a_crash_mid_epoch_ends_bit_identical(tmp_path, monkeypatch):
+    whole = _cfg(tmp_path, "whole", checkpoint_every=4, accum=2, batch_size=4)
+    _run(whole)
+    crashed = _cfg(tmp_path, "crashed", checkpoint_every=4, accum=2, batch_size=4)
+    real_fault_hook = loop._maybe_inject_fault
+    monkeypatch.setattr(loop, "_maybe_inject_fault", _crash_after(7))  # checkpoint at step 4; steps 5-7 lost
+    with pytest.raises(KeyboardInterrupt):
+        _run(crashed)
+    assert ckpt.load(crashed.output / "last.pt")["step"] == 4
+    monkeypatch.setattr(loop, "_maybe_inject_fault", real_fault_hook)
+    _, printed = _run(_cfg(tmp_path, "crashed", checkpoint_every=4, accum=2, batch_size=4, resume=True))
+    assert "resumed from" in printed and "step 4" in printed
+    a, b = ckpt.load(whole.output / "last.pt"), ckpt.load(crashed.output / "last.pt")
+    assert a["step"] == b["step"] == 24
+    assert _same_tensors(a["model"], b["model"]) == []
+    # metrics.jsonl holds each step once: lines the crashed run wrote past step 4 were dropped
+    steps = [r["step"] for r in _metrics(crashed.output) if r["kind"] == "train"]
+    assert steps == sorted(set(steps)) == [r["step"] for r in _metrics(whole.output) if r["kind"] == "train"]
+
+
+def test_an_existing_run_needs_resume_and_resume_needs_a_run(tmp_path):
+    cfg = _cfg(tmp_path, max_steps=2)
+    with pytest.raises(UsageError, match="no last.pt"):
+        _run(_cfg(tmp_path, resume=True))
+    _run(cfg)
+    with pytest.raises(UsageError, match="add --resume"):
+        _run(cfg)
+    write_index(tmp_path / "other", tag="another dataset")
+    with pytest.raises(UsageError, match="another dataset"):
+        _run(_cfg(tmp_path, shard_dir=tmp_path / "other", resume=True))
+
+
+def test_max_steps_stops_mid_epoch_and_a_resume_keeps_the_schedule(tmp_path):
+    summary, _ = _run(_cfg(tmp_path, max_steps=5))
+    state = ckpt.load(tmp_path / "run" / "last.pt")
+    assert (summary["steps"], state["step"], state["epoch"], state["step_in_epoch"]) == (5, 5, 0, 5)
+    assert state["reader"]["consumed"] == 5 * 8
+    # the cosine ended at step 5: continuing to 8 would train at the floor while claiming max_steps 8
+    with pytest.raises(UsageError, match=r"made with --max-steps 5 --lr 0.005; got --max-steps 8 --lr 0.1"):
+        _run(_cfg(tmp_path, max_steps=8, lr=0.1, resume=True))
+    summary, printed = _run(_cfg(tmp_path, max_steps=5, resume=True, workers=0, log_every=7))  # same run: nothing left
+    assert "resumed from" in printed and summary["steps"] == 5
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_trains_on_cpu(tmp_path, precision):
+    cfg = _cfg(tmp_path, precision=precision, epochs=1, model="image")
+    summary, printed = _run(cfg)
+    assert f"precision {precision}" in printed
+    assert summary["val_loss"] is not None and summary["val_loss"] == summary["val_loss"]  # finite, not NaN
+    scaler = ckpt.load(cfg.output / "last.pt")["scaler"]
+    assert bool(scaler) == (precision == "fp16")  # a grad scaler for fp16 only
+
+
+def test_finetune_from_a_checkpoint_with_freeze_then_unfreeze(tmp_path):
+    _run(_cfg(tmp_path, "base", epochs=1, model="image"))
+    base = ckpt.load(tmp_path / "base" / "last.pt")["model"]
+    write_index(tmp_path / "four", classes=["a", "b", "c", "d"])
+    ft = dict(shard_dir=tmp_path / "four", model="image", init_from=tmp_path / "base" / "last.pt", freeze=0.7,
+              unfreeze_at="2")
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt), pytest.MonkeyPatch.context() as m:  # a crash early in epoch 2
+        m.setattr(loop, "_maybe_inject_fault", _crash_after(96 // 8 + 1))
+        loop.run(_cfg(tmp_path, "ft", epochs=2, **ft), open_data=fake_source(), console=Console(file=out, width=300))
+    printed = out.getvalue()
+    assert "head re-initialised" in printed and "file has 3 classes, this dataset 4" in printed
+    assert "epoch 1: frozen 4 of 6 blocks (70% asked)" in printed
+    assert ckpt.load(tmp_path / "ft" / "last.pt")["epoch"] == 1  # the checkpoint at the end of epoch 1
+    epoch1 = ckpt.load(tmp_path / "ft" / "last.pt")["model"]
+    frozen = [k for k in base if k.startswith(("image.stem", "image.blocks.0.", "image.blocks.1.", "image.blocks.2."))]
+    trained = [k for k in base if k.startswith(("image.blocks.3.", "image.blocks.4."))]
+    assert frozen and trained
+    assert _same_tensors({k: base[k] for k in frozen}, epoch1) == []  # frozen: untouched in epoch 1
+    assert len(_same_tensors({k: base[k] for k in trained}, epoch1)) == len(trained)
+    _, printed = _run(_cfg(tmp_path, "ft", epochs=2, resume=True, **ft))
+    assert "epoch 2: frozen 0 of 6 blocks" in printed
+    epoch2 = ckpt.load(tmp_path / "ft" / "last.pt")["model"]
+    assert len(_same_tensors({k: epoch1[k] for k in frozen}, epoch2)) == len(frozen)  # unfrozen: they train
+
+
+def test_an_epoch_shorter_than_one_step_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="fewer than one optimizer step"):
+        _run(_cfg(tmp_path, batch_size=8, accum=4), n_train=24)
+
+
+def test_out_of_memory_in_a_step_names_the_settings_to_change(tmp_path, monkeypatch):
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(loop, "forward", oom)
+    with pytest.raises(StageFailed) as e:
+        _run(_cfg(tmp_path, batch_size=8))
+    msg = str(e.value)
+    for part in ("per-rank batch 8", "precision fp32", "gradient checkpointing off", "--auto-micro-batch", "--accum"):
+        assert part in msg
+
+
+def test_auto_micro_batch_halves_until_it_fits_and_keeps_the_global_batch():
+    d = Dist(0, 1, 0, 1, None, torch.device("cpu"), "host")
+    tried, said = [], []
+
+    def try_batch(size):
+        tried.append(size)
+        if size > 16:
+            raise torch.OutOfMemoryError("out of memory")
+
+    plan = loop.probe_micro_batch(BatchPlan(64, 2, 1), try_batch, d, said.append, str)
+    assert tried == [64, 32, 16]
+    assert (plan.batch_size, plan.accum, plan.global_batch) == (16, 4, 128)
+    assert "global batch 128 kept" in said[0]
+    with pytest.raises(StageFailed, match="odd batch 3"):
+        loop.probe_micro_batch(BatchPlan(3, 1, 1), lambda s: (_ for _ in ()).throw(torch.OutOfMemoryError()), d,
+                               said.append, lambda p: "oom")
+
+
+def test_warmup_then_cosine():
+    f = loop.WarmupCosine(total=100, warmup=10, floor=0.1)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(55) == pytest.approx(0.55) and f(100) == pytest.approx(0.1)
+    assert all(f(s) >= f(s + 1) for s in range(10, 120))
+
+
+# -- two ranks on real shards: SIGKILL, restarted by the elastic agent, resumed by itself ---------
+
+RUN_FLAGS = {"model": "image-text", "width": 8, "epochs": 2, "batch_size": 4, "accum": 2, "checkpoint_every": 2,
+             "workers": 1, "log_every": 1}
+
+
+def _real_shards(root: Path) -> Path:
+    from tests.train_shards import make_shards
+
+    # 48 train samples: 24 per rank = 6 batches of 4 = 3 optimizer steps (accum 2) per epoch; 12 val
+    return make_shards(root, n=60, classes=3, size=32)
+
+
+def reference_run_scenario(workdir):
+    """The uninterrupted 2-rank run the killed one must match (each rank builds its own,
+    byte-identical copy of the shards, so the preflight's dataset hashes agree)."""
+    import torch.distributed as dist
+
+    shards = _real_shards(workdir / f"data-rank{os.environ['RANK']}")
+    loop.run(TrainConfig(shard_dir=shards, output=workdir / "whole", **RUN_FLAGS), console=Console(file=io.StringIO()))
+    assert not dist.is_initialized()
+    return str(shards)
+
+
+def _flags(values: dict) -> list[str]:
+    return [a for k, v in values.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def test_sigkill_restart_resumes_by_itself_and_ends_bit_identical(tmp_path):
+    """pipe train --nproc-per-node 2 --max-restarts 1; rank 1 SIGKILLs itself after step 5 (the last
+    checkpoint is step 4, mid-epoch 2): the elastic agent restarts both ranks, they resume from
+    last.pt mid-epoch (dataloader workers and all), and the weights end equal, bit for bit."""
+    _, workdir = scenario_results(reference_run_scenario)
+    shards = _real_shards(tmp_path)
+    env = {**pipe_env(), "PIPE_FAULT_KILL_AT_STEP": "5:1"}
+    p = subprocess.run([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(tmp_path / "killed"),
+                        "--nproc-per-node", "2", "--max-restarts", "1", *_flags(RUN_FLAGS)],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "killed" / ".fault-injected").exists()
+    assert "resumed from" in p.stderr and "epoch 2, step 4" in p.stderr  # the last checkpoint before the kill
+    assert "terminate called" not in p.stderr
+    a, b = ckpt.load(workdir / "whole" / "last.pt"), ckpt.load(tmp_path / "killed" / "last.pt")
+    assert a["step"] == b["step"] == 6
+    assert _same_tensors(a["model"], b["model"]) == []
+    for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(pa["exp_avg"], pb["exp_avg"]) and torch.equal(pa["exp_avg_sq"], pb["exp_avg_sq"])
+
+
+def test_validation_is_exact_across_ranks():
+    """2 ranks, 12 val samples in batches of 4: the reader tops the ranks' last batches up with
+    repeats marked invalid; they are not counted, and the all-reduced loss and accuracy equal one
+    process's over the whole val split."""
+    from train.data.reader import ShardReader
+    from train.models.builtin import build_model
+
+    shards, workdir = scenario_results(reference_run_scenario)
+    val = [r for r in _metrics(workdir / "whole") if r["kind"] == "val"][-1]
+    reader = ShardReader(shards[0], "val", 0, 1, batch_size=12, fields=("image", "text"))
+    assert val["val_samples"] == reader.steps_per_epoch * 12 == 12
+    model = build_model("image-text", 3, width=8)
+    model.load_state_dict(ckpt.load(workdir / "whole" / "last.pt")["model"])  # saved right after that validation
+    model.eval()
+    batch = next(iter(reader))
+    with torch.no_grad():
+        logits = model(image=batch["image"], text=batch["text"], text_len=batch["text_len"])
+    assert val["val_loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, batch["label"]).item(), rel=1e-5)
+    assert val["val_acc"] == pytest.approx((logits.argmax(1) == batch["label"]).float().mean().item())

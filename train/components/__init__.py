@@ -1,0 +1,1 @@
+"""Parts of the loop that are not the loop: checkpoints and monitoring."""

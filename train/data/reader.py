@@ -1,0 +1,333 @@
+"""The streaming reader: shards in, normalized batches out, every train sample once per epoch.
+
+`ShardReader` is an `IterableDataset` that yields whole batches (the DataLoader runs with
+``batch_size=None``), so a worker always hands over full batches of its own contiguous piece and
+every rank runs exactly `steps_per_epoch` steps. Which samples a rank and worker read, and in
+which order, is decided by the pure functions in `train/data/plan.py` (property-tested); the reading
+is `train/data/stream.py`'s (no torch): one read per run of samples from index.json's offsets, the
+tar members parsed in place (`pipeline.formats.tarstream`). This module decodes them through the codec
+(`pipeline.formats.sample`) one image at a time straight into the batch tensor, normalized there with
+the index's mean and std; inside a worker that tensor lives in shared memory, so the batch
+reaches the training process without another copy.
+
+Images are decoded at the size the model works at (``image_size``), not the stored size: a
+JPEG is shrunk in the DCT domain while it is decoded, then resized with Lanczos-3 (`decode_at`).
+A 512 px image is 3 MB as float32 to normalize and ship to the training process; at 64 px,
+48 KB, and its decode is cheaper too.
+
+Epoch and resume position live in a small shared-memory tensor, so `set_epoch` reaches the
+workers whether they are persistent (they re-read it when the next epoch's iterator starts),
+re-created every epoch, or absent (``num_workers=0``).
+
+Usage::
+
+    reader = ShardReader(shard_dir, "train", rank, world, batch_size=64, seed=0)
+    loader = make_loader(reader, num_workers=4, persistent_workers=True)
+    for epoch in range(start_epoch, epochs):
+        reader.set_epoch(epoch, consumed=steps_done * 64 if epoch == start_epoch else 0)
+        for batch in loader:
+            ...  # batch["image"], batch["text"], batch["text_len"], batch["label"], batch["key"]
+    close_loader(loader)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import multiprocessing as mp
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from pipeline.formats import index as shard_index
+from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
+from pipeline.media.image.resize import dct_scale, fit, scaled_size
+from train.data.stream import SampleDecodeError, SampleReader, read_samples
+
+__all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
+
+FIELDS = ("image", "text")
+
+
+class ShardReader(SampleReader, IterableDataset):
+    """One rank's view of a split of a shard folder, as an iterable of collated batches.
+
+    Each batch is a dict: ``image`` float32 [B,3,S,S] (S = ``image_size``: the index's unless
+    given; normalized with the index's mean/std) and
+    ``has_image`` bool [B] when "image" is in ``fields``; ``text`` int64 [B,L] (byte value + 1,
+    0 = padding, L = ``max_text_len``) and ``text_len`` int64 [B] when "text" is; always
+    ``label`` int64 [B], ``valid`` bool [B] (False only for the repeats that top up the last
+    validation batches) and ``key`` list[str].
+    """
+
+    def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
+                 batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
+                 fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
+                 image_size: int | None = None):
+        """``image_size``: the side images are decoded at, e.g. the model's input size; at most
+        the stored size (enlarging adds nothing). None: the stored size (index.json's)."""
+        unknown = set(fields) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
+        SampleReader.__init__(self, shard_dir, split, rank, world_size, batch_size, seed, shuffle_buffer)
+        self.fingerprint = hashlib.sha256((self.shard_dir / shard_index.INDEX_NAME).read_bytes()).hexdigest()
+        self.fields, self.max_text_len = tuple(fields), max_text_len
+        self.num_classes = len(self.index["classes"])
+        self.stored_size = self.index["image_size"]  # the side of every image in the shards
+        if "image" in self.fields and self.stored_size is None:
+            raise ValueError(f"{self.shard_dir} holds no images; read it with fields=('text',)")
+        if image_size is not None and not 1 <= image_size <= (self.stored_size or image_size):
+            raise ValueError(f"image_size {image_size} must be between 1 and the shards' image size "
+                             f"{self.stored_size} (images are never enlarged)")
+        self.image_size = image_size or self.stored_size
+        self.mean = torch.tensor(self.index["mean"] or [0.0, 0.0, 0.0], dtype=torch.float32).view(1, 3, 1, 1)
+        self.std = torch.tensor(self.index["std"] or [1.0, 1.0, 1.0], dtype=torch.float32).clamp_min(1e-6).view(1, 3, 1, 1)
+        # (x / 255 - mean) / std per image [3,S,S], folded into one multiply and one add per pixel
+        self._scale, self._shift = (1.0 / (255.0 * self.std))[0], (-self.mean / self.std)[0]
+        self.steps_per_epoch = self.plan(0).steps  # depends only on the sample count, world and batch
+        # epoch and samples already consumed this epoch, shared with the dataloader workers
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.num_workers = 0  # set by make_loader; the plan gives each worker a piece
+
+    # -- position ------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
+        """Read ``epoch`` next, skipping the ``consumed`` samples this rank already trained on
+        (a whole number of batches: ``steps_done * batch_size``). Call before iterating."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be 0 or more, got {epoch}")
+        if consumed < 0 or consumed % self.batch_size or consumed > self.steps_per_epoch * self.batch_size:
+            raise ValueError(f"consumed={consumed} must be a whole number of batches of {self.batch_size} "
+                             f"between 0 and {self.steps_per_epoch * self.batch_size}")
+        self._position[0] = epoch
+        self._position[1] = consumed
+
+    @property
+    def epoch(self) -> int:
+        return int(self._position[0])
+
+    def state_dict(self, steps_done: int) -> dict:
+        """The reader's position after ``steps_done`` steps of the current epoch, for a checkpoint."""
+        return {"epoch": self.epoch, "consumed": steps_done * self.batch_size, "world_size": self.world_size,
+                "batch_size": self.batch_size, "num_workers": max(1, self.num_workers), "seed": self.seed,
+                "shuffle_buffer": self.shuffle_buffer, "steps_per_epoch": self.steps_per_epoch,
+                "fingerprint": self.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict`: mid-epoch exactly (same world size, batch, workers, seed
+        and shuffle buffer required, or samples would repeat or be skipped: ValueError says
+        which changed); at an epoch boundary anything may change."""
+        if state["fingerprint"] != self.fingerprint:
+            raise ValueError("the saved reader position belongs to another dataset (index.json differs)")
+        epoch, consumed = int(state["epoch"]), int(state["consumed"])
+        if consumed >= state["steps_per_epoch"] * state["batch_size"]:  # the epoch was finished
+            epoch, consumed = epoch + 1, 0
+        if consumed:
+            now = self.state_dict(0)
+            changed = [f"{k} {state[k]} -> {now[k]}" for k in ("world_size", "batch_size", "num_workers", "seed", "shuffle_buffer")
+                       if state[k] != now[k]]
+            if changed:
+                raise ValueError(f"cannot resume mid-epoch {epoch} with changed {', '.join(changed)}: resume with the "
+                                 "saved settings, or from the start of an epoch")
+        self.set_epoch(epoch, consumed)
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    # -- iteration (runs in the dataloader worker) ---------------------------------------------
+
+    def __iter__(self) -> Iterator[dict]:
+        epoch, consumed = int(self._position[0]), int(self._position[1])
+        samples = self.raw_samples(epoch, consumed)
+        while True:
+            chunk = [s for _, s in zip(range(self.batch_size), samples)]
+            if not chunk:
+                return
+            if len(chunk) < self.batch_size:  # the plan guarantees whole batches; this is a bug guard
+                raise RuntimeError(f"internal error: a worker ended with a partial batch of {len(chunk)}")
+            yield self.collate(chunk)
+
+    def raw_samples(self, epoch: int, consumed: int = 0) -> Iterator[tuple[bool, RawSample]]:
+        """(valid, undecoded sample) this worker (or process, without workers) reads, in order."""
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return self.samples(epoch, consumed, worker, workers)
+
+    def collate(self, chunk: list[tuple[bool, RawSample]]) -> dict:
+        batch: dict = {"key": [s.key for _, s in chunk],
+                       "valid": torch.tensor([v for v, _ in chunk], dtype=torch.bool),
+                       "label": torch.tensor([self._label(s) for _, s in chunk], dtype=torch.int64)}
+        if "image" in self.fields:
+            batch["image"], batch["has_image"] = self._images([s for _, s in chunk])
+        if "text" in self.fields:
+            batch["text"], batch["text_len"] = self._texts([s for _, s in chunk])
+        return batch
+
+    def _label(self, s: RawSample) -> int:
+        if "cls" not in s.fields:
+            raise _error(s, "has no .cls member")
+        try:
+            label = decode_class(s.fields["cls"])
+        except DecodeError as e:
+            raise _error(s, str(e)) from None
+        if not 0 <= label < self.num_classes:
+            raise _error(s, f"class {label} is outside the index's {self.num_classes} classes")
+        return label
+
+    def _images(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        size = self.image_size
+        out = _batch_tensor((len(samples), 3, size, size))
+        has = torch.zeros(len(samples), dtype=torch.bool)
+        # decoded into, one image at a time (at the stored size; smaller ones are resized into it)
+        pixels = np.empty((size, size, 3), dtype=np.uint8)
+        for i, s in enumerate(samples):
+            ext = s.image_ext
+            if ext is None:
+                out[i].zero_()  # no image: the mean colour, i.e. zeros after normalization
+                continue
+            try:
+                arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=pixels)
+            except DecodeError as e:
+                raise _error(s, str(e)) from None
+            # HWC uint8 -> CHW float in one strided copy, then normalize in place: the image stays
+            # in cache (a whole-batch permute + normalize is several times slower)
+            x = out[i]
+            x.copy_(torch.from_numpy(arr).permute(2, 0, 1))
+            x.mul_(self._scale).add_(self._shift)
+            has[i] = True
+        return out, has
+
+    def _texts(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = np.zeros((len(samples), self.max_text_len), dtype=np.int64)
+        lengths = np.zeros(len(samples), dtype=np.int64)
+        for i, s in enumerate(samples):
+            data = s.fields.get("txt")
+            if data is None:
+                continue
+            raw = np.frombuffer(data, dtype=np.uint8)[: self.max_text_len]
+            ids[i, : len(raw)] = raw.astype(np.int64) + 1
+            lengths[i] = len(raw)
+        return torch.from_numpy(ids), torch.from_numpy(lengths)
+
+
+def _error(s: RawSample, what: str) -> SampleDecodeError:
+    return SampleDecodeError(f"{s.shard}: sample {s.key} (byte offset {s.offset}): {what}")
+
+
+def decode_at(data: bytes | memoryview, ext: str, stored: int, size: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A ``size`` x ``size`` x 3 uint8 RGB array of an image `pipe shard` stored at ``stored`` px.
+
+    Written into ``out`` (an array of that shape) where it can be. Smaller, a JPEG is decoded
+    already shrunk in the DCT domain (libjpeg-turbo's scaled IDCT, M/8) at the scale
+    `pipeline.media.image.resize.dct_scale` picks (1.5x the target kept, so nothing aliases), then resized
+    with Lanczos-3, the way `pipe clean` resizes. Raises `DecodeError` for a damaged image or one
+    whose size is not the index's.
+    """
+    if size >= stored or ext != "jpg":
+        arr = decode_image(data, ext, out=out)  # into out only when it has the stored size
+        _check_stored(arr.shape[1], arr.shape[0], stored)
+    else:
+        import simplejpeg
+
+        try:
+            h, w = simplejpeg.decode_jpeg_header(data)[:2]
+        except Exception as e:  # noqa: BLE001 - as pipeline.formats.sample.decode_image: one kind of error
+            raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
+        _check_stored(w, h, stored)
+        sw, sh = scaled_size(w, h, dct_scale(w, h, size, "stretch"))
+        try:
+            arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, min_width=sw, min_height=sh)
+        except Exception as e:  # noqa: BLE001
+            raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
+    if size >= stored:
+        return arr
+    small = np.asarray(fit(Image.fromarray(arr), size, "stretch", (0, 0, 0)))  # a read-only view of Pillow's pixels
+    if out is None or out.shape != small.shape:
+        return small.copy()
+    out[...] = small
+    return out
+
+
+def _check_stored(w: int, h: int, stored: int) -> None:
+    if (w, h) != (stored, stored):
+        raise DecodeError(f"image is {w}x{h}, the index says {stored}x{stored}")
+
+
+def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialized float32 tensor; in a dataloader worker, allocated in shared memory.
+
+    A worker's batch travels to the main process through shared memory: a tensor made there
+    from the start is not copied on the way (a batch of 64 512x512 images is 200 MB). These
+    are the calls torch's own default_collate makes for the same reason.
+    """
+    proto = torch.empty(0, dtype=torch.float32)
+    if get_worker_info() is None:
+        return proto.new_empty(shape)
+    storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
+    return proto.new(storage).resize_(shape)
+
+
+def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool = False, pin_memory: bool = False,
+                prefetch_factor: int = 2, multiprocessing_context=None) -> DataLoader:
+    """A DataLoader over ``reader``'s batches; decoding runs in ``num_workers`` processes.
+
+    Workers are forked where the platform can (as under torchrun), also in ranks that the
+    elastic launcher started with spawn: a spawned worker would import torch again first.
+    """
+    reader.num_workers = num_workers
+    if multiprocessing_context is None and num_workers > 0 and "fork" in mp.get_all_start_methods():
+        multiprocessing_context = "fork"
+    return ShardLoader(reader, batch_size=None, shuffle=False, num_workers=num_workers,
+                      persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
+                      prefetch_factor=prefetch_factor if num_workers > 0 else None,
+                      multiprocessing_context=multiprocessing_context if num_workers > 0 else None)
+
+
+class ShardLoader(DataLoader):
+    """A DataLoader whose sample errors read as one line (the shard, the key, what failed)
+    instead of "Caught ... in DataLoader worker process N" and the worker's traceback."""
+
+    def __iter__(self):
+        return _OneLineErrors(super().__iter__())
+
+
+class _OneLineErrors:
+    def __init__(self, it):
+        self.it = it
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+    def __getattr__(self, name):  # everything else (e.g. _shutdown_workers) is the DataLoader iterator's
+        return getattr(self.it, name)
+
+    def __next__(self):
+        try:
+            return next(self.it)
+        except SampleDecodeError as e:
+            raise SampleDecodeError(original_message(e)) from None
+
+
+def original_message(e: BaseException) -> str:
+    """The worker's own message inside a DataLoader re-raise (its traceback's last line)."""
+    text = str(e)
+    if "Original Traceback" not in text:
+        return text
+    last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), text)
+    name = type(e).__name__
+    return last.split(f"{name}: ", 1)[1] if f"{name}: " in last else last
+
+
+def close_loader(loader: DataLoader) -> None:
+    """Stop the loader's worker processes now (persistent ones included), not at garbage collection."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    loader._iterator = None

@@ -1,0 +1,266 @@
+"""Start the ranks and tear them down in order.
+
+`launch(config, entry, arg)` runs ``entry(arg)`` once per rank:
+
+* under an external ``torchrun`` (its environment variables are set), this process *is* a rank:
+  ``entry`` runs here;
+* with ``--nproc-per-node N`` (or several nodes), torch's own elastic launcher
+  (`torch.distributed.launcher.api.elastic_launch`, what torchrun uses) starts the local ranks;
+* otherwise a single rank runs in this process.
+
+Inside ``entry``, `process_group()` joins the group and, on the way out, leaves it in the order
+that lets every finished run exit 0: the caller stops its dataloader workers first, then a final
+barrier, then `destroy_process_group` (gloo aborts at interpreter exit with "terminate called
+without an active exception" when a group is still alive).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from pipeline.core.errors import StageFailed, UsageError
+from train.config import LaunchConfig
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    """True when this process was started as a rank by torchrun or an elastic agent."""
+    return all(v in os.environ for v in TORCHRUN_VARS)
+
+
+def world_size(config: LaunchConfig) -> int:
+    """The world size the ranks will have (from torchrun's environment when there is one)."""
+    if under_torchrun():
+        return int(os.environ["WORLD_SIZE"])
+    return config.nproc_per_node * config.nnodes
+
+
+def validate(config: LaunchConfig) -> None:
+    checks = [
+        (config.nproc_per_node >= 1, f"--nproc-per-node must be at least 1, got {config.nproc_per_node}"),
+        (config.nnodes >= 1, f"--nnodes must be at least 1, got {config.nnodes}"),
+        (0 <= config.node_rank < config.nnodes, f"--node-rank {config.node_rank} must be between 0 and --nnodes - 1"),
+        (0 <= config.master_port < 65536, f"--master-port must be a port number, got {config.master_port}"),
+        (config.nnodes == 1 or config.master_port > 0, "with --nnodes above 1, give --master-port (and --master-addr) of node 0"),
+        (config.backend in ("auto", "gloo", "nccl"), f"--backend must be auto, gloo or nccl, got {config.backend!r}"),
+        (config.max_restarts >= 0, f"--max-restarts must be 0 or more, got {config.max_restarts}"),
+        (config.rdzv_timeout >= 1, f"--rdzv-timeout must be at least 1 second, got {config.rdzv_timeout}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+
+
+def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[int, Any]:
+    """Run ``entry(arg)`` on every rank; return {global rank: return value} of this node's ranks.
+
+    ``entry`` and ``arg`` must be picklable (a module-level function, a dataclass): the elastic
+    launcher starts fresh processes. A failed rank becomes `StageFailed` naming it.
+    """
+    validate(config)
+    if under_torchrun():
+        return {int(os.environ["RANK"]): _as_rank(entry, arg)}
+    if config.nproc_per_node == 1 and config.nnodes == 1:
+        return {0: _single_rank(entry, arg)}
+    return _elastic(config, entry, arg)
+
+
+def _single_rank(entry: Callable[[Any], Any], arg: Any) -> Any:
+    port = free_port()
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return entry(arg)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[int, Any]:
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
+    from torch.distributed.launcher.api import elastic_launch
+
+    if config.nnodes == 1:
+        # like torchrun --standalone: a c10d store on a free port (or the one given)
+        backend, endpoint, rdzv = "c10d", f"{config.master_addr}:{config.master_port}", {}
+        run_id = str(uuid.uuid4())
+    else:
+        # like torchrun --nnodes N --node-rank R --master-addr A --master-port P (static rendezvous)
+        backend, endpoint, rdzv = "static", f"{config.master_addr}:{config.master_port}", {"rank": config.node_rank}
+        run_id = "pipe-train"
+    if not os.environ.get("PIPE_DEBUG"):
+        # the agent logs each failed rank's whole traceback; we report it in one line (PIPE_DEBUG=1 shows it)
+        for name in ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    # OMP_NUM_THREADS is left alone: each rank sizes its own thread pool (train.loop.cpu_threads),
+    # knowing its dataloader workers, which this launcher does not.
+    # The agent's rendezvous store is otherwise shared with the ranks and outlives a restart: a
+    # restarted rank can read a dead rank's address and fail to connect (pytorch/pytorch#135712).
+    # With it off, every attempt gets a fresh store, and --max-restarts really restarts.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    spec = ElasticConfig(min_nodes=config.nnodes, max_nodes=config.nnodes, nproc_per_node=config.nproc_per_node,
+                         run_id=run_id, rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=rdzv,
+                         rdzv_timeout=config.rdzv_timeout, max_restarts=config.max_restarts,
+                         monitor_interval=0.1, start_method="spawn")
+    try:
+        return elastic_launch(spec, _rank_entry)(entry, arg)
+    except ChildFailedError as e:
+        raise StageFailed(_describe_failures(e)) from None
+    except Exception as e:
+        if _is_rendezvous_failure(e):
+            raise StageFailed(rendezvous_message(config, e)) from None
+        raise
+
+
+def _is_rendezvous_failure(e: BaseException) -> bool:
+    """The store could not be reached or not every node joined in time (not a rank's own error)."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    return isinstance(e, (RendezvousError, dist.DistError, TimeoutError, ConnectionError))
+
+
+def rendezvous_message(config: LaunchConfig, e: BaseException) -> str:
+    """What failed, where, and what to check, instead of a hang or a C++ stack."""
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__).rstrip(".")
+    where = f"{config.master_addr}:{config.master_port}"
+    if config.nnodes > 1 and config.node_rank == 0:
+        role = (f"node 0 waited {config.rdzv_timeout} s at {where} for all {config.nnodes} nodes to join "
+                f"({first})")
+        todo = (f"start the same command on every other node with --nnodes {config.nnodes}, its own --node-rank, "
+                f"--master-addr {config.master_addr} --master-port {config.master_port}; ")
+    else:
+        role = f"node {config.node_rank} could not reach the rendezvous at {where} within {config.rdzv_timeout} s ({first})"
+        todo = "check that node 0 is running (it must be started too) and that --master-addr is node 0's address; "
+    return (f"rendezvous failed: {role}. {todo}check that {config.master_addr} is reachable from this machine "
+            f"(e.g. nc -z {config.master_addr} {config.master_port}), that port {config.master_port} is open in "
+            "node 0's firewall and not used by another job, and that the right network interface is used "
+            "(set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME when machines have several); --rdzv-timeout sets the wait")
+
+
+def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
+    """What each launched rank runs: the entry, with its exception recorded for the agent and
+    said in one line on stderr (the agent itself only reports the first failure it notices)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    try:
+        return record(_as_rank)(entry, arg)
+    except BaseException as e:
+        sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {one_line(e)}\n")
+        sys.stderr.flush()
+        raise
+
+
+def _as_rank(entry: Callable[[Any], Any], arg: Any) -> Any:
+    """Run one rank; a rank that only lost its peers says so, after a pause that lets the
+    launcher notice the rank that failed first (the cause) before this one."""
+    import time
+
+    try:
+        return entry(arg)
+    except Exception as e:
+        if not peer_lost(e):
+            raise
+        time.sleep(2)
+        raise StageFailed(f"rank {os.environ.get('RANK', '?')} lost contact with the other ranks: another rank failed "
+                          f"first and said why ({one_line(e)[:100]})") from None
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+             "Socket Timeout", "Connection refused")
+
+
+def peer_lost(e: BaseException | str) -> bool:
+    """True for the errors a rank gets when *another* rank died (collateral, not the cause)."""
+    text = e if isinstance(e, str) else str(e)
+    return any(p in text for p in PEER_LOST)
+
+
+def one_line(e: BaseException) -> str:
+    from pipeline.core.errors import StageFailed, UsageError
+
+    last = next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), "")
+    return last if isinstance(e, (StageFailed, UsageError)) else f"{type(e).__name__}: {last}"
+
+
+def _describe_failures(e) -> str:
+    """One line: each failed rank and the exception it recorded (or how it died)."""
+    found = []
+    for rank, failure in sorted(e.failures.items()):
+        message = failure.message
+        if isinstance(message, dict):  # written by record(): {"message": "Type: text", "extraInfo": ...}
+            message = message.get("message", "")
+        if not isinstance(message, str) or message.startswith("To enable traceback"):
+            message = ""
+        last = next((ln.strip() for ln in reversed(message.strip().splitlines()) if ln.strip()), "")
+        last = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", last)  # train.data.reader.SampleDecodeError: -> SampleDecodeError:
+        last = re.sub(r"^(StageFailed|UsageError): ", "", last)  # our own errors are already sentences
+        what = last or (f"exit code {failure.exitcode}" if failure.exitcode >= 0 else f"killed by signal {-failure.exitcode}")
+        found.append((peer_lost(what), f"rank {rank}: {what}"))
+    causes = [text for lost, text in found if not lost]
+    if not causes:  # only collateral failures were noticed: the cause is in a rank's line above
+        return "; ".join(text for _, text in found) + " (a rank lost its peers: the rank that failed first said why above)"
+    return "; ".join(causes) or str(e)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    host: str
+
+
+@contextmanager
+def process_group(backend: str = "auto", timeout_s: float = 300) -> Iterator[RankInfo]:
+    """Join the process group from torchrun-style environment variables; leave it in order.
+
+    On a normal exit: barrier (every rank finished), then destroy the group. On an exception
+    the barrier is skipped (the other ranks may never reach it) and the group destroyed.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from train.distributed.group import choose_backend
+
+    backend = choose_backend(backend, torch.cuda.is_available())  # a forced nccl without CUDA: one clear line
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    info = RankInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend, socket.gethostname())
+    ok = False
+    try:
+        yield info
+        ok = True
+    finally:
+        try:
+            if ok:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
