@@ -8,19 +8,39 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import UsageError
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+
+def _schema_dir() -> Traversable:
+    """The schemas next to the code that runs.
+
+    An installed wheel carries them as ``pipeline/schemas`` (setup.py maps the top-level folder
+    there). A checkout (an editable install, or tests with the repo first on sys.path) has them
+    only at the top level, where the design card keeps them: setuptools' editable finder cannot
+    import a folder without ``__init__.py`` that lives outside ``pipeline/``, so the packaged
+    name does not resolve there. Asking ``pipeline`` itself, rather than importing
+    ``pipeline.schemas``, also means a checkout never reads another checkout's schemas through a
+    venv whose editable install points elsewhere.
+    """
+    packaged = resources.files("pipeline") / "schemas"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "schemas"
+
+
+SCHEMA_DIR = _schema_dir()
 
 
 @lru_cache(maxsize=None)
 def load_schema(name: str) -> dict[str, Any]:
-    path = SCHEMA_DIR / f"{name}.schema.json"
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text(encoding="utf-8"))
 
 
 @lru_cache(maxsize=None)
