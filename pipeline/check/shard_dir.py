@@ -10,7 +10,6 @@ from anything the index or pipe clean recorded.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from pipeline.check.leakage import exact_pairs, near_image_pairs, near_text_pair
 from pipeline.check.result import CheckResult, fail, ok, skip, verdict
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
 from pipeline.check.policy import Policy
+from pipeline.core.cores import worker_count
 
 KIND = "shard"
 IN_PROCESS_BYTES = 64 << 20  # below this much tar, a process pool costs more than it saves
@@ -75,7 +75,7 @@ def _scan_all(root: Path, entries: list[dict], s: ScanSettings, workers: int, ad
     else:
         from pipeline.core.executor import OrderedPool
 
-        pool = OrderedPool(scan_shard, min(workers or _cores(), len(jobs)))
+        pool = OrderedPool(scan_shard, min(worker_count(workers), len(jobs)))
         results = pool.map(jobs, on_crash=lambda job, e: ShardScan(job[1], error=f"reading it crashed a worker: {e}"))
     scans = []
     for scan in results:
@@ -88,13 +88,6 @@ def _inside(root: Path, name: str) -> Path:
     """The shard's path; a name that would leave the folder (../, absolute) points nowhere."""
     p = (root / name).resolve()
     return p if root.resolve() in p.parents else root / ".pipe-check-outside" / "x.tar"
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
 
 
 def _offenders(d: ShardDir, check: str) -> list[str]:
