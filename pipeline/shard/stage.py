@@ -32,7 +32,8 @@ from pipeline.formats import tarstream
 from pipeline.formats.sample import SampleParts, shard_key
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
-from pipeline.shard.split import rng_for, split
+from pipeline.core.rng import rng_for
+from pipeline.shard.split import split
 from pipeline.core.ui import progress
 
 SPLITS = ("train", "val")
