@@ -20,6 +20,7 @@ from pipeline.check.result import CheckResult, fail, ok, skip, verdict
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
 from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
+from pipeline.formats import index as shard_index
 
 KIND = "shard"
 IN_PROCESS_BYTES = 64 << 20  # below this much tar, a process pool costs more than it saves
@@ -45,10 +46,9 @@ class ShardDir:
 def load(root: Path, deep: bool, policy: Policy, workers: int = 0, advance=lambda: None) -> ShardDir:
     """Read index.json and scan every indexed shard; ``advance()`` is called once per shard read."""
     d = ShardDir(root, deep)
-    try:
-        d.index = json.loads((root / "index.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        d.problem = f"index.json is not readable JSON: {e}"
+    d.index, unreadable = shard_index.parse(root)
+    if unreadable is not None:
+        d.problem = f"index.json is not readable JSON: {unreadable}"
         return d
     shards = d.index.get("shards") if isinstance(d.index, dict) else None
     if not isinstance(shards, list):
