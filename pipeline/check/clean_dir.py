@@ -20,7 +20,6 @@ from pipeline.check.result import CheckResult, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
 
-KIND = "clean"
 IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
 CHUNK = 256  # outputs per worker task
 MISSING = "<missing>"  # an output the manifest names that is not on disk (a text's "no problem" is None)

@@ -22,7 +22,6 @@ from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
 from pipeline.formats import index as shard_index
 
-KIND = "shard"
 IN_PROCESS_BYTES = 64 << 20  # below this much tar, a process pool costs more than it saves
 
 
