@@ -25,6 +25,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.core.cores import available_cores
+
 OK, WARN, FAIL = "ok", "warn", "fail"
 GB = 1000**3  # vendors label memory in decimal GB ("a 16 GB card")
 MIB = 1024**2
@@ -110,7 +112,7 @@ def gather(port: int = DEFAULT_PORT, run_dir: Path = Path(".")) -> Facts:
     if len(f.gpus) > 1:
         f.topology = parse_topology(nvidia_smi(["topo", "-m"]))
     f.shm_total, f.shm_free = shm_size()
-    f.cpus = cpu_count()
+    f.cpus = available_cores()
     f.port, (f.port_free, f.port_error) = port, port_free(port)
     f.run_dir = str(run_dir)
     f.disk_free, f.run_dir_writable = disk_facts(run_dir)
@@ -221,31 +223,6 @@ def shm_size(path: str = "/dev/shm") -> tuple[int | None, int | None]:
     except OSError:
         return None, None
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-
-
-def cpu_count() -> int:
-    """CPUs this process may use: its affinity mask, capped by a container's CPU quota (cgroups)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        n = os.cpu_count() or 1
-    quota = cgroup_cpu_quota()
-    return max(1, min(n, int(quota + 0.999))) if quota else n
-
-
-def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs allowed by a cgroup quota (``docker --cpus``, Kubernetes limits); None when unlimited."""
-    try:
-        quota, period = Path(root, "cpu.max").read_text().split()[:2]  # cgroup v2: "200000 100000" or "max 100000"
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota = int(Path(root, "cpu", "cpu.cfs_quota_us").read_text())  # cgroup v1
-        period = int(Path(root, "cpu", "cpu.cfs_period_us").read_text())
-        return quota / period if quota > 0 else None
-    except (OSError, ValueError):
-        return None
 
 
 def port_free(port: int) -> tuple[bool | None, str | None]:

@@ -9,7 +9,6 @@ never a crash.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,8 +18,8 @@ from pipeline.check import classes as class_checks
 from pipeline.check.content import ImageFacts, inspect_image, text_problem
 from pipeline.check.result import CheckResult, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
+from pipeline.core.cores import worker_count
 
-KIND = "clean"
 IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
 CHUNK = 256  # outputs per worker task
 MISSING = "<missing>"  # an output the manifest names that is not on disk (a text's "no problem" is None)
@@ -124,7 +123,7 @@ def _inspect_outputs(d: CleanDir, workers: int) -> None:
         from pipeline.core.executor import OrderedPool
 
         chunks = [jobs[i : i + CHUNK] for i in range(0, len(jobs), CHUNK)]
-        pool = OrderedPool(inspect_chunk, min(workers or _cores(), len(chunks)))
+        pool = OrderedPool(inspect_chunk, min(worker_count(workers), len(chunks)))
         found = [x for part in pool.map(chunks, on_crash=_crashed_chunk) for x in part]
     else:
         found = inspect_chunk(jobs)
@@ -162,13 +161,6 @@ def _crashed_chunk(jobs, exc) -> list[tuple[str, str, object]]:
             facts.error = facts.error or f"decoding crashed a worker process ({exc}) on this file or one near it"
         out.append((o, kind, facts))
     return out
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------- checks

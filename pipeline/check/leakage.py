@@ -4,7 +4,8 @@ Images: 64-bit perceptual hashes. Two hashes within ``d`` bits of each other agr
 least one of ``d + 1`` disjoint bit ranges (pigeonhole), so train hashes are indexed by each
 range and a val hash is compared only with the train hashes that share a range with it.
 
-Texts: MinHash signatures (64 values over character 5-grams of the case- and space-normalised
+Texts: the MinHash signatures `pipe clean` finds its near-duplicate texts with
+(`similarity.minhash`: 64 values over character 5-grams of the case- and space-normalised
 text). Banded LSH (16 bands of 4) finds candidate pairs; a candidate counts when the share of
 equal signature values, an estimate of the Jaccard similarity, reaches the threshold.
 """
@@ -15,34 +16,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-import xxhash
 
+from pipeline.similarity.minhash import BANDS, BINS, estimated_jaccard
 from pipeline.similarity.near_images import pigeonhole_bands, popcount
 
-NUM_PERM, BANDS = 64, 16
-ROWS = NUM_PERM // BANDS
-_PRIME = 4294967291  # largest prime below 2**32: a*h + b stays below 2**64 for 32-bit a, b, h
-_rng = np.random.default_rng(20240229)  # fixed: signatures must agree across processes and runs
-_A = _rng.integers(1, _PRIME, NUM_PERM, dtype=np.uint64)
-_B = _rng.integers(0, _PRIME, NUM_PERM, dtype=np.uint64)
-SHINGLE = 5
-
-
-def normalise(text: str) -> str:
-    return " ".join(text.casefold().split())
-
-
-def text_signature(text: str) -> bytes:
-    """MinHash of the text's character 5-grams, as 64 uint32 values (256 bytes)."""
-    t = normalise(text)
-    grams = {t[i : i + SHINGLE] for i in range(max(1, len(t) - SHINGLE + 1))}
-    h = np.fromiter((xxhash.xxh32_intdigest(g.encode("utf-8")) for g in grams), dtype=np.uint64, count=len(grams))
-    sig = ((_A[:, None] * h[None, :] + _B[:, None]) % _PRIME).min(axis=1)
-    return sig.astype(np.uint32).tobytes()
-
-
-def similarity(a: bytes, b: bytes) -> float:
-    return float(np.mean(np.frombuffer(a, np.uint32) == np.frombuffer(b, np.uint32)))
+ROWS = BINS // BANDS
 
 
 def near_image_pairs(train: Sequence[int | None], val: Sequence[int | None], d: int,
@@ -97,7 +75,7 @@ def near_text_pairs(train: Sequence[bytes | None], val: Sequence[bytes | None], 
         if s is None:
             continue
         candidates = {i for b in range(BANDS) for i in index.get((b, s[b * step : (b + 1) * step]), ())}
-        scored = [(similarity(s, train[i]), i) for i in sorted(candidates)]
+        scored = [(estimated_jaccard(s, train[i]), i) for i in sorted(candidates)]
         best = max(scored, default=None)
         if best is not None and best[0] >= threshold:
             out.append((j, best[1], best[0]))

@@ -10,7 +10,6 @@ from anything the index or pipe clean recorded.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +19,9 @@ from pipeline.check.leakage import exact_pairs, near_image_pairs, near_text_pair
 from pipeline.check.result import CheckResult, fail, ok, skip, verdict
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
 from pipeline.check.policy import Policy
+from pipeline.core.cores import worker_count
+from pipeline.formats import index as shard_index
 
-KIND = "shard"
 IN_PROCESS_BYTES = 64 << 20  # below this much tar, a process pool costs more than it saves
 
 
@@ -45,10 +45,9 @@ class ShardDir:
 def load(root: Path, deep: bool, policy: Policy, workers: int = 0, advance=lambda: None) -> ShardDir:
     """Read index.json and scan every indexed shard; ``advance()`` is called once per shard read."""
     d = ShardDir(root, deep)
-    try:
-        d.index = json.loads((root / "index.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        d.problem = f"index.json is not readable JSON: {e}"
+    d.index, unreadable = shard_index.parse(root)
+    if unreadable is not None:
+        d.problem = f"index.json is not readable JSON: {unreadable}"
         return d
     shards = d.index.get("shards") if isinstance(d.index, dict) else None
     if not isinstance(shards, list):
@@ -75,7 +74,7 @@ def _scan_all(root: Path, entries: list[dict], s: ScanSettings, workers: int, ad
     else:
         from pipeline.core.executor import OrderedPool
 
-        pool = OrderedPool(scan_shard, min(workers or _cores(), len(jobs)))
+        pool = OrderedPool(scan_shard, min(worker_count(workers), len(jobs)))
         results = pool.map(jobs, on_crash=lambda job, e: ShardScan(job[1], error=f"reading it crashed a worker: {e}"))
     scans = []
     for scan in results:
@@ -88,13 +87,6 @@ def _inside(root: Path, name: str) -> Path:
     """The shard's path; a name that would leave the folder (../, absolute) points nowhere."""
     p = (root / name).resolve()
     return p if root.resolve() in p.parents else root / ".pipe-check-outside" / "x.tar"
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        return os.cpu_count() or 1
 
 
 def _offenders(d: ShardDir, check: str) -> list[str]:

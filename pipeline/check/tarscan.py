@@ -215,11 +215,11 @@ def _image(data: bytes, where: str, scan: ShardScan, s: ScanSettings) -> tuple[i
 def _text(data: bytes, where: str, scan: ShardScan) -> tuple[str | None, bytes | None]:
     import xxhash
 
-    from pipeline.check.leakage import normalise, text_signature
+    from pipeline.similarity.minhash import normalize_for_shingles, text_signature
 
     scan.checked["texts"] += 1
     why = text_problem(data)
     if why:
         scan.offenders["text_encoding"].append(f"{where}.txt: {why}")
     text = data.decode("utf-8", "replace")
-    return xxhash.xxh3_128_hexdigest(normalise(text).encode("utf-8")), text_signature(text)
+    return xxhash.xxh3_128_hexdigest(normalize_for_shingles(text).encode("utf-8")), text_signature(text)

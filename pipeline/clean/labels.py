@@ -30,12 +30,6 @@ class Labels:
     exclude: set[str] = field(default_factory=set)  # the labels file itself, if inside INPUT
 
 
-def load_labels(path: Path, input_root: Path) -> tuple[dict[str, str], dict, set[str]]:
-    """Return (relative path -> label, notes for report.json, files to leave out of discovery)."""
-    lab = read_labels(path, input_root)
-    return lab.labels, lab.notes, lab.exclude
-
-
 def read_labels(path: Path, input_root: Path) -> Labels:
     from pipeline.media.text.encodings import decode_bytes
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.clean.discover import Candidate, discover
+from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.executor import OrderedPool
 from pipeline.core.files import atomic_copy, atomic_write_bytes, atomic_write_text, sweep_tmp
@@ -108,13 +109,6 @@ def parse_colour(value: str) -> tuple[int, int, int]:
         except ValueError:
             pass
     raise UsageError(f"--background {value!r} is not a colour: use white, black, grey or #rrggbb")
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def validate(cfg: CleanConfig) -> CleanConfig:
@@ -209,7 +203,7 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
     journal = prepare_output(cfg)
     (cfg.output / "manifest.parquet").unlink(missing_ok=True)  # no manifest until this run is complete
     # a fresh run decodes everything: start the workers now, their start-up overlaps discovery
-    pool = _pool(cfg, cfg.workers or available_cores()).start() if not journal.path.exists() else None
+    pool = _pool(cfg, worker_count(cfg.workers)).start() if not journal.path.exists() else None
     _warm_up_manifest_writer()
     try:
         sweep_tmp(cfg.output)
@@ -293,7 +287,7 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
     reuse = {c.source: old[c.source] for c in candidates if _reusable(old.get(c.source), c, cfg.output)}
     todo = [c for c in candidates if c.source not in reuse]
     if pool is None:
-        pool = _pool(cfg, min(cfg.workers or available_cores(), max(1, len(todo))))
+        pool = _pool(cfg, min(worker_count(cfg.workers), max(1, len(todo))))
     results: list[FileResult] = []
     with progress("clean", len(candidates), show_progress) as advance:
         computed = pool.map(todo, on_crash=crashed, timeout=cfg.file_timeout, on_timeout=timed_out) if todo else iter(())

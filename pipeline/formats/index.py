@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.errors import UsageError
 
@@ -70,14 +71,24 @@ def load(shard_dir: Path) -> dict:
     if not path.is_file():
         hint = " (pipe shard writes it last: was the run interrupted?)" if Path(shard_dir).is_dir() else ""
         raise UsageError(f"{path} not found{hint}")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{path} is not valid JSON: {e}") from None
+    doc, problem = parse(shard_dir)
+    if problem is not None:
+        raise UsageError(f"{path} is not valid JSON: {problem}")
     validate_or_usage_error(doc, "index", what=str(path))
     if doc["schema_version"] != SCHEMA_VERSION:
         raise UsageError(f"{path} has schema_version {doc['schema_version']}; this pipe reads version {SCHEMA_VERSION}")
     return doc
+
+
+def parse(shard_dir: Path) -> tuple[Any, str | None]:
+    """index.json read but not judged: (the document, None), or (None, why it is not JSON).
+
+    For `pipe check`, which judges a shard folder with a broken index (its schema is one of the
+    checks) rather than refusing it; every reader that needs a usable index takes `load`."""
+    try:
+        return json.loads((Path(shard_dir) / INDEX_NAME).read_text(encoding="utf-8")), None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        return None, str(e)
 
 
 def dumps(doc: dict) -> str:

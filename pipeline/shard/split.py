@@ -17,14 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.core.rng import rng_for
 from pipeline.similarity.near_images import pigeonhole_bands, popcount
 
 CHUNK = 2048  # rows per block when comparing the hashes inside one band bucket
-
-
-def rng_for(seed: int, *stream: int) -> np.random.Generator:
-    """A generator for one purpose (split, shuffle, ...) derived from the user's seed."""
-    return np.random.default_rng(np.random.SeedSequence([seed, *stream]))
 
 
 class _UnionFind:

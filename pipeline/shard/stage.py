@@ -32,7 +32,8 @@ from pipeline.formats import tarstream
 from pipeline.formats.sample import SampleParts, shard_key
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
-from pipeline.shard.split import rng_for, split
+from pipeline.core.rng import rng_for
+from pipeline.shard.split import split
 from pipeline.core.ui import progress
 
 SPLITS = ("train", "val")
@@ -227,12 +228,12 @@ def _measure_crashed(path: str, exc: BaseException) -> tuple:
 
 def measure(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool) -> tuple[shard_index.PixelStats, int | None]:
     """Decode every image; exact train pixel stats and the one image size (errors are UsageError)."""
-    from pipeline.clean.stage import available_cores
+    from pipeline.core.cores import worker_count
     from pipeline.core.executor import OrderedPool
 
     todo = [(s, v) for s, v in zip(samples, is_val) if s.image is not None]
     paths = [str(cfg.input / s.image) for s, _ in todo]
-    workers = min(cfg.workers or available_cores(), max(1, len(paths) // 64))
+    workers = min(worker_count(cfg.workers), max(1, len(paths) // 64))
     if len(paths) < IN_PROCESS_BELOW or workers <= 1:
         results = map(measure_image, paths)
         pool = None

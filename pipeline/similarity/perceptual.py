@@ -48,10 +48,6 @@ def phash(im: Image.Image) -> int:
     return int(np.packbits(bits).view(">u8")[0])
 
 
-def hamming(a: int, b: int) -> int:
-    return (a ^ b).bit_count()
-
-
 # --- pixel-level confirmation ---------------------------------------------------------------
 
 VIEW = 128  # side of the reduced output the check works on

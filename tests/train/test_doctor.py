@@ -167,13 +167,6 @@ def test_port_free_sees_a_listening_socket():
     assert dr.port_free(port)[0] is True
 
 
-def test_cgroup_cpu_quota(tmp_path):
-    (tmp_path / "cpu.max").write_text("250000 100000\n")
-    assert dr.cgroup_cpu_quota(str(tmp_path)) == 2.5
-    (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert dr.cgroup_cpu_quota(str(tmp_path)) is None
-
-
 def test_parse_nvidia_smi_topology():
     text = ("\x1b[4m\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
             "GPU0\t X \tNV12\tSYS\tPIX\t0-23\t0\t\tN/A\n"

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.core.rng import rng_for
+
 GOLDEN = 0.6180339887498949
 
 
@@ -59,7 +61,9 @@ class EpochPlan:
 
 
 def rng(seed: int, *stream: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed & (2**63 - 1), *stream]))
+    """`rng_for`, with the seed folded to 63 bits as the plan always has (a seed of 2**63 or more
+    gives the order it gave before)."""
+    return rng_for(seed & (2**63 - 1), *stream)
 
 
 def _locate(cum: list[int], g: int) -> tuple[int, int]:

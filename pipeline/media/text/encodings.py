@@ -190,12 +190,6 @@ def _bom_name(enc: str) -> str:
     return {"utf-8-sig": "UTF-8"}.get(enc, enc.upper())
 
 
-def _control_share(head: bytes) -> float:
-    if not head:
-        return 0.0
-    return (len(head) - len(head.translate(None, _CONTROL_BYTES))) / len(head)
-
-
 def _utf16_32_by_nuls(data: bytes, head: bytes) -> Decoded | None:
     """UTF-16/32 without a byte-order mark, told by where the NUL bytes sit.
 

@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 
-from pipeline.similarity.minhash import (BANDS, candidate_pairs, decode_keys, encode_keys, jaccard, normalize_for_shingles,
-                              shingles, text_keys)
+from pipeline.similarity.minhash import (BANDS, candidate_pairs, decode_keys, encode_keys, estimated_jaccard, jaccard,
+                              normalize_for_shingles, shingles, text_keys, text_signature)
 from tests.conftest import pipe_env
 from tests.text_samples import LANGUAGES
 
@@ -61,6 +61,20 @@ def test_lsh_finds_near_duplicates_and_rarely_pairs_distinct_texts():
     found = [hit for j, hit in near if j >= 0.8]
     assert len(found) > 200 and sum(found) / len(found) >= 0.99
     assert sum(far) / len(far) <= 0.05  # random texts over one vocabulary share ~25% of shingles
+
+
+def test_signatures_estimate_the_real_jaccard():
+    """pipe check's leakage search takes its text candidates from this estimate (then confirms them
+    on the real Jaccard): it must be close to what pipe clean's near-duplicate search measures."""
+    rng = random.Random(3)
+    errors = []
+    for _ in range(200):
+        a = _sentence(rng, 60)
+        b = _edit(rng, a, rng.choice((0.02, 0.1, 0.3)))
+        errors.append(abs(estimated_jaccard(text_signature(a), text_signature(b)) - jaccard(shingles(a), shingles(b))))
+    assert np.mean(errors) < 0.05 and max(errors) < 0.2
+    assert estimated_jaccard(text_signature("A  Grey\nCat"), text_signature("a grey cat")) == 1.0
+    assert len(text_signature("a grey cat")) == 4 * 64
 
 
 def test_keys_are_compact_and_round_trip():
