@@ -150,3 +150,32 @@ def test_json_output_is_the_report(raw, tmp_path, cli):
     doc = json.loads(r.stdout)
     assert doc == json.loads((tmp_path / "clean" / "report.json").read_text()) | {"timings": doc["timings"]}
     assert np.isclose(sum(doc["by_status"].values()), doc["files"])
+
+
+def test_overwrite_never_deletes_a_folder_pipe_clean_did_not_write(raw, tmp_path, pipe_proc):
+    mine = tmp_path / "mine"
+    write(mine / "data" / "mydata.csv", "a,b\n1,2\n")
+    write(mine / "report.json", '{"my": "report"}')
+    p = pipe_proc("clean", raw, "-o", mine, "--overwrite", "--workers", "1")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "not written by pipe clean" in lines[0], p.stderr
+    assert (mine / "data" / "mydata.csv").read_text() == "a,b\n1,2\n"
+    assert (mine / "report.json").read_text() == '{"my": "report"}'
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == ["data", "data/mydata.csv", "report.json"]
+
+
+def test_a_second_run_into_a_folder_being_written_stops_with_one_line(raw, tmp_path, cli):
+    import fcntl
+
+    out = tmp_path / "clean"
+    run(raw, out)
+    manifest = (out / "manifest.parquet").read_bytes()
+    with open(out / ".pipe" / "lock", "a") as held:  # what a run in progress holds
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for flags in ([], ["--overwrite"]):
+            r = cli("clean", raw, "-o", out, "--workers", "1", *flags)
+            lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+            assert r.exit_code == 2 and len(lines) == 1 and "being written by another run" in lines[0], r.stderr
+            assert (out / "manifest.parquet").read_bytes() == manifest  # the run in progress is left alone
+    assert cli("clean", raw, "-o", out, "--workers", "1").exit_code == 0  # free again once it ends
+    assert schemas.errors(json.loads((out / ".pipe" / "state.json").read_text()), "state") == []
