@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -16,19 +17,33 @@ from pathlib import Path
 from pipeline.core.errors import UsageError
 
 TMP_SUFFIX = ".tmp"
+NAME_MAX = 255  # bytes in one path component (Linux, macOS, ext4, xfs, btrfs, APFS)
 # What pipe keeps inside a folder it writes: ``state.json``, the marker that says which stage
 # wrote the folder (tool, version, input, settings; schemas/state.schema.json), and ``lock``.
 STATE_DIR = ".pipe"
 LOCK_NAME = "lock"
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+def tmp_name(path: Path) -> Path:
+    """``.{name}.{pid}.tmp`` beside ``path``, within the file system's limit on one name.
+
+    A legal input name may already use all of NAME_MAX (255 bytes): adding the affixes would make
+    every write of it fail with "File name too long", on every re-run. Such a name keeps as many
+    of its first bytes as fit and ends in a hash of the whole name, so it stays unique and the same
+    on every run (a killed run's leftovers are swept by the same pattern).
+    """
+    suffix = f".{os.getpid()}{TMP_SUFFIX}"
+    raw = os.fsencode(path.name)
+    if 1 + len(raw) + len(suffix) <= NAME_MAX:
+        return path.with_name(f".{path.name}{suffix}")
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    head = raw[: NAME_MAX - 1 - len(suffix) - 1 - len(digest)]
+    return path.with_name(f".{os.fsdecode(head)}~{digest}{suffix}")
 
 
 def atomic_write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
+    tmp = tmp_name(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -48,9 +63,14 @@ def atomic_write_text(path: Path, text: str, fsync: bool = False) -> None:
 
 def atomic_copy(src: str | Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(dest)
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    tmp = tmp_name(dest)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed copy (disk full) leaves nothing behind
+        raise
 
 
 def sweep_tmp(root: Path) -> int:

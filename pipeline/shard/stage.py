@@ -17,6 +17,7 @@ Same CLEAN_DIR, same settings -> byte-identical shards and index.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,7 +33,7 @@ from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
 from pipeline.formats.sample import SampleParts, shard_key
 from pipeline.core.errors import StageFailed, UsageError
-from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker
+from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker, tmp_name
 from pipeline.shard.split import rng_for, split
 from pipeline.core.ui import progress
 
@@ -329,8 +330,19 @@ def pack(sizes: list[int], max_count: int, max_size: int) -> list[tuple[int, int
 
 
 def write_shard(path: Path, samples: list[Sample], clean_dir: Path) -> shard_index.ShardEntry:
-    """Write one shard atomically; return its index entry (offsets, size, sha256)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write one shard atomically; return its index entry (offsets, size, sha256).
+
+    A failed write (disk full) removes its temporary tar: left behind, it would keep the disk full."""
+    tmp = tmp_name(path)
+    try:
+        return _write_shard(tmp, path, samples, clean_dir)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) -> shard_index.ShardEntry:
     digest, offsets, pos = hashlib.sha256(), [], 0
     with open(tmp, "wb") as f:
         for s in samples:

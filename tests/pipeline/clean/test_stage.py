@@ -179,3 +179,22 @@ def test_a_second_run_into_a_folder_being_written_stops_with_one_line(raw, tmp_p
             assert (out / "manifest.parquet").read_bytes() == manifest  # the run in progress is left alone
     assert cli("clean", raw, "-o", out, "--workers", "1").exit_code == 0  # free again once it ends
     assert schemas.errors(json.loads((out / ".pipe" / "state.json").read_text()), "state") == []
+
+
+def test_names_at_the_file_system_limit_never_crash_a_run(tmp_path):
+    src = tmp_path / "raw"
+    long_zip = "z" * 251 + ".zip"  # 255 bytes: legal, but no room for a temporary name's affixes
+    long_photo = "p" * 250 + ".jpg"
+    write(src / "cats" / long_zip, b"PK\x03\x04" + bytes(100))
+    write(src / "cats" / ("y" * 251 + ".zip"), b"PK\x03\x04" + bytes(101))  # same first bytes of name
+    photo(src / "cats" / long_photo, seed=1)
+    photo(src / "cats" / "short.jpg", seed=2)
+    out = tmp_path / "clean"
+    for _ in range(2):  # and again, resuming
+        report = run(src, out)
+        assert report["files"] == 4
+        got = rows(out)
+        assert got[f"cats/{long_zip}"]["reason"] == "unsupported_format"
+        assert (out / "quarantine" / "unsupported_format" / "cats" / long_zip).read_bytes() == b"PK\x03\x04" + bytes(100)
+        assert got[f"cats/{long_photo}"]["status"] == "kept"
+        assert not list(out.rglob("*.tmp"))

@@ -304,3 +304,23 @@ def test_a_second_run_into_a_shard_dir_being_written_stops_with_one_line(tmp_pat
         assert r.exit_code == 2 and len(lines) == 1 and "being written by another run" in lines[0], r.stderr
         assert (out / "index.json").read_bytes() == index  # not removed from under the run in progress
     assert cli("shard", clean, "-o", out).exit_code == 0
+
+
+def test_a_disk_full_failure_leaves_no_temporary_tar(tmp_path, clean, monkeypatch):
+    import errno
+    import os
+
+    from pipeline.core.errors import StageFailed
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(os, "fsync", disk_full)  # the shard's bytes reach the disk here, and do not fit
+    with pytest.raises(StageFailed, match="No space left"):
+        run(clean, out)
+    assert not [p.name for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert not list(out.glob("*.tar")) and not (out / "index.json").exists()
+    monkeypatch.undo()
+    run(clean, out)  # space freed: the same command finishes
+    assert (out / "index.json").exists()
