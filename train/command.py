@@ -54,6 +54,7 @@ def train(
     max_text_len: Annotated[int, typer.Option(help="Bytes of text the models see per sample.", rich_help_panel=DATA)] = 256,
     data_only: Annotated[bool, typer.Option("--data-only", help="Run only the data pipeline and print samples/s per rank.", rich_help_panel=DATA)] = False,
     record_keys: Annotated[bool, typer.Option("--record-keys", help="Write RUN_DIR/keys/epoch{E}-rank{R}.txt (--data-only).", rich_help_panel=DATA)] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Check every shard's sha256 against index.json before training.", rich_help_panel=DATA)] = False,
     # -- checkpoints and monitoring -------------------------------------------------------------------
     checkpoint_every: Annotated[int, typer.Option(help="Write last.pt every N optimizer steps (0 = at epoch ends only).", rich_help_panel=RUN)] = 200,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from RUN_DIR/last.pt.", rich_help_panel=RUN)] = False,
@@ -124,11 +125,40 @@ def check(cfg):
         raise UsageError(f"one epoch gives each rank {steps} batches of {plan.batch_size}, fewer than one optimizer "
                          f"step needs (--accum {plan.accum}); lower --global-batch or --accum")
     _check_run_dir(cfg)
+    if cfg.verify:
+        verify_shards(cfg.shard_dir, index)
     try:
         cfg.output.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create RUN_DIR {cfg.output}: {e.strerror or e}") from None
     return cfg
+
+
+def verify_shards(shard_dir: Path, index: dict) -> None:
+    """--verify: every shard's size and sha256 as index.json records them, before any rank reads one.
+
+    The reader trusts the index's offsets and decodes what it finds; a shard changed or damaged
+    since `pipe shard` (or swapped by someone else) would be trained on silently. Here it stops the
+    run naming the shard: StageFailed, exit 1 (the data is bad, not the command). Runs where the
+    command runs: once per node under the built-in launcher, on each rank under an outside torchrun."""
+    import hashlib
+
+    from pipeline.core.errors import StageFailed
+
+    for entry in index["shards"]:
+        path = Path(shard_dir) / entry["name"]
+        digest, size = hashlib.sha256(), 0
+        try:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+        except OSError as e:
+            raise StageFailed(f"--verify: shard {entry['name']} cannot be read: {e.strerror or e}") from None
+        if size != entry["bytes"] or digest.hexdigest() != entry["sha256"]:
+            raise StageFailed(f"--verify: shard {entry['name']} does not match index.json ({size} bytes, sha256 "
+                              f"{digest.hexdigest()[:12]}...; indexed {entry['bytes']} bytes, sha256 {entry['sha256'][:12]}...): "
+                              f"it changed since pipe shard wrote it; restore it or run pipe shard again")
 
 
 def _check_modalities(cfg, index: dict) -> None:

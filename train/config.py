@@ -57,6 +57,8 @@ class TrainConfig(LaunchConfig):
     """Run only the data pipeline (no model) and report samples/s per rank."""
     record_keys: bool = False
     """Write the keys each rank consumed, per epoch, to RUN_DIR/keys/epoch{E}-rank{R}.txt."""
+    verify: bool = False
+    """Before training, check every shard's size and sha256 against index.json (reads each shard once)."""
 
     # -- schedule ---------------------------------------------------------------------------
     epochs: int = 3
@@ -135,7 +137,7 @@ class TrainConfig(LaunchConfig):
     # Settings that may differ between nodes without changing the run: where files live, how
     # many processes decode, when things are logged, how this node was launched. Everything
     # else must agree on every rank.
-    LOCAL_SETTINGS = ("shard_dir", "output", "init_from", "workers", "resume", "log_every", "record_keys",
+    LOCAL_SETTINGS = ("shard_dir", "output", "init_from", "workers", "resume", "log_every", "record_keys", "verify",
                       "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts",
                       "rdzv_timeout")
 
@@ -150,7 +152,7 @@ class TrainConfig(LaunchConfig):
     # Everything else may change on --resume: where files are, how ranks are launched, how the
     # batch is split and read (workers, shuffle buffer: a changed layout restarts the epoch in
     # progress, see `ShardReader.load_state_dict`), memory-saving recomputation, logging, checkpoints.
-    RESUME_FREE = ("shard_dir", "output", "data_only", "record_keys", "batch_size", "accum", "grad_checkpoint",
+    RESUME_FREE = ("shard_dir", "output", "data_only", "record_keys", "verify", "batch_size", "accum", "grad_checkpoint",
                    "auto_micro_batch", "workers", "shuffle_buffer", "checkpoint_every", "resume", "log_every",
                    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
                    "max_restarts", "rdzv_timeout")

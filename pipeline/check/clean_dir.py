@@ -61,8 +61,10 @@ def is_clean_dir(root: Path) -> bool:
 
 
 def looks_unfinished(root: Path) -> bool:
-    """A folder `pipe clean` started but did not finish (no manifest yet)."""
-    return (root / ".pipe" / "state.json").is_file() and not is_clean_dir(root)
+    """A folder `pipe clean` started but did not finish (no manifest yet); a shard dir has a marker too."""
+    from pipeline.core.files import read_marker
+
+    return (read_marker(root) or {}).get("tool") == "pipe clean" and not is_clean_dir(root)
 
 
 def load(root: Path, deep: bool = False, input_override: Path | None = None, workers: int = 0) -> CleanDir:

@@ -26,7 +26,7 @@ from pipeline.core.errors import UsageError
 # accepts exactly these names (a test keeps the two in step).
 CHECK_NAMES = (
     "schema", "manifest_matches_input", "outputs_match_manifest", "shard_checksums", "shard_counts",
-    "keys_unique", "labels_in_range", "quarantined_fraction", "duplicate_fraction",
+    "keys_unique", "member_types", "labels_in_range", "quarantined_fraction", "duplicate_fraction",
     "min_samples_per_class", "class_imbalance", "val_has_every_class", "leakage",
     "image_size", "image_mode", "text_encoding", "decodes",
 )

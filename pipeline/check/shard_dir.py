@@ -193,6 +193,18 @@ def check_keys_unique(d: ShardDir, p: Policy) -> CheckResult:
                    f"{total} keys, unique across all shards and webdataset-safe")
 
 
+def check_member_types(d: ShardDir, p: Policy) -> CheckResult:
+    """Only the member types pipe's codec writes: stock webdataset's ``.decode()`` unpickles
+    ``.pyd``, ``.pickle`` and ``.pth`` members (running whatever they carry), and a link or device
+    member is something else again when the shard is extracted."""
+    if r := _unusable(d, "member_types"):
+        return r
+    n = _checked(d, "members")
+    return verdict("member_types", _offenders(d, "member_types"), n,
+                   "members are not what pipe shard writes (readers that decode by extension may run them)",
+                   f"all {n} members are regular files of the types pipe shard writes (.jpg .png .webp .txt .cls .json)")
+
+
 def check_labels_in_range(d: ShardDir, p: Policy) -> CheckResult:
     if r := _unusable(d, "labels_in_range"):
         return r
@@ -309,7 +321,7 @@ def _view(path: Path, start: int, end: int):
     image = next((fields[e] for e in IMAGE_EXTS if e in fields), None)
     try:
         size = json.loads(fields["json"]).get("image", {}) if "json" in fields else {}
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         size = {}
     return None if image is None else load_view(io.BytesIO(image), size.get("width"), size.get("height"), "pad")
 
@@ -375,7 +387,7 @@ def check_decodes(d: ShardDir, p: Policy) -> CheckResult:
 
 
 CHECKS = (
-    check_schema, check_shard_checksums, check_shard_counts, check_keys_unique, check_labels_in_range,
+    check_schema, check_shard_checksums, check_shard_counts, check_keys_unique, check_member_types, check_labels_in_range,
     check_min_samples_per_class, check_class_imbalance, check_val_has_every_class, check_leakage,
     check_image_size, check_image_mode, check_text_encoding, check_decodes,
 )

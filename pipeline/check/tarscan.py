@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.check.content import inspect_image, text_problem
+from pipeline.formats.sample import MEMBER_ORDER
 
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff"}
 TEXT_EXTS = {"txt", "text", "caption"}
@@ -121,10 +122,17 @@ def _unreachable(path: Path, stop: int, count: int) -> str | None:
 def _read_samples(tar: tarfile.TarFile, scan: ShardScan, s: ScanSettings) -> None:
     key, members, offset = None, {}, 0
     for m in tar:
+        scan.checked["members"] += 1
         if not m.isfile():
+            scan.offenders["member_types"].append(f"{scan.name}:{m.name}: a {_special(m)} member; pipe shard writes only regular files")
             continue
         base = m.name.rsplit("/", 1)[-1]
         k, dot, ext = base.partition(".")
+        if base != m.name:  # webdataset keeps the folders in the key; tar extracts ../ and / outside the folder
+            scan.offenders["keys_unique"].append(f"{scan.name}:{m.name}: a member name with a path is not webdataset-safe")
+        if dot and ext not in MEMBER_ORDER:
+            scan.offenders["member_types"].append(
+                f"{scan.name}:{m.name}: .{ext} is not a member type pipe shard writes ({', '.join(MEMBER_ORDER)})")
         data = tar.extractfile(m).read()
         if k != key:
             if key is not None:
@@ -137,6 +145,11 @@ def _read_samples(tar: tarfile.TarFile, scan: ShardScan, s: ScanSettings) -> Non
         members[ext.lower()] = data
     if key is not None:
         _sample(scan, key, offset, members, s)
+
+
+def _special(m: tarfile.TarInfo) -> str:
+    return ("symlink" if m.issym() else "hard link" if m.islnk() else "folder" if m.isdir()
+            else "device or FIFO" if m.isdev() else f"type {m.type!r}")
 
 
 def _sample(scan: ShardScan, key: str, offset: int, members: dict[str, bytes], s: ScanSettings) -> None:
@@ -171,6 +184,9 @@ def _meta_label(data: bytes | None, where: str, bad) -> str | None:
         meta = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         bad["schema"].append(f"{where}.json: not valid UTF-8 JSON: {e}")
+        return None
+    except RecursionError:  # "[[[[..." 100,000 deep: hostile, and no crash of pipe check
+        bad["schema"].append(f"{where}.json: JSON nested too deeply to parse")
         return None
     if not isinstance(meta, dict):
         bad["schema"].append(f"{where}.json: not a JSON object")

@@ -14,10 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.core.files import atomic_write_text
+from pipeline.core.files import STATE_DIR, atomic_write_text
 from pipeline.clean.records import FileResult
-
-STATE_DIR = ".pipe"
 
 
 class Journal:

@@ -27,7 +27,7 @@ from pipeline.clean.discover import Candidate, discover
 from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.executor import OrderedPool
-from pipeline.core.files import atomic_copy, atomic_write_bytes, atomic_write_text, sweep_tmp
+from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atomic_write_text, occupied, output_lock, read_marker, sweep_tmp
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
 from pipeline.clean.journal import STATE_DIR, Journal
 from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
@@ -145,18 +145,13 @@ def validate(cfg: CleanConfig) -> CleanConfig:
 def prepare_output(cfg: CleanConfig) -> Journal:
     """Resume a matching CLEAN_DIR, refuse a foreign one, or clear ours with --overwrite."""
     out = cfg.output
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"the output path {out} exists and is not a folder")
+    refuse_foreign(out)
     journal = Journal(out)
     state = journal.read_state()
-    if out.exists() and any(out.iterdir()):
+    if occupied(out):
         if cfg.overwrite:
-            for name in OWNED:
-                p = out / name
-                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+            _remove_owned(out)
             state = None
-        elif state is None or state.get("tool") != "pipe clean":
-            raise UsageError(f"{out} is not empty and was not written by pipe clean; choose an empty folder or pass --overwrite")
         elif state.get("input") != str(cfg.input.resolve()):
             raise UsageError(f"{out} was cleaned from {state.get('input')}, not {cfg.input.resolve()}; pass --overwrite to replace it")
         elif state.get("settings") != cfg.fingerprint():
@@ -170,9 +165,32 @@ def prepare_output(cfg: CleanConfig) -> Journal:
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
-    journal.write_state({"tool": "pipe clean", "version": __version__, "input": str(cfg.input.resolve()),
+    journal.write_state({"schema_version": 1, "tool": "pipe clean", "version": __version__, "input": str(cfg.input.resolve()),
                          "settings": cfg.fingerprint()})
     return journal
+
+
+def refuse_foreign(out: Path) -> None:
+    """Refuse a folder that is not empty unless pipe clean's marker says pipe clean wrote it:
+    --overwrite deletes data/, quarantine/ and report.json, which may be someone's own files."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"the output path {out} exists and is not a folder")
+    state = read_marker(out)
+    if occupied(out) and (state is None or state.get("tool") != "pipe clean"):
+        raise UsageError(f"{out} is not empty and was not written by pipe clean (it has no .pipe/state.json of pipe clean's); "
+                         "choose an empty folder (--overwrite replaces only a folder pipe clean wrote)")
+
+
+def _remove_owned(out: Path) -> None:
+    """--overwrite on a folder pipe clean wrote: remove what it writes there (keeping the lock held now)."""
+    for name in OWNED:
+        p = out / name
+        if name == STATE_DIR and p.is_dir():
+            for q in p.iterdir():
+                if q.name != LOCK_NAME:
+                    shutil.rmtree(q) if q.is_dir() else q.unlink()
+        else:
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
@@ -196,8 +214,17 @@ def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
 
 
 def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
-    """Run the whole stage; return the report (also written to report.json)."""
+    """Run the whole stage; return the report (also written to report.json).
+
+    The output folder is locked for the whole run (a second run into it stops at once), and
+    only after it is known to be empty or pipe clean's: the lock file is the first thing written."""
     validate(cfg)
+    refuse_foreign(cfg.output)
+    with output_lock(cfg.output, "pipe clean"):
+        return _run(cfg, show_progress)
+
+
+def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     timings: dict[str, float] = {}
     t = time.perf_counter()
     journal = prepare_output(cfg)

@@ -24,6 +24,7 @@ def shard(
     expected_ranks: Annotated[int, typer.Option(help="Ranks you expect to train with (sizes the 'too few shards' warning).")] = 8,
     expected_workers: Annotated[int, typer.Option(help="Dataloader workers per rank you expect to train with.")] = 4,
     workers: Annotated[int, typer.Option(help="Processes that decode images to measure them (0 = one per core).")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace a SHARD_DIR pipe shard made from other input or settings.")] = False,
     config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[shard] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:

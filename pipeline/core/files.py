@@ -7,20 +7,43 @@ half-written file. Temporary names end in ``.tmp`` so a later run can sweep left
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
 
+from pipeline.core.errors import UsageError
+
 TMP_SUFFIX = ".tmp"
+NAME_MAX = 255  # bytes in one path component (Linux, macOS, ext4, xfs, btrfs, APFS)
+# What pipe keeps inside a folder it writes: ``state.json``, the marker that says which stage
+# wrote the folder (tool, version, input, settings; schemas/state.schema.json), and ``lock``.
+STATE_DIR = ".pipe"
+LOCK_NAME = "lock"
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+def tmp_name(path: Path) -> Path:
+    """``.{name}.{pid}.tmp`` beside ``path``, within the file system's limit on one name.
+
+    A legal input name may already use all of NAME_MAX (255 bytes): adding the affixes would make
+    every write of it fail with "File name too long", on every re-run. Such a name keeps as many
+    of its first bytes as fit and ends in a hash of the whole name, so it stays unique and the same
+    on every run (a killed run's leftovers are swept by the same pattern).
+    """
+    suffix = f".{os.getpid()}{TMP_SUFFIX}"
+    raw = os.fsencode(path.name)
+    if 1 + len(raw) + len(suffix) <= NAME_MAX:
+        return path.with_name(f".{path.name}{suffix}")
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    head = raw[: NAME_MAX - 1 - len(suffix) - 1 - len(digest)]
+    return path.with_name(f".{os.fsdecode(head)}~{digest}{suffix}")
 
 
 def atomic_write_bytes(path: Path, data: bytes, fsync: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
+    tmp = tmp_name(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -40,9 +63,14 @@ def atomic_write_text(path: Path, text: str, fsync: bool = False) -> None:
 
 def atomic_copy(src: str | Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(dest)
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    tmp = tmp_name(dest)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed copy (disk full) leaves nothing behind
+        raise
 
 
 def sweep_tmp(root: Path) -> int:
@@ -54,3 +82,50 @@ def sweep_tmp(root: Path) -> int:
                 p.unlink(missing_ok=True)
                 n += 1
     return n
+
+
+def read_marker(folder: Path) -> dict | None:
+    """The marker ``.pipe/state.json`` of a folder pipe wrote, or None (absent or unreadable)."""
+    try:
+        state = json.loads((folder / STATE_DIR / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def occupied(folder: Path) -> bool:
+    """Whether ``folder`` holds anything besides pipe's own lock file (an absent folder holds nothing)."""
+    try:
+        for p in folder.iterdir():
+            if p.name != STATE_DIR or not p.is_dir() or any(q.name != LOCK_NAME for q in p.iterdir()):
+                return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise UsageError(f"cannot read the output folder {folder}: {e.strerror or e}") from None
+    return False
+
+
+@contextlib.contextmanager
+def output_lock(folder: Path, tool: str):
+    """Hold an exclusive lock on ``folder/.pipe/lock`` for the whole run.
+
+    Two runs writing one folder would interleave their files and each delete the other's: the
+    second stops at once with one line instead (exit 2, like every refusal of an output folder:
+    nothing was written, and the fix is the operator's: wait, or choose another folder). The
+    kernel drops the lock when the holder exits, however it dies, so a stale lock file is harmless.
+    The file stays empty (no pid in it): the folder's bytes do not depend on which run made them.
+    """
+    path = folder / STATE_DIR / LOCK_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "ab")
+    except OSError as e:
+        raise UsageError(f"cannot write to the output folder {folder}: {e.strerror or e}") from None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{folder} is being written by another run (it holds {path}; `fuser {path}` names it); "
+                             f"wait for it to finish or choose another folder for this {tool}") from None
+        yield

@@ -89,6 +89,8 @@ def parse(shard_dir: Path) -> tuple[Any, str | None]:
         return json.loads((Path(shard_dir) / INDEX_NAME).read_text(encoding="utf-8")), None
     except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         return None, str(e)
+    except RecursionError:  # a hostile index of 100,000 nested [
+        return None, "nested too deeply to parse"
 
 
 def dumps(doc: dict) -> str:

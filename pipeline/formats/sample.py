@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 IMAGE_EXTS = ("jpg", "png", "webp")
+MEMBER_ORDER = (*IMAGE_EXTS, "txt", "cls", "json")  # every member type pipe shard writes; pipe check fails any other
 MAX_KEY = 80
 _SAFE = re.compile(r"^[A-Za-z0-9_-]+$")
 

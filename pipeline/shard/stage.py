@@ -17,8 +17,10 @@ Same CLEAN_DIR, same settings -> byte-identical shards and index.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import time
@@ -31,7 +33,7 @@ from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
 from pipeline.formats.sample import SampleParts, shard_key
 from pipeline.core.errors import StageFailed, UsageError
-from pipeline.core.files import atomic_write_text
+from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker, tmp_name
 from pipeline.core.rng import rng_for
 from pipeline.shard.split import split
 from pipeline.core.ui import progress
@@ -66,6 +68,16 @@ class ShardConfig:
     """Dataloader workers per rank you expect to train with."""
     workers: int = 0
     """Processes that decode images to measure them; 0 = one per core."""
+    overwrite: bool = False
+    """Replace a SHARD_DIR pipe shard wrote from other input or settings instead of refusing."""
+
+    # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
+    OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")
+
+    def marker(self) -> dict:
+        """What `.pipe/state.json` says about a SHARD_DIR this run writes."""
+        return {"schema_version": 1, "tool": "pipe shard", "version": __version__, "input": str(self.input.resolve()),
+                "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}}
 
     def as_dict(self) -> dict:
         return {f.name: (str(v) if isinstance(v, Path) else v)
@@ -112,10 +124,36 @@ def validate(cfg: ShardConfig) -> None:
         foreign = sorted(p.name for p in cfg.output.iterdir() if not _ours(p.name))
         if foreign:
             raise UsageError(f"{cfg.output} holds files pipe shard did not write ({', '.join(foreign[:3])}); choose an empty folder")
+    refuse_foreign(cfg.output)
 
 
 def _ours(name: str) -> bool:
-    return bool(SHARD_NAME.match(name)) or name == shard_index.INDEX_NAME or (name.startswith(".") and name.endswith(".tmp"))
+    return (bool(SHARD_NAME.match(name)) or name in (shard_index.INDEX_NAME, STATE_DIR)
+            or (name.startswith(".") and name.endswith(".tmp")))
+
+
+def refuse_foreign(out: Path) -> None:
+    """A folder of shard-like names without pipe shard's marker is not ours to replace, --overwrite or not."""
+    state = read_marker(out)
+    if occupied(out) and (state is None or state.get("tool") != "pipe shard"):
+        raise UsageError(f"{out} holds shards that pipe shard did not write (it has no .pipe/state.json of pipe shard's); "
+                         "choose an empty folder (--overwrite replaces only a folder pipe shard wrote)")
+
+
+def claim_output(cfg: ShardConfig) -> None:
+    """Resume (rewrite the same bytes into) a SHARD_DIR whose marker says pipe shard made it from
+    the same input and settings; replace one made with others only with --overwrite."""
+    out = cfg.output
+    refuse_foreign(out)
+    if not occupied(out) or cfg.overwrite:
+        return
+    state, want = read_marker(out), cfg.marker()
+    if state.get("input") != want["input"]:
+        raise UsageError(f"{out} was sharded from {state.get('input')}, not {want['input']}; pass --overwrite to replace it")
+    old = state.get("settings") if isinstance(state.get("settings"), dict) else {}
+    if old != want["settings"]:
+        changed = ", ".join(f"--{k.replace('_', '-')} {old.get(k)} -> {v}" for k, v in want["settings"].items() if old.get(k) != v)
+        raise UsageError(f"{out} was made with other settings ({changed}); pass --overwrite to replace it")
 
 
 # ---------------------------------------------------------------- 1. load
@@ -293,8 +331,19 @@ def pack(sizes: list[int], max_count: int, max_size: int) -> list[tuple[int, int
 
 
 def write_shard(path: Path, samples: list[Sample], clean_dir: Path) -> shard_index.ShardEntry:
-    """Write one shard atomically; return its index entry (offsets, size, sha256)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write one shard atomically; return its index entry (offsets, size, sha256).
+
+    A failed write (disk full) removes its temporary tar: left behind, it would keep the disk full."""
+    tmp = tmp_name(path)
+    try:
+        return _write_shard(tmp, path, samples, clean_dir)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) -> shard_index.ShardEntry:
     digest, offsets, pos = hashlib.sha256(), [], 0
     with open(tmp, "wb") as f:
         for s in samples:
@@ -347,8 +396,17 @@ def readers_warning(train_shards: int, n_train: int, cfg: ShardConfig) -> str | 
 
 
 def run(cfg: ShardConfig, show_progress: bool = True) -> dict:
-    """Run the whole stage; return a summary (what index.json says, in counts, plus warnings)."""
+    """Run the whole stage; return a summary (what index.json says, in counts, plus warnings).
+
+    SHARD_DIR is locked for the whole run (a second run into it stops at once), and only after
+    `validate` found nothing in it that pipe shard did not write: the lock is the first thing written."""
     validate(cfg)
+    with output_lock(cfg.output, "pipe shard"):
+        claim_output(cfg)
+        return _run(cfg, show_progress)
+
+
+def _run(cfg: ShardConfig, show_progress: bool) -> dict:
     timings: dict[str, float] = {}
     t = time.perf_counter()
     samples, unlabelled, manifest_sha = load_samples(cfg.input)
@@ -388,7 +446,7 @@ def run(cfg: ShardConfig, show_progress: bool = True) -> dict:
         "schema_version": shard_index.SCHEMA_VERSION,
         "created_by": f"pipe shard {__version__}",
         "manifest_sha256": manifest_sha,
-        "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers")},
+        "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite")},
         "classes": classes,
         "image_size": image_size,
         "mean": mean,
@@ -422,6 +480,7 @@ def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / shard_index.INDEX_NAME).unlink(missing_ok=True)  # no index until this run is complete
+        atomic_write_text(out / STATE_DIR / "state.json", json.dumps(cfg.marker(), indent=2, sort_keys=True))
         for p in out.iterdir():
             if p.name.startswith(".") and p.name.endswith(".tmp"):
                 p.unlink()

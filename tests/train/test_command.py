@@ -162,3 +162,28 @@ def test_the_model_that_fits_the_data_trains(cli, one_modality, tmp_path):
     r = cli("train", one_modality["texts"], "-o", tmp_path / "run", "--model", "text", "--epochs", "1",
             "--workers", "0", "--batch-size", "2", "--width", "8")
     assert r.exit_code == 0, r.stderr
+
+
+def test_verify_stops_on_a_shard_that_differs_from_the_index(cli, two_datasets, tmp_path):
+    import shutil
+
+    shards = shutil.copytree(two_datasets[0], tmp_path / "shards")
+    index = json.loads((shards / "index.json").read_text())
+    entry = next(s for s in index["shards"] if s["split"] == "train")
+    name = entry["name"]
+    data = bytearray((shards / name).read_bytes())
+    data[entry["offsets"][0] + 600] ^= 0x01  # one bit of the first image: readers would not notice
+    (shards / name).write_bytes(bytes(data))
+    r = cli("train", shards, "-o", tmp_path / "run", "--verify", "--workers", "0")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 1 and len(lines) == 1, r.stderr
+    assert name in lines[0] and "does not match index.json" in lines[0]
+    assert not (tmp_path / "run" / "last.pt").exists()
+    toml = tmp_path / "pipe.toml"
+    toml.write_text("[train]\nverify = true\n")  # settable in TOML too, schema-checked
+    r = cli("train", shards, "-o", tmp_path / "run", "--config", toml, "--workers", "0")
+    assert r.exit_code == 1 and name in r.stderr
+    data[entry["offsets"][0] + 600] ^= 0x01  # put back: the same shards verify and train
+    (shards / name).write_bytes(bytes(data))
+    r = cli("train", shards, "-o", tmp_path / "run", "--verify", "--epochs", "1", "--max-steps", "1", "--workers", "0")
+    assert r.exit_code == 0, r.stderr

@@ -343,3 +343,73 @@ def test_a_minhash_estimate_above_the_limit_is_checked_on_the_texts(good, broken
         (j, next(i for i, s in enumerate(train) if s is not None), 0.9) for j, s in enumerate(val) if s is not None])
     r = result(check(broken, good[1]), "leakage")
     assert r.numbers["leaked"] == 0 and r.numbers["candidates_not_confirmed"] >= 1
+
+
+class _Payload:
+    """Unpickling this runs a command: what stock webdataset's .decode() does to .pyd/.pickle/.pth."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch /tmp/pipe-check-was-fooled",))
+
+
+@pytest.mark.parametrize("ext", ["pyd", "pickle", "pth"])
+def test_member_types_pipe_shard_never_writes_fail(good, broken, ext):
+    import pickle
+
+    def fn(samples):
+        samples[0][1][ext] = pickle.dumps(_Payload())
+        return samples
+    rewrite_shard(broken, shard_names(broken, "train")[0], fn)
+    report = check(broken, good[1])
+    assert failing(report) == {"member_types"}
+    message = result(report, "member_types").message
+    assert f".{ext}" in message and "not a member type pipe shard writes" in message, message
+
+
+def test_a_link_member_fails_member_types(good, broken):
+    import io
+    import tarfile
+
+    from tests.check_fixtures import reindex
+
+    name = shard_names(broken, "train")[0]
+    with tarfile.open(broken / name) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]
+    with tarfile.open(broken / name, "w", format=tarfile.USTAR_FORMAT) as tar:
+        first_key = members[0][0].name.partition(".")[0]
+        for m, data in members:
+            tar.addfile(m, io.BytesIO(data))
+            if m.name == f"{first_key}.json":
+                link = tarfile.TarInfo(f"{first_key}.txt")
+                link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                tar.addfile(link)
+    reindex(broken)
+    report = check(broken, good[1])
+    assert "member_types" in failing(report)
+    assert "symlink" in result(report, "member_types").message
+
+
+@pytest.mark.parametrize("prefix", ["../../", "/etc/"])
+def test_member_names_with_a_path_are_not_webdataset_safe(good, broken, prefix):
+    def fn(samples):
+        samples[0] = (prefix + samples[0][0], samples[0][1])
+        return samples
+    rewrite_shard(broken, shard_names(broken, "train")[0], fn)
+    report = check(broken, good[1])
+    assert failing(report) == {"keys_unique"}
+    message = result(report, "keys_unique").message
+    assert prefix in message and "not webdataset-safe" in message, message
+
+
+def test_a_json_member_nested_too_deeply_fails_schema(good, broken, pipe_proc):
+    def fn(samples):
+        samples[0][1]["json"] = b"[" * 100_000
+        return samples
+    rewrite_shard(broken, shard_names(broken, "train")[0], fn)
+    report = check(broken, good[1])
+    assert failing(report) == {"schema"}
+    assert "nested too deeply" in result(report, "schema").message
+    p = pipe_proc("check", broken, "--policy", good[1])
+    assert p.returncode == 1 and "internal error" not in p.stderr + p.stdout

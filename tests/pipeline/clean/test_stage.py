@@ -170,3 +170,51 @@ def test_workers_0_starts_one_worker_per_core_the_cpu_quota_allows(raw, tmp_path
     monkeypatch.setattr(clean, "OrderedPool", pool)
     run(raw, tmp_path / "clean", workers=0)
     assert started == [2]
+
+
+def test_overwrite_never_deletes_a_folder_pipe_clean_did_not_write(raw, tmp_path, pipe_proc):
+    mine = tmp_path / "mine"
+    write(mine / "data" / "mydata.csv", "a,b\n1,2\n")
+    write(mine / "report.json", '{"my": "report"}')
+    p = pipe_proc("clean", raw, "-o", mine, "--overwrite", "--workers", "1")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "not written by pipe clean" in lines[0], p.stderr
+    assert (mine / "data" / "mydata.csv").read_text() == "a,b\n1,2\n"
+    assert (mine / "report.json").read_text() == '{"my": "report"}'
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == ["data", "data/mydata.csv", "report.json"]
+
+
+def test_a_second_run_into_a_folder_being_written_stops_with_one_line(raw, tmp_path, cli):
+    import fcntl
+
+    out = tmp_path / "clean"
+    run(raw, out)
+    manifest = (out / "manifest.parquet").read_bytes()
+    with open(out / ".pipe" / "lock", "a") as held:  # what a run in progress holds
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for flags in ([], ["--overwrite"]):
+            r = cli("clean", raw, "-o", out, "--workers", "1", *flags)
+            lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+            assert r.exit_code == 2 and len(lines) == 1 and "being written by another run" in lines[0], r.stderr
+            assert (out / "manifest.parquet").read_bytes() == manifest  # the run in progress is left alone
+    assert cli("clean", raw, "-o", out, "--workers", "1").exit_code == 0  # free again once it ends
+    assert schemas.errors(json.loads((out / ".pipe" / "state.json").read_text()), "state") == []
+
+
+def test_names_at_the_file_system_limit_never_crash_a_run(tmp_path):
+    src = tmp_path / "raw"
+    long_zip = "z" * 251 + ".zip"  # 255 bytes: legal, but no room for a temporary name's affixes
+    long_photo = "p" * 250 + ".jpg"
+    write(src / "cats" / long_zip, b"PK\x03\x04" + bytes(100))
+    write(src / "cats" / ("y" * 251 + ".zip"), b"PK\x03\x04" + bytes(101))  # same first bytes of name
+    photo(src / "cats" / long_photo, seed=1)
+    photo(src / "cats" / "short.jpg", seed=2)
+    out = tmp_path / "clean"
+    for _ in range(2):  # and again, resuming
+        report = run(src, out)
+        assert report["files"] == 4
+        got = rows(out)
+        assert got[f"cats/{long_zip}"]["reason"] == "unsupported_format"
+        assert (out / "quarantine" / "unsupported_format" / "cats" / long_zip).read_bytes() == b"PK\x03\x04" + bytes(100)
+        assert got[f"cats/{long_photo}"]["status"] == "kept"
+        assert not list(out.rglob("*.tmp"))

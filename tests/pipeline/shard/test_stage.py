@@ -69,8 +69,8 @@ def test_rerun_is_byte_identical_and_seed_matters(tmp_path, clean):
     run(clean, tmp_path / "a", max_count=7, seed=3)
     run(clean, tmp_path / "b", max_count=7, seed=3)
     run(clean, tmp_path / "c", max_count=7, seed=4)
-    files = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert files == sorted(p.name for p in (tmp_path / "b").iterdir())
+    files = sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_file())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir() if p.is_file())
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert (tmp_path / "a" / "train-000000.tar").read_bytes() != (tmp_path / "c" / "train-000000.tar").read_bytes()
@@ -194,8 +194,8 @@ def test_measuring_in_worker_processes_gives_the_same_index(tmp_path, monkeypatc
 def test_rerun_removes_stale_shards(tmp_path, clean):
     out = tmp_path / "out"
     run(clean, out, max_count=3)
-    run(clean, out, max_count=100)
-    assert sorted(p.name for p in out.iterdir()) == ["index.json", "train-000000.tar", "val-000000.tar"]
+    run(clean, out, max_count=100, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == [".pipe", "index.json", "train-000000.tar", "val-000000.tar"]
 
 
 def test_readers_warning_names_a_max_count_that_fixes_it(tmp_path, clean):
@@ -261,3 +261,66 @@ def test_shard_does_not_import_torch(tmp_path, clean):
             f"shard.run(shard.ShardConfig(Path({str(clean)!r}), Path({str(tmp_path / 'o')!r})), show_progress=False); "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
+
+
+def test_other_settings_are_refused_unless_overwrite(tmp_path, clean, cli):
+    out = tmp_path / "out"
+    run(clean, out, max_count=7)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = cli("shard", clean, "-o", out, "--max-count", "5")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "--max-count 7 -> 5" in lines[0], r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert cli("shard", clean, "-o", out, "--max-count", "7").exit_code == 0  # same settings: the same bytes again
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert cli("shard", clean, "-o", out, "--max-count", "5", "--overwrite").exit_code == 0
+    assert {s["count"] for s in index_of(out)["shards"]} <= {1, 2, 3, 4, 5}
+    assert schemas.errors(json.loads((out / ".pipe" / "state.json").read_text()), "state") == []
+
+
+def test_shards_pipe_shard_did_not_write_are_never_replaced(tmp_path, clean, cli):
+    theirs = tmp_path / "theirs"
+    write(theirs / "train-000000.tar", b"their own shard")
+    write(theirs / "index.json", '{"their": "index"}')
+    for flags in ([], ["--overwrite"]):
+        r = cli("shard", clean, "-o", theirs, *flags)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and "did not write" in lines[0], r.stderr
+    assert sorted(p.name for p in theirs.iterdir()) == ["index.json", "train-000000.tar"]
+    assert (theirs / "train-000000.tar").read_bytes() == b"their own shard"
+
+
+def test_a_second_run_into_a_shard_dir_being_written_stops_with_one_line(tmp_path, clean, cli):
+    import fcntl
+
+    out = tmp_path / "out"
+    run(clean, out)
+    index = (out / "index.json").read_bytes()
+    (out / ".pipe").mkdir(exist_ok=True)
+    with open(out / ".pipe" / "lock", "a") as held:  # what a run in progress holds
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = cli("shard", clean, "-o", out)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and "being written by another run" in lines[0], r.stderr
+        assert (out / "index.json").read_bytes() == index  # not removed from under the run in progress
+    assert cli("shard", clean, "-o", out).exit_code == 0
+
+
+def test_a_disk_full_failure_leaves_no_temporary_tar(tmp_path, clean, monkeypatch):
+    import errno
+    import os
+
+    from pipeline.core.errors import StageFailed
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(os, "fsync", disk_full)  # the shard's bytes reach the disk here, and do not fit
+    with pytest.raises(StageFailed, match="No space left"):
+        run(clean, out)
+    assert not [p.name for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert not list(out.glob("*.tar")) and not (out / "index.json").exists()
+    monkeypatch.undo()
+    run(clean, out)  # space freed: the same command finishes
+    assert (out / "index.json").exists()
