@@ -19,6 +19,7 @@ from pipeline.check import classes as class_checks
 from pipeline.check.content import ImageFacts, inspect_image, text_problem
 from pipeline.check.result import CheckResult, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
+from pipeline.formats.vocabulary import Kind, Status
 
 KIND = "clean"
 IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
@@ -46,7 +47,7 @@ class CleanDir:
 
     @cached_property
     def kept_rows(self) -> list[dict]:
-        return [r for r in self.rows or [] if r.get("status") == "kept"]
+        return [r for r in self.rows or [] if r.get("status") == Status.KEPT]
 
     def kept(self) -> list[dict]:
         return self.kept_rows
@@ -119,7 +120,7 @@ def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path
 
 def _inspect_outputs(d: CleanDir, workers: int) -> None:
     root = d.root.resolve()
-    jobs = [(str(r.get("output") or ""), r.get("kind"), str(root), d.deep) for r in d.kept() if r.get("kind") in ("image", "text")]
+    jobs = [(str(r.get("output") or ""), r.get("kind"), str(root), d.deep) for r in d.kept() if r.get("kind") in (Kind.IMAGE, Kind.TEXT)]
     if d.deep and len(jobs) >= IN_PROCESS_FILES and workers != 1:
         from pipeline.core.executor import OrderedPool
 
@@ -131,7 +132,7 @@ def _inspect_outputs(d: CleanDir, workers: int) -> None:
     for out, kind, facts in found:
         if facts is MISSING:
             d.missing.append(out)
-        elif kind == "image":
+        elif kind == Kind.IMAGE:
             d.images[out] = facts
         else:
             d.texts[out] = facts
@@ -149,7 +150,7 @@ def inspect_chunk(jobs: list[tuple[str, str, str, bool]]) -> list[tuple[str, str
         except OSError:
             found.append((out, kind, MISSING))
             continue
-        found.append((out, kind, inspect_image(data, deep=deep) if kind == "image" else text_problem(data)))
+        found.append((out, kind, inspect_image(data, deep=deep) if kind == Kind.IMAGE else text_problem(data)))
     return found
 
 
@@ -158,7 +159,7 @@ def _crashed_chunk(jobs, exc) -> list[tuple[str, str, object]]:
     out = []
     for o, kind, root, _ in jobs:
         [(o, kind, facts)] = inspect_chunk([(o, kind, root, False)])
-        if kind == "image" and facts is not MISSING:
+        if kind == Kind.IMAGE and facts is not MISSING:
             facts.error = facts.error or f"decoding crashed a worker process ({exc}) on this file or one near it"
         out.append((o, kind, facts))
     return out
@@ -234,13 +235,13 @@ def check_outputs_match_manifest(d: CleanDir, p: Policy) -> CheckResult:
                    missing=len(d.missing), unlisted=len(extra))
 
 
-def _fraction(d: CleanDir, name: str, status: str, limit: float) -> CheckResult:
+def _fraction(d: CleanDir, name: str, status: Status, limit: float) -> CheckResult:
     if d.rows is None:
         return skip(name, "no readable manifest")
     total = len(d.rows)
     n = sum(r.get("status") == status for r in d.rows)
     frac = n / total if total else 0.0
-    nums = dict(files=total, **{status: n}, fraction=round(frac, 6), limit=limit)
+    nums = dict(files=total, **{status.value: n}, fraction=round(frac, 6), limit=limit)
     if frac <= limit:
         return ok(name, f"{n} of {total} files {status} ({frac:.1%} <= {limit:.1%})", **nums)
     reasons = Counter(r.get("reason") for r in d.rows if r.get("status") == status)
@@ -250,11 +251,11 @@ def _fraction(d: CleanDir, name: str, status: str, limit: float) -> CheckResult:
 
 
 def check_quarantined_fraction(d: CleanDir, p: Policy) -> CheckResult:
-    return _fraction(d, "quarantined_fraction", "quarantined", p.max_quarantined_fraction)
+    return _fraction(d, "quarantined_fraction", Status.QUARANTINED, p.max_quarantined_fraction)
 
 
 def check_duplicate_fraction(d: CleanDir, p: Policy) -> CheckResult:
-    return _fraction(d, "duplicate_fraction", "duplicate", p.max_duplicate_fraction)
+    return _fraction(d, "duplicate_fraction", Status.DUPLICATE, p.max_duplicate_fraction)
 
 
 def class_counts(d: CleanDir) -> Counter | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from pipeline import __version__
+from pipeline.formats.vocabulary import Status
 
 
 class ReportBuilder:
@@ -21,7 +22,7 @@ class ReportBuilder:
             self.reason[row["reason"]] += 1
         if row["encoding"]:
             self.encoding[row["encoding"]] += 1
-        if row["status"] == "kept":
+        if row["status"] == Status.KEPT:
             self.label_kept[row["label"] if row["label"] is not None else ""] += 1
 
     def build(self, settings: dict, timings: dict, extra: dict | None = None) -> dict:
@@ -30,7 +31,7 @@ class ReportBuilder:
             "schema_version": 1,
             "tool": f"pipe {__version__}",
             "files": self.total,
-            "by_status": {k: self.status.get(k, 0) for k in ("kept", "duplicate", "quarantined")},
+            "by_status": {s.value: self.status.get(s, 0) for s in Status},
             "by_reason": s(self.reason),
             "by_kind": s(self.kind),
             "by_encoding": s(self.encoding),

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.clean.records import Decision, FileResult
+from pipeline.formats.vocabulary import Status
 
 
 class _NoPandas:
@@ -65,7 +66,7 @@ ROW_GROUP = 10_000
 
 
 def row(r: FileResult, d: Decision, caption: str = "") -> dict:
-    kept = d.status == "kept"
+    kept = d.status == Status.KEPT
     detail = "; ".join(x for x in [d.detail or r.detail, *r.notes] if x)
     return {
         "source": r.source, "key": r.key, "kind": r.kind, "label": r.label,

@@ -30,6 +30,7 @@ from pipeline import __version__
 from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
 from pipeline.formats.sample import SampleParts, shard_key
+from pipeline.formats.vocabulary import Kind, Status
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from pipeline.shard.split import rng_for, split
@@ -133,7 +134,7 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
     missing = {"key", "kind", "label", "status", "output", "source"} - set(table.column_names)
     if missing:
         raise UsageError(f"{path} lacks the columns {', '.join(sorted(missing))}: is it a pipe clean manifest?")
-    rows = [r for r in table.to_pylist() if r["status"] == "kept"]
+    rows = [r for r in table.to_pylist() if r["status"] == Status.KEPT]
     by_key: dict[str, list[dict]] = {}
     for r in rows:
         by_key.setdefault(r["key"], []).append(r)
@@ -150,8 +151,8 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
 
 
 def _sample(key: str, rows: list[dict], clean_dir: Path) -> Sample | None:
-    images = [r for r in rows if r["kind"] == "image"]
-    texts = [r for r in rows if r["kind"] == "text"]
+    images = [r for r in rows if r["kind"] == Kind.IMAGE]
+    texts = [r for r in rows if r["kind"] == Kind.TEXT]
     if len(images) > 1 or len(texts) > 1 or len(images) + len(texts) != len(rows):
         raise UsageError(f"manifest key {key!r} has {len(images)} kept images and {len(texts)} kept texts; "
                          "expected at most one of each: is the manifest from pipe clean?")
