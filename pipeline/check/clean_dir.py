@@ -19,6 +19,7 @@ from pipeline.check import classes as class_checks
 from pipeline.check.content import ImageFacts, inspect_image, text_problem
 from pipeline.check.result import CheckResult, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
+from pipeline.formats.manifest_row import NAMES
 from pipeline.formats.vocabulary import Kind, Status
 
 KIND = "clean"
@@ -33,6 +34,8 @@ class CleanDir:
     deep: bool = False
     report: dict | None = None
     rows: list[dict] | None = None
+    """The manifest's rows as Arrow reads them, plain dicts named through `NAMES`: the schema check
+    needs the raw rows, and a million `ManifestRow` objects would only slow the check down."""
     problems: list[str] = field(default_factory=list)
     """Files that could not be read or parsed at all (reported by the schema check)."""
     input: Path | None = None
@@ -47,7 +50,7 @@ class CleanDir:
 
     @cached_property
     def kept_rows(self) -> list[dict]:
-        return [r for r in self.rows or [] if r.get("status") == Status.KEPT]
+        return [r for r in self.rows or [] if r.get(NAMES.status) == Status.KEPT]
 
     def kept(self) -> list[dict]:
         return self.kept_rows
@@ -120,7 +123,7 @@ def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path
 
 def _inspect_outputs(d: CleanDir, workers: int) -> None:
     root = d.root.resolve()
-    jobs = [(str(r.get("output") or ""), r.get("kind"), str(root), d.deep) for r in d.kept() if r.get("kind") in (Kind.IMAGE, Kind.TEXT)]
+    jobs = [(str(r.get(NAMES.output) or ""), r.get(NAMES.kind), str(root), d.deep) for r in d.kept() if r.get(NAMES.kind) in (Kind.IMAGE, Kind.TEXT)]
     if d.deep and len(jobs) >= IN_PROCESS_FILES and workers != 1:
         from pipeline.core.executor import OrderedPool
 
@@ -183,7 +186,7 @@ def check_schema(d: CleanDir, p: Policy) -> CheckResult:
     if d.report is not None:
         found += [f"report.json: {e}" for e in errors(d.report, "report")]
     rows = d.rows or []
-    found += [f"manifest row {rows[i].get('source')!r}: {e}" for i, e in each_error(rows, "manifest_row")]
+    found += [f"manifest row {rows[i].get(NAMES.source)!r}: {e}" for i, e in each_error(rows, "manifest_row")]
     n = len(d.rows or []) + (d.report is not None)
     return verdict("schema", found, n, "documents break their schema",
                    f"report.json and {len(d.rows or [])} manifest rows match their schemas")
@@ -199,7 +202,7 @@ def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
 
     exclude = _labels_file(d)
     on_disk = {c.source for c in discover(d.input, labels={}, exclude=exclude)}
-    listed = Counter(r.get("source") for r in d.rows)
+    listed = Counter(r.get(NAMES.source) for r in d.rows)
     missing = sorted(s for s in on_disk if s not in listed)
     gone = sorted(s for s in listed if s not in on_disk)
     twice = sorted(s for s, n in listed.items() if n > 1)
@@ -225,7 +228,7 @@ def check_outputs_match_manifest(d: CleanDir, p: Policy) -> CheckResult:
     name = "outputs_match_manifest"
     if d.rows is None:
         return skip(name, "no readable manifest")
-    listed = {r.get("output") for r in d.kept()}
+    listed = {r.get(NAMES.output) for r in d.kept()}
     data = d.root / "data"
     extra = sorted(q.relative_to(d.root).as_posix() for q in data.rglob("*")
                    if (q.is_file() or q.is_symlink()) and q.relative_to(d.root).as_posix() not in listed) if data.is_dir() else []
@@ -239,14 +242,14 @@ def _fraction(d: CleanDir, name: str, status: Status, limit: float) -> CheckResu
     if d.rows is None:
         return skip(name, "no readable manifest")
     total = len(d.rows)
-    n = sum(r.get("status") == status for r in d.rows)
+    n = sum(r.get(NAMES.status) == status for r in d.rows)
     frac = n / total if total else 0.0
     nums = dict(files=total, **{status.value: n}, fraction=round(frac, 6), limit=limit)
     if frac <= limit:
         return ok(name, f"{n} of {total} files {status} ({frac:.1%} <= {limit:.1%})", **nums)
-    reasons = Counter(r.get("reason") for r in d.rows if r.get("status") == status)
+    reasons = Counter(r.get(NAMES.reason) for r in d.rows if r.get(NAMES.status) == status)
     top = ", ".join(f"{k} {v}" for k, v in reasons.most_common(5))
-    examples = [f"{r.get('source')}: {r.get('reason')}" for r in d.rows if r.get("status") == status]
+    examples = [f"{r.get(NAMES.source)}: {r.get(NAMES.reason)}" for r in d.rows if r.get(NAMES.status) == status]
     return fail(name, f"{n} of {total} files {status} ({frac:.1%} > {limit:.1%}): {top}", examples, **nums)
 
 
@@ -262,7 +265,7 @@ def class_counts(d: CleanDir) -> Counter | None:
     """Kept samples per label; an image and its caption (one key) count once; unlabelled left out."""
     if d.rows is None:
         return None
-    keys = {(r.get("label"), r.get("key")) for r in d.kept() if r.get("label") is not None}
+    keys = {(r.get(NAMES.label), r.get(NAMES.key)) for r in d.kept() if r.get(NAMES.label) is not None}
     return Counter(label for label, _ in keys)
 
 
@@ -279,18 +282,18 @@ def check_labels_in_range(d: CleanDir, p: Policy) -> CheckResult:
     if d.rows is None:
         return skip(name, "no readable manifest")
     kept = d.kept()
-    labelled = [r for r in kept if r.get("label") is not None]
+    labelled = [r for r in kept if r.get(NAMES.label) is not None]
     if not labelled:
         return ok(name, f"no labels: an unlabelled dataset of {len(kept)} kept files", kept=len(kept), labelled=0)
-    offenders = [f"{r.get('source')}: no label in a labelled dataset" for r in kept if r.get("label") is None]
-    offenders += [f"{r.get('source')}: empty label" for r in labelled if not str(r["label"]).strip()]
+    offenders = [f"{r.get(NAMES.source)}: no label in a labelled dataset" for r in kept if r.get(NAMES.label) is None]
+    offenders += [f"{r.get(NAMES.source)}: empty label" for r in labelled if not str(r[NAMES.label]).strip()]
     if p.classes is not None:
         allowed = set(p.classes)
-        offenders += [f"{r.get('source')}: label {r['label']!r} not in the policy's classes" for r in labelled if r["label"] not in allowed]
-        absent = sorted(allowed - {r["label"] for r in labelled})
+        offenders += [f"{r.get(NAMES.source)}: label {r[NAMES.label]!r} not in the policy's classes" for r in labelled if r[NAMES.label] not in allowed]
+        absent = sorted(allowed - {r[NAMES.label] for r in labelled})
         offenders += [f"class {c!r} of the policy has no kept sample" for c in absent]
     return verdict(name, offenders, len(kept), "kept files have a bad label",
-                   f"all {len(kept)} kept files carry one of {len({r['label'] for r in labelled})} labels",
+                   f"all {len(kept)} kept files carry one of {len({r[NAMES.label] for r in labelled})} labels",
                    kept=len(kept), labelled=len(labelled))
 
 
@@ -301,9 +304,9 @@ def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
     import re
 
     safe = re.compile(r"^[A-Za-z0-9_-]+$")
-    by_kind = Counter((r.get("key"), r.get("kind")) for r in d.kept())
+    by_kind = Counter((r.get(NAMES.key), r.get(NAMES.kind)) for r in d.kept())
     offenders = [f"key {k!r} is used by {n} kept {kind} files" for (k, kind), n in sorted(by_kind.items(), key=str) if n > 1]
-    offenders += [f"key {r.get('key')!r} ({r.get('source')}) is not webdataset-safe" for r in d.kept() if not safe.match(str(r.get("key")))]
+    offenders += [f"key {r.get(NAMES.key)!r} ({r.get(NAMES.source)}) is not webdataset-safe" for r in d.kept() if not safe.match(str(r.get(NAMES.key)))]
     return verdict(name, offenders, len(by_kind), "sample keys clash",
                    f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from pipeline import __version__
+from pipeline.formats.manifest_row import ManifestRow
 from pipeline.formats.vocabulary import Status
 
 
@@ -14,16 +15,16 @@ class ReportBuilder:
         self.encoding, self.label_kept = Counter(), Counter()
         self.total = 0
 
-    def add(self, row: dict) -> None:
+    def add(self, row: ManifestRow) -> None:
         self.total += 1
-        self.status[row["status"]] += 1
-        self.kind[row["kind"]] += 1
-        if row["reason"]:
-            self.reason[row["reason"]] += 1
-        if row["encoding"]:
-            self.encoding[row["encoding"]] += 1
-        if row["status"] == Status.KEPT:
-            self.label_kept[row["label"] if row["label"] is not None else ""] += 1
+        self.status[row.status] += 1
+        self.kind[row.kind] += 1
+        if row.reason:
+            self.reason[row.reason] += 1
+        if row.encoding:
+            self.encoding[row.encoding] += 1
+        if row.status == Status.KEPT:
+            self.label_kept[row.label if row.label is not None else ""] += 1
 
     def build(self, settings: dict, timings: dict, extra: dict | None = None) -> dict:
         s = lambda c: dict(sorted(c.items()))  # noqa: E731 - sorted for byte-stable output
