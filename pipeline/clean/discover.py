@@ -151,7 +151,7 @@ def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str]
         if exclude and rel in exclude:
             continue
         if problem:
-            out.append(Candidate(display_path(rel) or ".", abspath, "other", "directory", problem=problem[0], detail=problem[1]))
+            out.append(Candidate(display_path(rel) or ".", abspath, Kind.OTHER, "directory", problem=problem[0], detail=problem[1]))
             continue
         cand = _classify(rel, abspath, root_real)
         cand.source = display_path(rel)

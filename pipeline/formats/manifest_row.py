@@ -53,14 +53,26 @@ class ManifestRow:
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ManifestRow))
 
-NAMES = ManifestRow(**{name: name for name in FIELDS})  # type: ignore[arg-type]  # each field holds its own name
-"""Each column's name in its own field (``NAMES.status == "status"``): for code that reads the
-manifest as plain dicts or Arrow columns rather than `ManifestRow` objects (pipe check validates a
-million raw rows against the schema), so it still names columns through the row type and a
-renamed field fails there at once instead of reading None."""
 
-WORDS: dict[str, type[Word]] = {NAMES.kind: Kind, NAMES.status: Status, NAMES.reason: Reason}
-"""The columns whose values are words of the vocabulary."""
+class _ColumnNames:
+    """Each column's name as an attribute (``NAMES.status == "status"``), made from `ManifestRow`'s
+    fields: for code that reads the manifest as plain dicts or Arrow columns rather than
+    `ManifestRow` objects (pipe check validates a million raw rows against the schema), so it
+    still names columns through the row type, and a name that is no field fails at once
+    instead of reading None."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.__dict__.update({name: name for name in names})
+
+    def __getattr__(self, name: str) -> str:  # reached only for a name that is no column
+        raise AttributeError(f"the manifest has no column {name!r}")
+
+
+NAMES = _ColumnNames(FIELDS)
+
+WORDS: dict[str, type[Word]] = {f.name: vocab for f in dataclasses.fields(ManifestRow) for vocab in (Kind, Status, Reason)
+                                if str(f.type).removesuffix(" | None") == vocab.__name__}
+"""The columns whose values are words of the vocabulary (kind, status, reason), from the field types."""
 
 
 def _word(vocab: type[Word] | None, value: Any) -> Any:

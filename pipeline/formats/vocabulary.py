@@ -19,8 +19,12 @@ class Word(str, Enum):
     a member would hash by its name, so ``"kept" in {Status.KEPT}`` would be False.
     """
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
     __hash__ = str.__hash__
 
 
@@ -45,7 +49,7 @@ class Reason(Word):
 
     description: str
 
-    def __new__(cls, value: str, description: str) -> "Reason":
+    def __new__(cls, value: str, description: str = "") -> "Reason":  # Reason("corrupt") looks a member up
         member = str.__new__(cls, value)
         member._value_ = value
         member.description = description

@@ -91,7 +91,7 @@ def text_hash(text: str) -> str:
     return xxhash.xxh3_128_hexdigest(canonical.encode("utf-8"))
 
 
-def repair_garbled(text: str, repair: bool = True) -> tuple[str, str | None, str]:
+def repair_garbled(text: str, repair: bool = True) -> tuple[str, Reason | None, str]:
     """Return (text, reason, detail): the text unchanged, repaired with a note, or garbled_text."""
     if text.isascii():
         return text, None, ""
