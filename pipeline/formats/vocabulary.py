@@ -13,10 +13,10 @@ from enum import Enum
 
 
 class Word(str, Enum):
-    """A string-valued enum member that prints, formats and hashes as its plain value.
+    """A string-valued enum member that prints and formats as its plain value (it compares and
+    hashes as it already, being a ``str``).
 
-    Without these, ``str(Status.KEPT)`` and f-strings give ``"Status.KEPT"`` (Python 3.11+), and
-    a member would hash by its name, so ``"kept" in {Status.KEPT}`` would be False.
+    Without these, ``str(Status.KEPT)`` and f-strings give ``"Status.KEPT"`` (Python 3.11+).
     """
 
     def __str__(self) -> str:
@@ -24,8 +24,6 @@ class Word(str, Enum):
 
     def __format__(self, spec: str) -> str:
         return str.__format__(self, spec)
-
-    __hash__ = str.__hash__
 
 
 class Status(Word):
