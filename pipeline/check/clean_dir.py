@@ -19,6 +19,8 @@ from pipeline.check.content import ImageFacts, inspect_image, text_problem
 from pipeline.check.result import CheckResult, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
+from pipeline.formats.manifest_row import NAMES
+from pipeline.formats.vocabulary import Kind, Status
 
 IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
 CHUNK = 256  # outputs per worker task
@@ -31,6 +33,8 @@ class CleanDir:
     deep: bool = False
     report: dict | None = None
     rows: list[dict] | None = None
+    """The manifest's rows as Arrow reads them, plain dicts named through `NAMES`: the schema check
+    needs the raw rows, and a million `ManifestRow` objects would only slow the check down."""
     problems: list[str] = field(default_factory=list)
     """Files that could not be read or parsed at all (reported by the schema check)."""
     input: Path | None = None
@@ -45,7 +49,7 @@ class CleanDir:
 
     @cached_property
     def kept_rows(self) -> list[dict]:
-        return [r for r in self.rows or [] if r.get("status") == "kept"]
+        return [r for r in self.rows or [] if r.get(NAMES.status) == Status.KEPT]
 
     def kept(self) -> list[dict]:
         return self.kept_rows
@@ -120,7 +124,7 @@ def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path
 
 def _inspect_outputs(d: CleanDir, workers: int) -> None:
     root = d.root.resolve()
-    jobs = [(str(r.get("output") or ""), r.get("kind"), str(root), d.deep) for r in d.kept() if r.get("kind") in ("image", "text")]
+    jobs = [(str(r.get(NAMES.output) or ""), r.get(NAMES.kind), str(root), d.deep) for r in d.kept() if r.get(NAMES.kind) in (Kind.IMAGE, Kind.TEXT)]
     if d.deep and len(jobs) >= IN_PROCESS_FILES and workers != 1:
         from pipeline.core.executor import OrderedPool
 
@@ -132,7 +136,7 @@ def _inspect_outputs(d: CleanDir, workers: int) -> None:
     for out, kind, facts in found:
         if facts is MISSING:
             d.missing.append(out)
-        elif kind == "image":
+        elif kind == Kind.IMAGE:
             d.images[out] = facts
         else:
             d.texts[out] = facts
@@ -150,7 +154,7 @@ def inspect_chunk(jobs: list[tuple[str, str, str, bool]]) -> list[tuple[str, str
         except OSError:
             found.append((out, kind, MISSING))
             continue
-        found.append((out, kind, inspect_image(data, deep=deep) if kind == "image" else text_problem(data)))
+        found.append((out, kind, inspect_image(data, deep=deep) if kind == Kind.IMAGE else text_problem(data)))
     return found
 
 
@@ -159,7 +163,7 @@ def _crashed_chunk(jobs, exc) -> list[tuple[str, str, object]]:
     out = []
     for o, kind, root, _ in jobs:
         [(o, kind, facts)] = inspect_chunk([(o, kind, root, False)])
-        if kind == "image" and facts is not MISSING:
+        if kind == Kind.IMAGE and facts is not MISSING:
             facts.error = facts.error or f"decoding crashed a worker process ({exc}) on this file or one near it"
         out.append((o, kind, facts))
     return out
@@ -176,7 +180,7 @@ def check_schema(d: CleanDir, p: Policy) -> CheckResult:
     if d.report is not None:
         found += [f"report.json: {e}" for e in errors(d.report, "report")]
     rows = d.rows or []
-    found += [f"manifest row {rows[i].get('source')!r}: {e}" for i, e in each_error(rows, "manifest_row")]
+    found += [f"manifest row {rows[i].get(NAMES.source)!r}: {e}" for i, e in each_error(rows, "manifest_row")]
     n = len(d.rows or []) + (d.report is not None)
     return verdict("schema", found, n, "documents break their schema",
                    f"report.json and {len(d.rows or [])} manifest rows match their schemas")
@@ -192,7 +196,7 @@ def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
 
     exclude = _labels_file(d)
     on_disk = {c.source for c in discover(d.input, labels={}, exclude=exclude)}
-    listed = Counter(r.get("source") for r in d.rows)
+    listed = Counter(r.get(NAMES.source) for r in d.rows)
     missing = sorted(s for s in on_disk if s not in listed)
     gone = sorted(s for s in listed if s not in on_disk)
     twice = sorted(s for s, n in listed.items() if n > 1)
@@ -218,7 +222,7 @@ def check_outputs_match_manifest(d: CleanDir, p: Policy) -> CheckResult:
     name = "outputs_match_manifest"
     if d.rows is None:
         return skip(name, "no readable manifest")
-    listed = {r.get("output") for r in d.kept()}
+    listed = {r.get(NAMES.output) for r in d.kept()}
     data = d.root / "data"
     extra = sorted(q.relative_to(d.root).as_posix() for q in data.rglob("*")
                    if (q.is_file() or q.is_symlink()) and q.relative_to(d.root).as_posix() not in listed) if data.is_dir() else []
@@ -228,34 +232,34 @@ def check_outputs_match_manifest(d: CleanDir, p: Policy) -> CheckResult:
                    missing=len(d.missing), unlisted=len(extra))
 
 
-def _fraction(d: CleanDir, name: str, status: str, limit: float) -> CheckResult:
+def _fraction(d: CleanDir, name: str, status: Status, limit: float) -> CheckResult:
     if d.rows is None:
         return skip(name, "no readable manifest")
     total = len(d.rows)
-    n = sum(r.get("status") == status for r in d.rows)
+    n = sum(r.get(NAMES.status) == status for r in d.rows)
     frac = n / total if total else 0.0
-    nums = dict(files=total, **{status: n}, fraction=round(frac, 6), limit=limit)
+    nums = dict(files=total, **{status.value: n}, fraction=round(frac, 6), limit=limit)
     if frac <= limit:
         return ok(name, f"{n} of {total} files {status} ({frac:.1%} <= {limit:.1%})", **nums)
-    reasons = Counter(r.get("reason") for r in d.rows if r.get("status") == status)
+    reasons = Counter(r.get(NAMES.reason) for r in d.rows if r.get(NAMES.status) == status)
     top = ", ".join(f"{k} {v}" for k, v in reasons.most_common(5))
-    examples = [f"{r.get('source')}: {r.get('reason')}" for r in d.rows if r.get("status") == status]
+    examples = [f"{r.get(NAMES.source)}: {r.get(NAMES.reason)}" for r in d.rows if r.get(NAMES.status) == status]
     return fail(name, f"{n} of {total} files {status} ({frac:.1%} > {limit:.1%}): {top}", examples, **nums)
 
 
 def check_quarantined_fraction(d: CleanDir, p: Policy) -> CheckResult:
-    return _fraction(d, "quarantined_fraction", "quarantined", p.max_quarantined_fraction)
+    return _fraction(d, "quarantined_fraction", Status.QUARANTINED, p.max_quarantined_fraction)
 
 
 def check_duplicate_fraction(d: CleanDir, p: Policy) -> CheckResult:
-    return _fraction(d, "duplicate_fraction", "duplicate", p.max_duplicate_fraction)
+    return _fraction(d, "duplicate_fraction", Status.DUPLICATE, p.max_duplicate_fraction)
 
 
 def class_counts(d: CleanDir) -> Counter | None:
     """Kept samples per label; an image and its caption (one key) count once; unlabelled left out."""
     if d.rows is None:
         return None
-    keys = {(r.get("label"), r.get("key")) for r in d.kept() if r.get("label") is not None}
+    keys = {(r.get(NAMES.label), r.get(NAMES.key)) for r in d.kept() if r.get(NAMES.label) is not None}
     return Counter(label for label, _ in keys)
 
 
@@ -272,18 +276,18 @@ def check_labels_in_range(d: CleanDir, p: Policy) -> CheckResult:
     if d.rows is None:
         return skip(name, "no readable manifest")
     kept = d.kept()
-    labelled = [r for r in kept if r.get("label") is not None]
+    labelled = [r for r in kept if r.get(NAMES.label) is not None]
     if not labelled:
         return ok(name, f"no labels: an unlabelled dataset of {len(kept)} kept files", kept=len(kept), labelled=0)
-    offenders = [f"{r.get('source')}: no label in a labelled dataset" for r in kept if r.get("label") is None]
-    offenders += [f"{r.get('source')}: empty label" for r in labelled if not str(r["label"]).strip()]
+    offenders = [f"{r.get(NAMES.source)}: no label in a labelled dataset" for r in kept if r.get(NAMES.label) is None]
+    offenders += [f"{r.get(NAMES.source)}: empty label" for r in labelled if not str(r[NAMES.label]).strip()]
     if p.classes is not None:
         allowed = set(p.classes)
-        offenders += [f"{r.get('source')}: label {r['label']!r} not in the policy's classes" for r in labelled if r["label"] not in allowed]
-        absent = sorted(allowed - {r["label"] for r in labelled})
+        offenders += [f"{r.get(NAMES.source)}: label {r[NAMES.label]!r} not in the policy's classes" for r in labelled if r[NAMES.label] not in allowed]
+        absent = sorted(allowed - {r[NAMES.label] for r in labelled})
         offenders += [f"class {c!r} of the policy has no kept sample" for c in absent]
     return verdict(name, offenders, len(kept), "kept files have a bad label",
-                   f"all {len(kept)} kept files carry one of {len({r['label'] for r in labelled})} labels",
+                   f"all {len(kept)} kept files carry one of {len({r[NAMES.label] for r in labelled})} labels",
                    kept=len(kept), labelled=len(labelled))
 
 
@@ -294,9 +298,9 @@ def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
     import re
 
     safe = re.compile(r"^[A-Za-z0-9_-]+$")
-    by_kind = Counter((r.get("key"), r.get("kind")) for r in d.kept())
+    by_kind = Counter((r.get(NAMES.key), r.get(NAMES.kind)) for r in d.kept())
     offenders = [f"key {k!r} is used by {n} kept {kind} files" for (k, kind), n in sorted(by_kind.items(), key=str) if n > 1]
-    offenders += [f"key {r.get('key')!r} ({r.get('source')}) is not webdataset-safe" for r in d.kept() if not safe.match(str(r.get("key")))]
+    offenders += [f"key {r.get(NAMES.key)!r} ({r.get(NAMES.source)}) is not webdataset-safe" for r in d.kept() if not safe.match(str(r.get(NAMES.key)))]
     return verdict(name, offenders, len(by_kind), "sample keys clash",
                    f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
 

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.clean.records import DUPLICATE, KEPT, KIND_IMAGE, KIND_TEXT, QUARANTINED, Decision, FileResult
+from pipeline.clean.records import Decision, FileResult
+from pipeline.formats.vocabulary import Kind, Reason, Status
 
-KEEP = Decision(KEPT)
+KEEP = Decision(Status.KEPT)
 MAX_TRIES = 16  # kept copies one sample is compared with at most (best copies first)
 
 
@@ -104,14 +105,14 @@ class Sample:
     image: int | None = None
     text: int | None = None
     label: str | None = None
-    status: str = KEPT
-    reason: str | None = None
+    status: Status = Status.KEPT
+    reason: Reason | None = None
     detail: str = ""
     of: int | None = None  # the sample this one duplicates (or conflicts with)
 
 
 def decide(results: list[FileResult], s: DecideSettings = DecideSettings(), outputs: Outputs | None = None) -> Outcome:
-    out: list[Decision] = [KEEP if r.reason is None else Decision(QUARANTINED, r.reason, None, r.detail) for r in results]
+    out: list[Decision] = [KEEP if r.reason is None else Decision(Status.QUARANTINED, r.reason, None, r.detail) for r in results]
     samples = _samples(results)
     _pairs_fail_together(results, samples)
     _labels(results, samples, s)
@@ -129,7 +130,7 @@ def _samples(results: list[FileResult]) -> list[Sample]:
     by_key: dict[str, Sample] = {}
     order: list[Sample] = []
     for i, r in enumerate(results):
-        if r.kind == KIND_TEXT and r.reason == "binary_content":
+        if r.kind == Kind.TEXT and r.reason == Reason.BINARY_CONTENT:
             order.append(Sample([i], text=i))  # binary bytes beside an image are no caption: alone
             continue
         smp = by_key.get(r.key)
@@ -137,9 +138,9 @@ def _samples(results: list[FileResult]) -> list[Sample]:
             smp = by_key[r.key] = Sample([])
             order.append(smp)
         smp.files.append(i)
-        if r.kind == KIND_IMAGE and smp.image is None:
+        if r.kind == Kind.IMAGE and smp.image is None:
             smp.image = i
-        elif r.kind == KIND_TEXT and smp.text is None:
+        elif r.kind == Kind.TEXT and smp.text is None:
             smp.text = i
     return order
 
@@ -156,14 +157,14 @@ def _pairs_fail_together(results, samples) -> None:
         failed = [i for i in smp.files if results[i].reason]
         if not failed:
             if smp.image is not None and smp.text is None and results[smp.image].caption_reason:
-                smp.status, smp.reason = QUARANTINED, "pair_rejected"
+                smp.status, smp.reason = Status.QUARANTINED, Reason.PAIR_REJECTED
                 smp.detail = f"its caption in the labels file was rejected: {results[smp.image].caption_reason}"
             continue
-        smp.status = QUARANTINED
+        smp.status = Status.QUARANTINED
         if _is_pair(smp):
             f = results[failed[0]]
-            half = "image" if f.kind == KIND_IMAGE else "caption"
-            smp.reason, smp.detail = "pair_rejected", f"its {half} was quarantined: {f.reason}"
+            half = "image" if f.kind == Kind.IMAGE else "caption"
+            smp.reason, smp.detail = Reason.PAIR_REJECTED, f"its {half} was quarantined: {f.reason}"
         else:
             smp.reason = results[failed[0]].reason
 
@@ -172,14 +173,14 @@ def _labels(results, samples, s: DecideSettings) -> None:
     for smp in samples:
         labels = {results[i].label for i in smp.files if results[i].label is not None}
         smp.label = next(iter(labels)) if len(labels) == 1 else None
-        if smp.status != KEPT or not s.labels_required:
+        if smp.status != Status.KEPT or not s.labels_required:
             continue
         if not labels:
-            smp.status, smp.reason = QUARANTINED, "missing_label"
+            smp.status, smp.reason = Status.QUARANTINED, Reason.MISSING_LABEL
             smp.detail = "the labels file names neither the image nor its caption" if _is_pair(smp) \
                 else "the labels file has no label for it"
         elif len(labels) > 1:
-            smp.status, smp.reason = QUARANTINED, "label_conflict"
+            smp.status, smp.reason = Status.QUARANTINED, Reason.LABEL_CONFLICT
             smp.detail = f"the image and its caption are labelled differently: {', '.join(sorted(labels))}"
 
 
@@ -216,7 +217,7 @@ def _exact_duplicates(results, samples, rank) -> dict[int, list[int]]:
     """Group samples of equal content; return kept sample -> all members (itself first)."""
     by_sig: dict[tuple, list[int]] = defaultdict(list)
     for k, smp in enumerate(samples):
-        if smp.status == KEPT:
+        if smp.status == Status.KEPT:
             sig = _signature(results, smp)
             if sig is not None:
                 by_sig[sig].append(k)
@@ -226,13 +227,13 @@ def _exact_duplicates(results, samples, rank) -> dict[int, list[int]]:
         best = members[0]
         groups[best] = members
         for k in members[1:]:
-            samples[k].status, samples[k].reason, samples[k].of = DUPLICATE, "exact_duplicate", best
+            samples[k].status, samples[k].reason, samples[k].of = Status.DUPLICATE, Reason.EXACT_DUPLICATE, best
     return groups
 
 
 def _near_duplicates(results, samples, rank, groups, s: DecideSettings, outputs: Outputs | None) -> dict:
     stats = {"candidates": 0, "confirmed": 0, "unconfirmable": 0}
-    live = [k for k in groups if samples[k].status == KEPT]
+    live = [k for k in groups if samples[k].status == Status.KEPT]
     images = [k for k in live if samples[k].image is not None and results[samples[k].image].phash is not None]
     texts = [k for k in live if samples[k].image is None and samples[k].text is not None and results[samples[k].text].minhash]
     for members, finder in ((images, _image_candidates), (texts, _text_candidates)):
@@ -284,7 +285,7 @@ def _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats) 
             if same:
                 leader[k] = target
                 smp = samples[k]
-                smp.status, smp.reason, smp.of = DUPLICATE, "near_duplicate", target
+                smp.status, smp.reason, smp.of = Status.DUPLICATE, Reason.NEAR_DUPLICATE, target
                 smp.detail = "; ".join(x for x in (why, detail) if x)
                 stats["confirmed"] += 1
                 groups[target].extend(groups.pop(k, [k]))
@@ -354,21 +355,21 @@ def _label_conflicts(results, samples, rank, groups, policy: str) -> list[dict]:
             for k in members:
                 smp = samples[k]
                 other = next(m for m in members if samples[m].label != smp.label)
-                smp.status, smp.reason, smp.of = QUARANTINED, "label_conflict", other
+                smp.status, smp.reason, smp.of = Status.QUARANTINED, Reason.LABEL_CONFLICT, other
                 smp.detail = f"copies of this content carry different labels ({summary}); all quarantined"
             entry.update(action="quarantined every copy", kept=None)
         else:
             keep = next(k for k in members if samples[k].label == winner)
-            samples[keep].status, samples[keep].reason, samples[keep].of, samples[keep].detail = KEPT, None, None, ""
+            samples[keep].status, samples[keep].reason, samples[keep].of, samples[keep].detail = Status.KEPT, None, None, ""
             for k in members:
                 if k == keep:
                     continue
                 smp = samples[k]
                 if smp.label == winner:
                     exact = _signature(results, smp) == _signature(results, samples[keep])
-                    smp.status, smp.reason, smp.of = DUPLICATE, "exact_duplicate" if exact else "near_duplicate", keep
+                    smp.status, smp.reason, smp.of = Status.DUPLICATE, Reason.EXACT_DUPLICATE if exact else Reason.NEAR_DUPLICATE, keep
                 else:
-                    smp.status, smp.reason, smp.of = QUARANTINED, "label_conflict", keep
+                    smp.status, smp.reason, smp.of = Status.QUARANTINED, Reason.LABEL_CONFLICT, keep
                     smp.detail = f"labelled {name(smp.label)}, but {policy} of its copies says {name(winner)} ({summary})"
             entry.update(action=f"kept label {name(winner)} ({policy})", kept=results[samples[keep].files[0]].source)
         report.append(entry)
@@ -394,10 +395,10 @@ INLINE_CAPTION = "with its caption from the labels file"
 
 def _to_files(results, samples, out: list[Decision]) -> None:
     for smp in samples:
-        if smp.status == KEPT:
+        if smp.status == Status.KEPT:
             if smp.image is not None and smp.text is None and results[smp.image].caption is not None \
                     and not results[smp.image].reason:
-                out[smp.image] = Decision(KEPT, None, None, INLINE_CAPTION)
+                out[smp.image] = Decision(Status.KEPT, None, None, INLINE_CAPTION)
             continue
         other = samples[smp.of] if smp.of is not None else None
         for i in smp.files:
@@ -407,8 +408,8 @@ def _to_files(results, samples, out: list[Decision]) -> None:
             out[i] = Decision(smp.status, smp.reason, twin, smp.detail)
 
 
-def _twin(results, other: Sample, kind: str) -> str | None:
+def _twin(results, other: Sample, kind: Kind) -> str | None:
     """The file of ``other`` that corresponds to a file of this kind (image to image, ...)."""
-    i = other.image if kind == KIND_IMAGE else other.text if kind == KIND_TEXT else None
+    i = other.image if kind == Kind.IMAGE else other.text if kind == Kind.TEXT else None
     i = i if i is not None else other.files[0]
     return results[i].source

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.clean.keys import assign_keys
+from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.sniff import HEAD_BYTES, sniff
 
 
@@ -20,11 +21,11 @@ from pipeline.media.sniff import HEAD_BYTES, sniff
 class Candidate:
     source: str  # POSIX path relative to the input root (the link's own path for a link)
     path: str  # absolute path to read
-    kind: str  # image | text | other, from the content
+    kind: Kind  # from the content
     fmt: str  # the format the magic bytes name
     label: str | None = None
     key: str = ""
-    problem: str | None = None  # a reason decided while walking (outside_root, unreadable, ...)
+    problem: Reason | None = None  # a reason decided while walking (OUTSIDE_ROOT, UNREADABLE, ...)
     detail: str = ""
 
 
@@ -51,21 +52,21 @@ def _classify(rel: str, abspath: str, root_real: str) -> Candidate:
     try:
         real = os.path.realpath(abspath)
         if os.path.islink(abspath) and not _within(real, root_real):
-            return Candidate(rel, abspath, "other", "link", problem="outside_root",
+            return Candidate(rel, abspath, Kind.OTHER, "link", problem=Reason.OUTSIDE_ROOT,
                              detail=f"symbolic link to {os.readlink(abspath)} leaves the input folder")
         st = os.stat(abspath)
         if not stat.S_ISREG(st.st_mode):
-            return Candidate(rel, abspath, "other", "special file", problem="unsupported_format",
+            return Candidate(rel, abspath, Kind.OTHER, "special file", problem=Reason.UNSUPPORTED_FORMAT,
                              detail="not a regular file (FIFO, socket or device)")
         head = _read_head(abspath)
     except FileNotFoundError:
-        return Candidate(rel, abspath, "other", "link", problem="unreadable", detail="broken symbolic link")
+        return Candidate(rel, abspath, Kind.OTHER, "link", problem=Reason.UNREADABLE, detail="broken symbolic link")
     except OSError as e:
-        return Candidate(rel, abspath, "other", "?", problem="unreadable", detail=f"{type(e).__name__}: {e.strerror or e}")
+        return Candidate(rel, abspath, Kind.OTHER, "?", problem=Reason.UNREADABLE, detail=f"{type(e).__name__}: {e.strerror or e}")
     kind, fmt = sniff(head, name)
-    if kind == "text" and _looks_binary(head):
+    if kind == Kind.TEXT and _looks_binary(head):
         fmt = _pillow_format(real) or fmt  # one of the many formats Pillow knows by content (FLI, BLP, SGI...)
-        kind = "image" if fmt != "text?" else kind
+        kind = Kind.IMAGE if fmt != "text?" else kind
     return Candidate(rel, real, kind, fmt)
 
 
@@ -102,7 +103,7 @@ def _walk(root: str, root_real: str, rel: str):
     try:
         entries = sorted(os.scandir(here), key=lambda e: e.name)
     except OSError as e:
-        yield rel, here, ("unreadable", f"directory not readable: {e.strerror or e}")
+        yield rel, here, (Reason.UNREADABLE, f"directory not readable: {e.strerror or e}")
         return
     for entry in entries:
         child = f"{rel}/{entry.name}" if rel else entry.name
@@ -114,10 +115,10 @@ def _walk(root: str, root_real: str, rel: str):
             real = os.path.realpath(entry.path)
             inside = os.path.relpath(real, root_real).replace(os.sep, "/") if _within(real, root_real) else None
             yield child, entry.path, None if inside is None else (
-                "unsupported_format", f"a link to the folder {display_path(inside) if inside != '.' else 'INPUT itself'}, "
+                Reason.UNSUPPORTED_FORMAT, f"a link to the folder {display_path(inside) if inside != '.' else 'INPUT itself'}, "
                                       "whose files are read there, under their own folder's label")
         elif is_dir and _metadata_folder(entry.name):
-            yield child, entry.path, ("unsupported_format", f"a hidden or tool folder ({_count_files(entry.path)} "
+            yield child, entry.path, (Reason.UNSUPPORTED_FORMAT, f"a hidden or tool folder ({_count_files(entry.path)} "
                                       "inside), not read: .git, .ipynb_checkpoints, __MACOSX and the like hold copies "
                                       "and metadata, not samples of a class")
         elif is_dir:
@@ -150,7 +151,7 @@ def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str]
         if exclude and rel in exclude:
             continue
         if problem:
-            out.append(Candidate(display_path(rel) or ".", abspath, "other", "directory", problem=problem[0], detail=problem[1]))
+            out.append(Candidate(display_path(rel) or ".", abspath, Kind.OTHER, "directory", problem=problem[0], detail=problem[1]))
             continue
         cand = _classify(rel, abspath, root_real)
         cand.source = display_path(rel)

@@ -7,6 +7,8 @@ import hashlib
 import re
 from collections import defaultdict
 
+from pipeline.formats.vocabulary import Kind
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 MAX_STEM = 96
 
@@ -36,7 +38,7 @@ def assign_keys(candidates) -> None:
     taken = set(groups)
     for base, members in groups.items():
         kinds = sorted(m.kind for m in members)
-        if len(members) == 1 or (len(members) == 2 and kinds == ["image", "text"] and _same_folder(members)):
+        if len(members) == 1 or (len(members) == 2 and kinds == [Kind.IMAGE, Kind.TEXT] and _same_folder(members)):
             for m in members:
                 m.key = base
             continue

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import UsageError
+from pipeline.formats.vocabulary import Kind
 
 REPORT_LIMIT = 100  # paths listed per problem in report.json (the counts are exact)
 
@@ -125,7 +126,7 @@ def check_against(lab: Labels, candidates) -> dict:
     """Rows naming files that are not in INPUT, and files no row names."""
     found = {c.source for c in candidates}
     missing = sorted(p for p in lab.labels if p not in found)
-    unlabelled = [c.source for c in candidates if c.label is None and c.kind != "other" and not c.problem]
+    unlabelled = [c.source for c in candidates if c.label is None and c.kind != Kind.OTHER and not c.problem]
     notes: dict = {}
     _note(notes, "rows_naming_missing_files", missing)
     _note(notes, "files_without_label", unlabelled)
@@ -135,15 +136,14 @@ def check_against(lab: Labels, candidates) -> dict:
 def attach_captions(results, captions: dict[str, str]) -> dict:
     """Give each image the caption the labels file's text column has for it, normalised like a
     caption file (or the reason it was rejected). A caption file beside the image wins."""
-    from pipeline.clean.records import KIND_IMAGE, KIND_TEXT
     from pipeline.media.text.clean import clean_text
 
-    with_file = {r.key for r in results if r.kind == KIND_TEXT}
+    with_file = {r.key for r in results if r.kind == Kind.TEXT}
     ignored, rejected, given = [], [], 0
     for r in results:
         r.caption = r.caption_reason = None  # from this run's labels file only, never the journal's
         raw = captions.get(r.source)
-        if raw is None or r.kind != KIND_IMAGE:
+        if raw is None or r.kind != Kind.IMAGE:
             continue
         if r.key in with_file:
             ignored.append(r.source)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from pipeline.clean.discover import Candidate
 from pipeline.core.files import atomic_write_bytes
+from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.image.clean import ImageSettings
-from pipeline.clean.records import KIND_IMAGE, KIND_OTHER, FileResult
+from pipeline.clean.records import FileResult
 from pipeline.media.text.clean import TextSettings
 
 HASH_CHUNK = 1 << 20
@@ -53,28 +54,28 @@ def process(cand: Candidate, settings=None) -> FileResult:
         with open(cand.path, "rb") as f:
             st = os.fstat(f.fileno())
             r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
-            if cand.kind == KIND_OTHER:
+            if cand.kind == Kind.OTHER:
                 r.sha256 = _hash_stream(f)
                 data = b""
             else:
                 data = f.read()
                 r.sha256 = hashlib.sha256(data).hexdigest()
     except OSError as e:
-        r.reason, r.detail = "unreadable", f"{type(e).__name__}: {e.strerror or e}"
+        r.reason, r.detail = Reason.UNREADABLE, f"{type(e).__name__}: {e.strerror or e}"
         return r
     if r.bytes == 0:
-        r.reason, r.detail = "zero_bytes", "the file is empty"
+        r.reason, r.detail = Reason.ZERO_BYTES, "the file is empty"
         return r
-    if cand.kind == KIND_OTHER:
-        r.reason, r.detail = "unsupported_format", f"{cand.fmt}: not an image or a text"
+    if cand.kind == Kind.OTHER:
+        r.reason, r.detail = Reason.UNSUPPORTED_FORMAT, f"{cand.fmt}: not an image or a text"
         return r
     payload = None
     try:
-        payload, ext = (_image if cand.kind == KIND_IMAGE else _text)(r, data, s)
+        payload, ext = (_image if cand.kind == Kind.IMAGE else _text)(r, data, s)
     except MemoryError:
-        r.reason, r.detail = "decompression_bomb", "ran out of memory while decoding"
+        r.reason, r.detail = Reason.DECOMPRESSION_BOMB, "ran out of memory while decoding"
     except Exception as e:  # noqa: BLE001 - a decoder bug on hostile input is a verdict, not a crash
-        r.reason, r.detail = "corrupt", f"decoder failed: {type(e).__name__}: {e}"
+        r.reason, r.detail = Reason.CORRUPT, f"decoder failed: {type(e).__name__}: {e}"
     if payload is not None and r.reason is None:
         # outside the try: failing to write our own output (disk full) stops the run, it is no verdict
         r.output = output_path(r.source, r.key, ext)
@@ -113,14 +114,14 @@ def _text(r: FileResult, data: bytes, s) -> tuple[bytes | None, str]:
 def crashed(cand: Candidate, exc: BaseException) -> FileResult:
     """The result for a file whose decoder killed its worker process twice."""
     r = _stat_only(cand)
-    r.reason, r.detail = "unreadable", "the decoder crashed the worker process on this file (twice)"
+    r.reason, r.detail = Reason.UNREADABLE, "the decoder crashed the worker process on this file (twice)"
     return r
 
 
 def timed_out(cand: Candidate, seconds: float) -> FileResult:
     """The result for a file that held its worker longer than --file-timeout."""
     r = _stat_only(cand)
-    r.reason, r.detail = "timeout", f"still not done after {seconds:g} s (--file-timeout); the worker was stopped"
+    r.reason, r.detail = Reason.TIMEOUT, f"still not done after {seconds:g} s (--file-timeout); the worker was stopped"
     return r
 
 

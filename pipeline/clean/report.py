@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from pipeline import __version__
+from pipeline.formats.manifest_row import ManifestRow
+from pipeline.formats.vocabulary import Status
 
 
 class ReportBuilder:
@@ -13,16 +15,16 @@ class ReportBuilder:
         self.encoding, self.label_kept = Counter(), Counter()
         self.total = 0
 
-    def add(self, row: dict) -> None:
+    def add(self, row: ManifestRow) -> None:
         self.total += 1
-        self.status[row["status"]] += 1
-        self.kind[row["kind"]] += 1
-        if row["reason"]:
-            self.reason[row["reason"]] += 1
-        if row["encoding"]:
-            self.encoding[row["encoding"]] += 1
-        if row["status"] == "kept":
-            self.label_kept[row["label"] if row["label"] is not None else ""] += 1
+        self.status[row.status] += 1
+        self.kind[row.kind] += 1
+        if row.reason:
+            self.reason[row.reason] += 1
+        if row.encoding:
+            self.encoding[row.encoding] += 1
+        if row.status == Status.KEPT:
+            self.label_kept[row.label if row.label is not None else ""] += 1
 
     def build(self, settings: dict, timings: dict, extra: dict | None = None) -> dict:
         s = lambda c: dict(sorted(c.items()))  # noqa: E731 - sorted for byte-stable output
@@ -30,7 +32,7 @@ class ReportBuilder:
             "schema_version": 1,
             "tool": f"pipe {__version__}",
             "files": self.total,
-            "by_status": {k: self.status.get(k, 0) for k in ("kept", "duplicate", "quarantined")},
+            "by_status": {s.value: self.status.get(s, 0) for s in Status},
             "by_reason": s(self.reason),
             "by_kind": s(self.kind),
             "by_encoding": s(self.encoding),

@@ -28,10 +28,11 @@ from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.executor import OrderedPool
 from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atomic_write_text, occupied, output_lock, read_marker, sweep_tmp
+from pipeline.formats.vocabulary import Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
 from pipeline.clean.journal import STATE_DIR, Journal
 from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
-from pipeline.clean.records import QUARANTINED, FileResult
+from pipeline.clean.records import FileResult
 from pipeline.clean.report import ReportBuilder
 from pipeline.media.text.clean import TextSettings
 
@@ -43,7 +44,7 @@ CONFLICT_POLICIES = ("quarantine", "majority", "first")
 MAX_SIZE = 8192
 OWNED = ("data", "quarantine", "manifest.parquet", "report.json", STATE_DIR)
 # Links, FIFOs and unreadable files have nothing (or nothing of ours) to copy into quarantine/.
-NO_COPY_REASONS = {"outside_root", "unreadable"}
+NO_COPY_REASONS = {Reason.OUTSIDE_ROOT, Reason.UNREADABLE}
 # Outputs of files that did not end kept (duplicates) wait here, so a re-run where they become
 # kept (their better copy was removed) need not decode them again.
 PARKED = f"{STATE_DIR}/parked"
@@ -194,7 +195,7 @@ def _remove_owned(out: Path) -> None:
 
 
 def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
-    if old is None or c.problem or old.key != c.key or old.kind != c.kind or old.reason == "timeout":
+    if old is None or c.problem or old.key != c.key or old.kind != c.kind or old.reason == Reason.TIMEOUT:
         return False
     try:
         st = os.stat(c.path)
@@ -346,18 +347,18 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     try:
         for r, d in zip(results, decisions):
             cap = ""
-            if d.status == "kept" and r.caption is not None:  # a caption from the labels file
+            if d.status == Status.KEPT and r.caption is not None:  # a caption from the labels file
                 cap = output_path(r.source, r.key, "txt")
                 _write_if_changed(out / cap, r.caption.encode("utf-8"))
                 keep_outputs.add(cap)
                 d = dataclasses.replace(d, detail=f"{d.detail}: {cap}")
-            if d.status == "kept":
+            if d.status == Status.KEPT:
                 keep_outputs.add(r.output)
                 _move_if_there(out / PARKED / r.output, out / r.output)
             elif r.output:
                 keep_parked.add(f"{PARKED}/{r.output}")
                 _move_if_there(out / r.output, out / PARKED / r.output)
-            if d.status == QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
+            if d.status == Status.QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
                 rel = f"quarantine/{d.reason}/{r.source}"
                 keep_quarantine.add(rel)
                 dest = out / rel

@@ -55,9 +55,10 @@ def clean(
 
 def _summary(report: dict, cfg) -> None:
     from pipeline.core import ui
+    from pipeline.formats.vocabulary import Status
 
     st = report["by_status"]
-    rows = [("files", report["files"]), ("kept", st["kept"]), ("duplicate", st["duplicate"]), ("quarantined", st["quarantined"])]
+    rows = [("files", report["files"]), *((s.value, st[s]) for s in Status)]
     rows += [(f"  {reason}", n) for reason, n in report["by_reason"].items()]
     rows.append(("time", f"{sum(report['timings'].values()):.1f} s"))
     ui.summary_table(f"pipe clean -> {cfg.output}", rows)

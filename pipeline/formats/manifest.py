@@ -1,11 +1,12 @@
-"""`manifest.parquet`: one row per input file, written incrementally (row groups), atomically.
+"""`manifest.parquet`: one `ManifestRow` per input file, written incrementally (row groups), atomically.
 
-Columns are listed once here, with their Arrow types; the JSON Schema of a row is
+The columns and their Arrow types come from `ManifestRow`'s fields; the JSON Schema of a row is
 ``schemas/manifest_row.schema.json`` and a test keeps the two in step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.clean.records import Decision, FileResult
+from pipeline.formats.manifest_row import ManifestRow
+from pipeline.formats.vocabulary import Status
 
 
 class _NoPandas:
@@ -41,40 +44,24 @@ def _skip_pandas_probe() -> None:
 
 _skip_pandas_probe()
 
-COLUMNS = pa.schema([
-    ("source", pa.string()),  # POSIX path relative to INPUT
-    ("key", pa.string()),  # sample key (shared by an image and its caption)
-    ("kind", pa.string()),  # image | text | other
-    ("label", pa.string()),
-    ("status", pa.string()),  # kept | duplicate | quarantined
-    ("reason", pa.string()),  # null when kept
-    ("detail", pa.string()),  # human-readable: the error message, what was repaired or noted
-    ("duplicate_of", pa.string()),  # source of the kept copy
-    ("output", pa.string()),  # path relative to CLEAN_DIR; empty unless kept
-    ("caption", pa.string()),  # a kept image's caption from the labels file (path relative to CLEAN_DIR), else empty
-    ("bytes", pa.int64()),
-    ("sha256", pa.string()),  # of the input bytes
-    ("width", pa.int64()),  # as found in the input (headers can claim absurd sizes)
-    ("height", pa.int64()),
-    ("encoding", pa.string()),
-    ("encoding_confidence", pa.float64()),
-    ("content_hash", pa.string()),  # exact-duplicate key: decoded pixels / normalized text
-    ("phash", pa.string()),  # 64-bit perceptual hash of an image, 16 hex digits
-])
+# Arrow type of each field's Python type (an optional field is a nullable column, as they all are)
+_ARROW = {"str": pa.string(), "Kind": pa.string(), "Status": pa.string(), "Reason": pa.string(),
+          "int": pa.int64(), "float": pa.float64()}
+COLUMNS = pa.schema([(f.name, _ARROW[str(f.type).removesuffix(" | None")]) for f in dataclasses.fields(ManifestRow)])
 ROW_GROUP = 10_000
 
 
-def row(r: FileResult, d: Decision, caption: str = "") -> dict:
-    kept = d.status == "kept"
+def row(r: FileResult, d: Decision, caption: str = "") -> ManifestRow:
+    kept = d.status == Status.KEPT
     detail = "; ".join(x for x in [d.detail or r.detail, *r.notes] if x)
-    return {
-        "source": r.source, "key": r.key, "kind": r.kind, "label": r.label,
-        "status": d.status, "reason": d.reason, "detail": detail, "duplicate_of": d.duplicate_of,
-        "output": r.output if kept else "", "caption": caption if kept else "", "bytes": r.bytes, "sha256": r.sha256,
-        "width": r.width, "height": r.height, "encoding": r.encoding,
-        "encoding_confidence": r.encoding_confidence, "content_hash": r.content_hash,
-        "phash": None if r.phash is None else f"{r.phash:016x}",
-    }
+    return ManifestRow(
+        source=r.source, key=r.key, kind=r.kind, label=r.label,
+        status=d.status, reason=d.reason, detail=detail, duplicate_of=d.duplicate_of,
+        output=r.output if kept else "", caption=caption if kept else "", bytes=r.bytes, sha256=r.sha256,
+        width=r.width, height=r.height, encoding=r.encoding,
+        encoding_confidence=r.encoding_confidence, content_hash=r.content_hash,
+        phash=None if r.phash is None else f"{r.phash:016x}",
+    )
 
 
 class ManifestWriter:
@@ -87,8 +74,8 @@ class ManifestWriter:
         self._rows: list[dict] = []
         self.count = 0
 
-    def add(self, rec: dict) -> None:
-        self._rows.append(rec)
+    def add(self, rec: ManifestRow) -> None:
+        self._rows.append(rec.as_dict())
         self.count += 1
         if len(self._rows) >= ROW_GROUP:
             self._flush()

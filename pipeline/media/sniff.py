@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from pipeline.formats.vocabulary import Kind
+
 HEAD_BYTES = 64
 
 IMAGE_EXTENSIONS = {
@@ -82,35 +84,35 @@ _OTHER_MAGIC = (
 )
 
 
-def sniff(head: bytes, name: str) -> tuple[str, str]:
+def sniff(head: bytes, name: str) -> tuple[Kind, str]:
     """Return ``(kind, format_name)`` from the first bytes of a file and its name."""
     lower = name.lower()
     ext = lower[lower.rfind(".") :] if "." in lower else ""
     if lower in JUNK_NAMES or lower.startswith("._"):
         if not any(head.startswith(m) for _, m, _f in _IMAGE_MAGIC[:3]):
-            return "other", "OS metadata file"
+            return Kind.OTHER, "OS metadata file"
     for offset, magic, fmt in _IMAGE_MAGIC:
         if head[offset : offset + len(magic)] == magic:
             if fmt == "ICO" and ext not in {".ico", ".cur"}:
                 continue  # four bytes that common binaries start with too
-            return "image", fmt
+            return Kind.IMAGE, fmt
     if head[:2] == b"BM" and head[6:10] == b"\0\0\0\0":  # reserved bytes: not a caption starting "BM"
-        return "image", "BMP"
+        return Kind.IMAGE, "BMP"
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "image", "WEBP"
+        return Kind.IMAGE, "WEBP"
     if head[4:8] == b"ftyp":
         if head[8:12] in _HEIF_BRANDS:
-            return "image", "HEIF/AVIF"
-        return "other", "MP4/QuickTime video"
+            return Kind.IMAGE, "HEIF/AVIF"
+        return Kind.OTHER, "MP4/QuickTime video"
     if head[:4] == b"RIFF":
-        return "other", "RIFF media (WAV/AVI)"
+        return Kind.OTHER, "RIFF media (WAV/AVI)"
     if _NETPBM.match(head) and (ext in IMAGE_EXTENSIONS or not ext):
-        return "image", "Netpbm"
+        return Kind.IMAGE, "Netpbm"
     for offset, magic, fmt in _OTHER_MAGIC:
         if head[offset : offset + len(magic)] == magic:
             if magic[0] >= 0x20 and magic[:1] != b"%" and b"\0" not in head and len(magic) < 4:
                 continue  # printable two/three-byte magic ("MZ", "ID3") in a file with no NUL: text
-            return "other", fmt
+            return Kind.OTHER, fmt
     if ext in IMAGE_EXTENSIONS:
-        return "image", f"unknown (named {ext})"
-    return "text", "text?"
+        return Kind.IMAGE, f"unknown (named {ext})"
+    return Kind.TEXT, "text?"

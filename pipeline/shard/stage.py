@@ -32,6 +32,8 @@ from pipeline import __version__
 from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
 from pipeline.formats.sample import SampleParts, shard_key
+from pipeline.formats.manifest_row import NAMES, ManifestRow
+from pipeline.formats.vocabulary import Kind, Status
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker, tmp_name
 from pipeline.core.rng import rng_for
@@ -169,13 +171,13 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
         table = pq.read_table(path)
     except Exception as e:  # noqa: BLE001 - any Arrow failure means the same thing to the user
         raise UsageError(f"{path} is not a readable Parquet file: {e}") from None
-    missing = {"key", "kind", "label", "status", "output", "source"} - set(table.column_names)
+    missing = {NAMES.key, NAMES.kind, NAMES.label, NAMES.status, NAMES.output, NAMES.source} - set(table.column_names)
     if missing:
         raise UsageError(f"{path} lacks the columns {', '.join(sorted(missing))}: is it a pipe clean manifest?")
-    rows = [r for r in table.to_pylist() if r["status"] == "kept"]
-    by_key: dict[str, list[dict]] = {}
+    rows = [ManifestRow.from_dict(r) for r in table.to_pylist() if r[NAMES.status] == Status.KEPT]
+    by_key: dict[str, list[ManifestRow]] = {}
     for r in rows:
-        by_key.setdefault(r["key"], []).append(r)
+        by_key.setdefault(r.key, []).append(r)
     samples, unlabelled = [], []
     for key in sorted(by_key):
         s = _sample(key, by_key[key], clean_dir)
@@ -188,13 +190,13 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
     return samples, unlabelled, hashlib.sha256(raw).hexdigest()
 
 
-def _sample(key: str, rows: list[dict], clean_dir: Path) -> Sample | None:
-    images = [r for r in rows if r["kind"] == "image"]
-    texts = [r for r in rows if r["kind"] == "text"]
+def _sample(key: str, rows: list[ManifestRow], clean_dir: Path) -> Sample | None:
+    images = [r for r in rows if r.kind == Kind.IMAGE]
+    texts = [r for r in rows if r.kind == Kind.TEXT]
     if len(images) > 1 or len(texts) > 1 or len(images) + len(texts) != len(rows):
         raise UsageError(f"manifest key {key!r} has {len(images)} kept images and {len(texts)} kept texts; "
                          "expected at most one of each: is the manifest from pipe clean?")
-    labels = {r["label"] for r in rows}
+    labels = {r.label for r in rows}
     if len(labels) > 1:
         raise UsageError(f"manifest key {key!r} has rows with different labels {sorted(map(str, labels))}")
     label = labels.pop()
@@ -209,24 +211,24 @@ def _sample(key: str, rows: list[dict], clean_dir: Path) -> Sample | None:
         if ext is None:
             raise UsageError(f"{clean_dir / s.image}: not a .jpg, .png or .webp image")
         s.image_ext = ext
-        s.phash = int(r["phash"], 16) if r.get("phash") else None
-        s.meta["sources"]["image"] = r["source"]
-        s.meta["image"] = {"width": r.get("width"), "height": r.get("height")}
-        if r.get("caption") and not texts:  # a caption from the labels file: no row of its own
-            s.text = _checked_output(clean_dir, {**r, "output": r["caption"]})
-            s.meta["sources"]["text"] = f"{r['source']} (labels file caption)"
+        s.phash = int(r.phash, 16) if r.phash else None
+        s.meta["sources"]["image"] = r.source
+        s.meta["image"] = {"width": r.width, "height": r.height}
+        if r.caption and not texts:  # a caption from the labels file: no row of its own
+            s.text = _checked_output(clean_dir, dataclasses.replace(r, output=r.caption))
+            s.meta["sources"]["text"] = f"{r.source} (labels file caption)"
     for r in texts:
         s.text = _checked_output(clean_dir, r)
-        s.meta["sources"]["text"] = r["source"]
-        s.meta["text"] = {"encoding": r.get("encoding"), "encoding_confidence": r.get("encoding_confidence")}
+        s.meta["sources"]["text"] = r.source
+        s.meta["text"] = {"encoding": r.encoding, "encoding_confidence": r.encoding_confidence}
     return s
 
 
-def _checked_output(clean_dir: Path, row: dict) -> str:
-    rel = row["output"] or ""
+def _checked_output(clean_dir: Path, row: ManifestRow) -> str:
+    rel = row.output or ""
     p = clean_dir / rel
     if not rel or ".." in Path(rel).parts or Path(rel).is_absolute():
-        raise UsageError(f"manifest row for {row['source']!r} is kept but has no usable output path ({rel!r})")
+        raise UsageError(f"manifest row for {row.source!r} is kept but has no usable output path ({rel!r})")
     if not p.is_file():
         raise UsageError(f"{p} is listed as kept in the manifest but is missing: was CLEAN_DIR changed? re-run pipe clean")
     return rel

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.formats.vocabulary import Reason
+
 BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0), "grey": (128, 128, 128), "gray": (128, 128, 128)}
 
 
@@ -34,7 +36,7 @@ class ImageSettings:
 
 @dataclass
 class ImageOutcome:
-    reason: str | None = None
+    reason: Reason | None = None
     detail: str = ""
     width: int | None = None
     height: int | None = None
@@ -68,9 +70,9 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     except Reject as r:
         out.reason, out.detail = r.reason, r.detail
     except MemoryError:
-        out.reason, out.detail = "decompression_bomb", "ran out of memory while decoding"
+        out.reason, out.detail = Reason.DECOMPRESSION_BOMB, "ran out of memory while decoding"
     except Exception as e:  # noqa: BLE001 - a decoder bug on hostile input is a verdict, not a crash
-        out.reason, out.detail = "corrupt", f"decoder failed: {type(e).__name__}: {e}"
+        out.reason, out.detail = Reason.CORRUPT, f"decoder failed: {type(e).__name__}: {e}"
     out.width, out.height = d.width or None, d.height or None
     out.notes = list(dict.fromkeys(d.notes))  # each note once, in order
     if out.reason is not None:

@@ -20,6 +20,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+from pipeline.formats.vocabulary import Reason
 from pipeline.media.reject import Reject
 
 PNG_SIG = b"\x89PNG\r\n\x1a\n"
@@ -124,29 +125,29 @@ def _png(data: bytes) -> Checked:
     first = True
     while True:
         if pos + 8 > n:
-            raise Reject("truncated", "the file ends before the PNG's IEND chunk" if seen_idat else
+            raise Reject(Reason.TRUNCATED, "the file ends before the PNG's IEND chunk" if seen_idat else
                          "the file ends before the PNG's image data")
         length = int.from_bytes(data[pos : pos + 4], "big")
         ctype = data[pos + 4 : pos + 8]
         name = ctype.decode("latin-1")
         if length > 0x7FFFFFFF or not ctype.isalpha():
-            raise Reject("corrupt", f"invalid PNG chunk header at byte {pos} ({ctype!r}, length {length})")
+            raise Reject(Reason.CORRUPT, f"invalid PNG chunk header at byte {pos} ({ctype!r}, length {length})")
         end = pos + 12 + length
         if end > n:
-            raise Reject("truncated", f"the file ends inside the PNG chunk {name}")
+            raise Reject(Reason.TRUNCATED, f"the file ends inside the PNG chunk {name}")
         crc = int.from_bytes(data[end - 4 : end], "big")
         critical = ctype[0] < 0x60  # upper-case first letter
         if zlib.crc32(data[pos + 4 : end - 4]) != crc:
             if critical:
-                raise Reject("corrupt", f"bad CRC in the PNG chunk {name}: its data is damaged")
+                raise Reject(Reason.CORRUPT, f"bad CRC in the PNG chunk {name}: its data is damaged")
             c.notes.append(f"bad CRC in the ancillary PNG chunk {name} (chunk ignored)")
             drop.append((pos, end))
         if first and ctype == b"CgBI":
-            raise Reject("unsupported_format", "Apple-optimised PNG (CgBI chunk, from an iOS app bundle): "
+            raise Reject(Reason.UNSUPPORTED_FORMAT, "Apple-optimised PNG (CgBI chunk, from an iOS app bundle): "
                          "not a standard PNG; convert it with a CgBI-aware tool")
         if first:
             if ctype != b"IHDR" or length != 13:
-                raise Reject("corrupt", "PNG does not start with an IHDR chunk")
+                raise Reject(Reason.CORRUPT, "PNG does not start with an IHDR chunk")
             c.png_depth, c.png_color_type = _png_ihdr(data[pos + 8 : pos + 21])
             first = False
         if ctype == b"IDAT":
@@ -155,7 +156,7 @@ def _png(data: bytes) -> Checked:
             c.frames = int.from_bytes(data[pos + 8 : pos + 12], "big")
         elif ctype == b"IEND":
             if not seen_idat:
-                raise Reject("corrupt", "PNG without image data (no IDAT chunk)")
+                raise Reject(Reason.CORRUPT, "PNG without image data (no IDAT chunk)")
             if end < n:
                 c.notes.append(f"{n - end} bytes after the PNG's IEND chunk (ignored)")
             break
@@ -173,11 +174,11 @@ def _png(data: bytes) -> Checked:
 def _png_ihdr(ihdr: bytes) -> tuple[int, int]:
     w, h, depth, ctype, comp, filt, interlace = struct.unpack(">IIBBBBB", ihdr)
     if w == 0 or h == 0 or w > 0x7FFFFFFF or h > 0x7FFFFFFF:
-        raise Reject("corrupt", f"PNG header gives an impossible size {w}x{h}")
+        raise Reject(Reason.CORRUPT, f"PNG header gives an impossible size {w}x{h}")
     if depth not in _PNG_DEPTHS.get(ctype, ()):
-        raise Reject("corrupt", f"PNG header: colour type {ctype} with bit depth {depth} does not exist")
+        raise Reject(Reason.CORRUPT, f"PNG header: colour type {ctype} with bit depth {depth} does not exist")
     if comp or filt or interlace > 1:
-        raise Reject("corrupt", "PNG header: unknown compression, filter or interlace method")
+        raise Reject(Reason.CORRUPT, "PNG header: unknown compression, filter or interlace method")
     return depth, ctype
 
 
@@ -187,13 +188,13 @@ def _gif(data: bytes) -> Checked:
     c = Checked(data)
     n = len(data)
     if n < 13:
-        raise Reject("truncated", "the file ends inside the GIF header")
+        raise Reject(Reason.TRUNCATED, "the file ends inside the GIF header")
     flags = data[10]
     pos = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
     frames = 0
     while True:
         if pos >= n:
-            raise Reject("truncated", f"the file ends before the GIF's trailer (after {frames} complete frame(s))")
+            raise Reject(Reason.TRUNCATED, f"the file ends before the GIF's trailer (after {frames} complete frame(s))")
         block = data[pos]
         if block == 0x3B:  # trailer
             if pos + 1 < n:
@@ -203,7 +204,7 @@ def _gif(data: bytes) -> Checked:
             pos = _gif_subblocks(data, pos + 2, frames)
         elif block == 0x2C:  # image descriptor, optional local colour table, LZW code size, sub-blocks
             if pos + 10 > n:
-                raise Reject("truncated", "the file ends inside a GIF image descriptor")
+                raise Reject(Reason.TRUNCATED, "the file ends inside a GIF image descriptor")
             lflags = data[pos + 9]
             pos += 10 + (3 * 2 ** ((lflags & 7) + 1) if lflags & 0x80 else 0)
             pos = _gif_subblocks(data, pos + 1, frames)
@@ -212,10 +213,10 @@ def _gif(data: bytes) -> Checked:
             if frames:  # garbage where the next block should be: decoders stop at the last frame
                 c.notes.append(f"unknown GIF block 0x{block:02x} after frame {frames} (rest ignored)")
                 break
-            raise Reject("corrupt", f"unknown GIF block 0x{block:02x} before any image")
+            raise Reject(Reason.CORRUPT, f"unknown GIF block 0x{block:02x} before any image")
     c.frames = frames
     if frames == 0:
-        raise Reject("corrupt", "GIF without any image")
+        raise Reject(Reason.CORRUPT, "GIF without any image")
     return c
 
 
@@ -223,7 +224,7 @@ def _gif_subblocks(data: bytes, pos: int, frames: int) -> int:
     n = len(data)
     while True:
         if pos >= n:
-            raise Reject("truncated", f"the file ends inside GIF frame {frames + 1}" if frames == 0 else
+            raise Reject(Reason.TRUNCATED, f"the file ends inside GIF frame {frames + 1}" if frames == 0 else
                          f"the file ends inside GIF frame {frames + 1} (after {frames} complete frame(s))")
         size = data[pos]
         pos += 1 + size
@@ -237,10 +238,10 @@ def _webp(data: bytes) -> Checked:
     c = Checked(data)
     n = len(data)
     if n < 12:
-        raise Reject("truncated", "the file ends inside the WebP header")
+        raise Reject(Reason.TRUNCATED, "the file ends inside the WebP header")
     riff_end = 8 + int.from_bytes(data[4:8], "little")
     if riff_end > n:
-        raise Reject("truncated", f"the file ends {riff_end - n} bytes before the WebP data does")
+        raise Reject(Reason.TRUNCATED, f"the file ends {riff_end - n} bytes before the WebP data does")
     if riff_end < n:
         c.notes.append(f"{n - riff_end} bytes after the WebP data (ignored)")
     pos = 12
@@ -249,7 +250,7 @@ def _webp(data: bytes) -> Checked:
         size = int.from_bytes(data[pos + 4 : pos + 8], "little")
         end = pos + 8 + size + (size & 1)
         if pos + 8 + size > riff_end:
-            raise Reject("corrupt", f"WebP chunk {data[pos:pos + 4]!r} runs past the end of the RIFF data")
+            raise Reject(Reason.CORRUPT, f"WebP chunk {data[pos:pos + 4]!r} runs past the end of the RIFF data")
         frames += data[pos : pos + 4] == b"ANMF"
         pos = end
     c.frames = frames or None
@@ -266,14 +267,14 @@ def _tiff(data: bytes) -> Checked:
     c = Checked(data)
     n = len(data)
     if n < 8:
-        raise Reject("truncated", "the file ends inside the TIFF header")
+        raise Reject(Reason.TRUNCATED, "the file ends inside the TIFF header")
     e = "<" if data[:2] == b"II" else ">"
     ifd = struct.unpack(e + "I", data[4:8])[0]
     if ifd + 2 > n:
-        raise Reject("truncated", "the TIFF directory lies past the end of the file")
+        raise Reject(Reason.TRUNCATED, "the TIFF directory lies past the end of the file")
     count = struct.unpack(e + "H", data[ifd : ifd + 2])[0]
     if ifd + 2 + 12 * count > n:
-        raise Reject("truncated", "the file ends inside the TIFF directory")
+        raise Reject(Reason.TRUNCATED, "the file ends inside the TIFF directory")
     tags = {}
     for i in range(count):
         at = ifd + 2 + 12 * i
@@ -285,7 +286,7 @@ def _tiff(data: bytes) -> Checked:
         if offs in tags and sizes in tags:
             for i, (o, s) in enumerate(zip(tags[offs], tags[sizes])):
                 if o + s > n:
-                    raise Reject("truncated", f"the file ends {o + s - n} bytes before the TIFF image data does")
+                    raise Reject(Reason.TRUNCATED, f"the file ends {o + s - n} bytes before the TIFF image data does")
                 if deflate:
                     _inflate_whole(data[o : o + s], f"TIFF strip/tile {i}")
     return c
@@ -302,9 +303,9 @@ def _inflate_whole(stream: bytes, what: str) -> None:
             if z.eof or (not out and not stream):
                 break
     except zlib.error as err:
-        raise Reject("corrupt", f"damaged {what}: zlib says {err}") from None
+        raise Reject(Reason.CORRUPT, f"damaged {what}: zlib says {err}") from None
     if not z.eof:
-        raise Reject("corrupt", f"damaged {what}: its deflate stream does not end")
+        raise Reject(Reason.CORRUPT, f"damaged {what}: its deflate stream does not end")
 
 
 def _tiff_values(data: bytes, e: str, typ: int, cnt: int, at: int) -> list[int]:
@@ -313,7 +314,7 @@ def _tiff_values(data: bytes, e: str, typ: int, cnt: int, at: int) -> list[int]:
         return []
     where = at if size * cnt <= 4 else struct.unpack(e + "I", data[at : at + 4])[0]
     if where + size * cnt > len(data):
-        raise Reject("truncated", "the TIFF strip table lies past the end of the file")
+        raise Reject(Reason.TRUNCATED, "the TIFF strip table lies past the end of the file")
     fmt = {3: "H", 4: "I", 16: "Q"}[typ]
     return list(struct.unpack(f"{e}{cnt}{fmt}", data[where : where + size * cnt]))
 
@@ -328,23 +329,23 @@ def _boxes(data: bytes, start: int = 0) -> Checked:
         header = 8
         if size == 1:
             if pos + 16 > n:
-                raise Reject("truncated", "the file ends inside a box header")
+                raise Reject(Reason.TRUNCATED, "the file ends inside a box header")
             size, header = int.from_bytes(data[pos + 8 : pos + 16], "big"), 16
         elif size == 0:  # runs to the end of the file
             return c
         if size < header:
-            raise Reject("corrupt", f"box {data[pos + 4:pos + 8]!r} has an impossible size {size}")
+            raise Reject(Reason.CORRUPT, f"box {data[pos + 4:pos + 8]!r} has an impossible size {size}")
         if pos + size > n:
-            raise Reject("truncated", f"the file ends {pos + size - n} bytes before its {data[pos + 4:pos + 8].decode('latin-1')!r} box does")
+            raise Reject(Reason.TRUNCATED, f"the file ends {pos + size - n} bytes before its {data[pos + 4:pos + 8].decode('latin-1')!r} box does")
         pos += size
     if pos != n:
-        raise Reject("truncated", "the file ends inside a box header")
+        raise Reject(Reason.TRUNCATED, "the file ends inside a box header")
     return c
 
 
 def _jp2(data: bytes) -> Checked:
     if data[:4] == b"\xff\x4f\xff\x51":  # a bare codestream: it must end with EOC
         if not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
-            raise Reject("truncated", "the JPEG 2000 codestream has no end marker (EOC)")
+            raise Reject(Reason.TRUNCATED, "the JPEG 2000 codestream has no end marker (EOC)")
         return Checked(data)
     return _boxes(data)

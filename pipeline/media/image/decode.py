@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image, ImageFile
 
+from pipeline.formats.vocabulary import Reason
 from pipeline.media.image import colour
 from pipeline.media.image import containers
 from pipeline.media.image import jpeg
@@ -72,11 +73,11 @@ def decode(data: bytes, t: Target, d: Decoded | None = None) -> Decoded:
     if not fmt:
         damaged = containers.damaged_signature(data)
         if damaged:
-            raise Reject("corrupt", f"{damaged}: not decodable")
+            raise Reject(Reason.CORRUPT, f"{damaged}: not decodable")
     if fmt in NO_DECODER:
-        raise Reject("unsupported_format", f"{NO_DECODER[fmt]}: no decoder for this image format")
+        raise Reject(Reason.UNSUPPORTED_FORMAT, f"{NO_DECODER[fmt]}: no decoder for this image format")
     if fmt.startswith("ISO-BMFF"):
-        raise Reject("unsupported_format", f"{fmt}: not an image format pipe decodes")
+        raise Reject(Reason.UNSUPPORTED_FORMAT, f"{fmt}: not an image format pipe decodes")
     if fmt == "JPEG":
         return _decode_jpeg(data, t, d)
     checked = containers.check(fmt, data)
@@ -89,9 +90,9 @@ def decode(data: bytes, t: Target, d: Decoded | None = None) -> Decoded:
 def _check_size(d: Decoded, t: Target) -> None:
     w, h = d.width, d.height
     if w * h > t.max_pixels:
-        raise Reject("decompression_bomb", f"{w}x{h} = {w * h} pixels > --max-pixels {t.max_pixels} (from the header)")
+        raise Reject(Reason.DECOMPRESSION_BOMB, f"{w}x{h} = {w * h} pixels > --max-pixels {t.max_pixels} (from the header)")
     if min(w, h) < t.min_size:
-        raise Reject("too_small", f"{w}x{h}: the short side is below --min-size {t.min_size}")
+        raise Reject(Reason.TOO_SMALL, f"{w}x{h}: the short side is below --min-size {t.min_size}")
 
 
 # -- JPEG -----------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def _load_tiff(im: Image.Image, notes: list[str]) -> None:
         if "warning" in line.lower():
             notes.append(f"libtiff: {line}")
         else:
-            raise Reject("corrupt", f"damaged image data (TIFF, libtiff: {line})")
+            raise Reject(Reason.CORRUPT, f"damaged image data (TIFF, libtiff: {line})")
 
 
 def _fix_png_transparency_key(im: Image.Image, checked: containers.Checked, notes: list[str]) -> None:
@@ -203,7 +204,7 @@ def _fix_png_transparency_key(im: Image.Image, checked: containers.Checked, note
 def _open(data: bytes, fmt: str) -> Image.Image:
     Image.init()
     if fmt in PIL_FORMATS and PIL_FORMATS[fmt] not in Image.OPEN:
-        raise Reject("unsupported_format", f"{fmt}: this Pillow build has no decoder for it")
+        raise Reject(Reason.UNSUPPORTED_FORMAT, f"{fmt}: this Pillow build has no decoder for it")
     try:
         return Image.open(io.BytesIO(data), formats=[PIL_FORMATS[fmt]] if fmt in PIL_FORMATS else None)
     except Image.UnidentifiedImageError:
@@ -217,22 +218,22 @@ def _open(data: bytes, fmt: str) -> Image.Image:
             factory(io.BytesIO(data), None)
         except Exception as e:  # noqa: BLE001
             raise Reject(*_classify(e, fmt)) from None
-        raise Reject("corrupt", f"{fmt} file Pillow cannot open")
-    raise Reject("unsupported_format", describe_non_image(data))
+        raise Reject(Reason.CORRUPT, f"{fmt} file Pillow cannot open")
+    raise Reject(Reason.UNSUPPORTED_FORMAT, describe_non_image(data))
 
 
-def _classify(e: BaseException, fmt: str) -> tuple[str, str]:
+def _classify(e: BaseException, fmt: str) -> tuple[Reason, str]:
     msg = str(e) or type(e).__name__
     low = msg.lower()
     what = f"{fmt or 'image'}: {msg}"
     if isinstance(e, MemoryError) or "decompressed data too large" in low or "too much memory" in low:
-        return "decompression_bomb", f"{what} (decompressed metadata or pixels exceed the safe limit)"
+        return Reason.DECOMPRESSION_BOMB, f"{what} (decompressed metadata or pixels exceed the safe limit)"
     if "truncated" in low or isinstance(e, EOFError) or "premature end" in low or "not enough data" in low:
-        return "truncated", f"the file ends before the image data does ({what})"
+        return Reason.TRUNCATED, f"the file ends before the image data does ({what})"
     if any(s in low for s in ("unknown pixel mode", "not supported", "unsupported", "not available", "cannot handle",
                               "unknown raw mode", "unrecognized mode", "no decoder")):
-        return "unsupported_format", f"{what} (a variant Pillow cannot decode)"
-    return "corrupt", f"damaged image data ({what})"
+        return Reason.UNSUPPORTED_FORMAT, f"{what} (a variant Pillow cannot decode)"
+    return Reason.CORRUPT, f"damaged image data ({what})"
 
 
 def _pil_orientation(im: Image.Image, notes: list[str]) -> int | None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.formats.vocabulary import Reason
 from pipeline.media.reject import Reject
 
 SOI, EOI, SOS = 0xD8, 0xD9, 0xDA
@@ -70,7 +71,7 @@ class JpegHeader:
 def read_header(data: bytes) -> JpegHeader:
     """Walk the segments from SOI to the first SOS; repair harmless oddities in a copy."""
     if data[:2] != b"\xff\xd8":
-        raise Reject("corrupt", "JPEG without a start-of-image marker")
+        raise Reject(Reason.CORRUPT, "JPEG without a start-of-image marker")
     h = JpegHeader()
     out: list[bytes] = [b"\xff\xd8"]  # the header as it will be decoded, segment by segment
     icc_chunks: list[tuple[int, int, bytes]] = []
@@ -99,16 +100,16 @@ def read_header(data: bytes) -> JpegHeader:
 
 def _segment_end(data: bytes, marker: int, seg: int) -> int:
     if marker == SOI:
-        raise Reject("corrupt", "JPEG with a second start-of-image marker in its header")
+        raise Reject(Reason.CORRUPT, "JPEG with a second start-of-image marker in its header")
     if marker == EOI:
-        raise Reject("corrupt", "JPEG ends (EOI marker) before any image data")
+        raise Reject(Reason.CORRUPT, "JPEG ends (EOI marker) before any image data")
     if seg + 4 > len(data):
-        raise Reject("truncated", f"the file ends inside the JPEG header (marker 0x{marker:02x})")
+        raise Reject(Reason.TRUNCATED, f"the file ends inside the JPEG header (marker 0x{marker:02x})")
     length = int.from_bytes(data[seg + 2 : seg + 4], "big")
     if length < 2:
-        raise Reject("corrupt", f"JPEG marker 0x{marker:02x} has an impossible length {length}")
+        raise Reject(Reason.CORRUPT, f"JPEG marker 0x{marker:02x} has an impossible length {length}")
     if seg + 2 + length > len(data):
-        raise Reject("truncated", f"the file ends inside the JPEG header (marker 0x{marker:02x})")
+        raise Reject(Reason.TRUNCATED, f"the file ends inside the JPEG header (marker 0x{marker:02x})")
     return seg + 2 + length
 
 
@@ -128,12 +129,12 @@ def _read_segment(h: JpegHeader, marker: int, segment: bytes, icc_chunks: list) 
             h.notes.append(f"unknown Adobe colour transform {payload[11]} (read as YCbCr/YCCK, as libjpeg does)")
             return segment, True
     elif marker in SOF_UNSUPPORTED:
-        raise Reject("unsupported_format", f"{SOF_UNSUPPORTED[marker]} JPEG (SOF 0x{marker:02x}): no decoder for it")
+        raise Reject(Reason.UNSUPPORTED_FORMAT, f"{SOF_UNSUPPORTED[marker]} JPEG (SOF 0x{marker:02x}): no decoder for it")
     elif marker in SOF_SUPPORTED:
         _read_frame(h, marker, payload)
     elif marker == SOS:
         if not h.sof:
-            raise Reject("corrupt", "JPEG scan before any frame header (no SOF marker)")
+            raise Reject(Reason.CORRUPT, "JPEG scan before any frame header (no SOF marker)")
         return _sequential_scan_params(h, segment)
     return segment, False
 
@@ -159,7 +160,7 @@ def _next_marker(data: bytes, pos: int) -> tuple[int, int, int]:
         while pos < n and data[pos] == 0xFF:  # fill bytes before a marker are legal
             pos += 1
         if pos >= n:
-            raise Reject("truncated", "the file ends inside the JPEG header")
+            raise Reject(Reason.TRUNCATED, "the file ends inside the JPEG header")
         if data[pos] != 0x00:
             return data[pos], pos - 1, junk
         junk += 2  # 0xFF00 outside a scan: junk
@@ -168,22 +169,22 @@ def _next_marker(data: bytes, pos: int) -> tuple[int, int, int]:
 
 def _read_frame(h: JpegHeader, marker: int, payload: bytes) -> None:
     if len(payload) < 6:
-        raise Reject("corrupt", "JPEG frame header (SOF) too short")
+        raise Reject(Reason.CORRUPT, "JPEG frame header (SOF) too short")
     precision = payload[0]
     h.height = int.from_bytes(payload[1:3], "big")
     h.width = int.from_bytes(payload[3:5], "big")
     h.components = payload[5]
     h.sof = SOF_SUPPORTED[marker]
     if precision in (12, 16):
-        raise Reject("unsupported_format", f"{precision}-bit JPEG: only 8-bit JPEGs can be decoded")
+        raise Reject(Reason.UNSUPPORTED_FORMAT, f"{precision}-bit JPEG: only 8-bit JPEGs can be decoded")
     if precision != 8:
-        raise Reject("corrupt", f"JPEG frame header gives an impossible precision of {precision} bits")
+        raise Reject(Reason.CORRUPT, f"JPEG frame header gives an impossible precision of {precision} bits")
     if h.components == 2:
-        raise Reject("unsupported_format", "JPEG with 2 colour components")
+        raise Reject(Reason.UNSUPPORTED_FORMAT, "JPEG with 2 colour components")
     if h.components not in (1, 3, 4):
-        raise Reject("corrupt", f"JPEG frame header gives an impossible {h.components} colour components")
+        raise Reject(Reason.CORRUPT, f"JPEG frame header gives an impossible {h.components} colour components")
     if h.width == 0 or h.height == 0:
-        raise Reject("corrupt", f"JPEG frame header gives a size of {h.width}x{h.height}")
+        raise Reject(Reason.CORRUPT, f"JPEG frame header gives a size of {h.width}x{h.height}")
 
 
 def _sequential_scan_params(h: JpegHeader, segment: bytes) -> tuple[bytes, bool]:
@@ -244,18 +245,18 @@ def decode(h: JpegHeader, min_width: int = 0, min_height: int = 0) -> np.ndarray
         raise Reject(*classify(str(e))) from None
 
 
-def classify(message: str) -> tuple[str, str]:
+def classify(message: str) -> tuple[Reason, str]:
     """A libjpeg warning or error (after the header repairs) -> (reason, detail)."""
     m = message.strip()
     low = m.lower()
     if "premature end of jpeg file" in low:
-        return "truncated", f"the file ends before the JPEG image data does (libjpeg: {m})"
+        return Reason.TRUNCATED, f"the file ends before the JPEG image data does (libjpeg: {m})"
     if any(w in low for w in ("precision", "unsupported jpeg process", "not implemented", "sorry",
                               "omitted at compile time")):
-        return "unsupported_format", f"libjpeg: {m}"  # (the header walk catches these first)
+        return Reason.UNSUPPORTED_FORMAT, f"libjpeg: {m}"  # (the header walk catches these first)
     if _EXTRANEOUS.search(low):
-        return "corrupt", f"damaged JPEG image data: a scan ends early (libjpeg: {m})"
-    return "corrupt", f"damaged JPEG data (libjpeg: {m})"
+        return Reason.CORRUPT, f"damaged JPEG image data: a scan ends early (libjpeg: {m})"
+    return Reason.CORRUPT, f"damaged JPEG data (libjpeg: {m})"
 
 
 def cmyk_is_inverted(h: JpegHeader) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from pipeline.formats.vocabulary import Reason
 from pipeline.media.text.encodings import decode_bytes
 
 
@@ -33,7 +34,7 @@ class TextSettings:
 
 @dataclass
 class TextOutcome:
-    reason: str | None = None
+    reason: Reason | None = None
     detail: str = ""
     encoding: str | None = None
     confidence: float | None = None
@@ -65,7 +66,7 @@ def clean_text(data: bytes, s: TextSettings = TextSettings()) -> TextOutcome:
     if removed:
         out.notes.append(f"removed {removed} control character{'s' if removed > 1 else ''}")
     if not text.strip():
-        out.reason, out.detail = "empty_text", "nothing but whitespace after normalisation"
+        out.reason, out.detail = Reason.EMPTY_TEXT, "nothing but whitespace after normalisation"
         return out
     out.text = text
     out.content_hash = text_hash(text)
@@ -90,20 +91,20 @@ def text_hash(text: str) -> str:
     return xxhash.xxh3_128_hexdigest(canonical.encode("utf-8"))
 
 
-def repair_garbled(text: str, repair: bool = True) -> tuple[str, str | None, str]:
+def repair_garbled(text: str, repair: bool = True) -> tuple[str, Reason | None, str]:
     """Return (text, reason, detail): the text unchanged, repaired with a note, or garbled_text."""
     if text.isascii():
         return text, None, ""
     fixed, how = _fix_mojibake(text)
     if fixed is not None:
         if not repair:
-            return text, "garbled_text", f"mojibake ({how}); repair is off"
+            return text, Reason.GARBLED_TEXT, f"mojibake ({how}); repair is off"
         return fixed, None, f"repaired mojibake ({how})"
     if how:  # bad, but no certain repair
-        return text, "garbled_text", how
+        return text, Reason.GARBLED_TEXT, how
     n = text.count("\ufffd")
     if n:
-        return text, "garbled_text", f"{n} U+FFFD replacement character{'s' if n > 1 else ''}: lost in an earlier conversion"
+        return text, Reason.GARBLED_TEXT, f"{n} U+FFFD replacement character{'s' if n > 1 else ''}: lost in an earlier conversion"
     return text, None, ""
 
 

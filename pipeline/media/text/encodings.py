@@ -37,6 +37,8 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
+from pipeline.formats.vocabulary import Reason
+
 # chardet looks at this many bytes; enough for a stable guess, far less than reading it all.
 DETECT_WINDOW = 4096
 # The quick pass gives chardet this many: its cost grows with the window, and a guess from a
@@ -133,7 +135,7 @@ class Decoded:
     text: str | None = None
     encoding: str | None = None  # Python codec name
     confidence: float | None = None  # 1.0 for a byte-order mark or valid UTF-8
-    reason: str | None = None  # binary_content | undecodable_text
+    reason: Reason | None = None  # BINARY_CONTENT | UNDECODABLE_TEXT
     detail: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -160,7 +162,7 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
         if controls == len(head) or (controls >= 2 and controls / len(head) > MAX_CONTROL_SHARE):
             nuls = head.count(0)
             what = f"{nuls} NUL bytes, " if nuls else ""
-            return Decoded(reason="binary_content",
+            return Decoded(reason=Reason.BINARY_CONTENT,
                            detail=f"binary data: {what}{controls / len(head):.1%} control bytes in the first {len(head)} bytes")
     try:
         return Decoded(data.decode("utf-8"), "utf-8", 1.0)
@@ -179,7 +181,7 @@ def _decode_with_bom(data: bytes, bom: bytes, enc: str) -> Decoded:
     try:
         text = body.decode(codec)
     except UnicodeDecodeError as e:
-        return Decoded(encoding=enc, confidence=1.0, reason="undecodable_text",
+        return Decoded(encoding=enc, confidence=1.0, reason=Reason.UNDECODABLE_TEXT,
                        detail=f"starts with a {_bom_name(enc)} byte-order mark but is not valid {_bom_name(enc)}: "
                               f"{e.reason} at byte {e.start + len(bom)}")
     notes = [] if enc == "utf-8-sig" else [f"{_bom_name(enc)} with a byte-order mark"]
@@ -321,7 +323,7 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
     if result is None:
         result = _best_strict(data, [(enc, 0.0) for enc in FALLBACKS], tried, plausible_only=True)
     if result is None:
-        return Decoded(encoding=first, confidence=guesses[0][1] if guesses else None, reason="undecodable_text",
+        return Decoded(encoding=first, confidence=guesses[0][1] if guesses else None, reason=Reason.UNDECODABLE_TEXT,
                        detail=f"no encoding decodes it strictly (not UTF-8: {utf8_error.reason} at byte "
                               f"{utf8_error.start}; tried {', '.join(tried) or 'nothing'})")
     western = _western_instead(data, result)
@@ -333,7 +335,7 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
     if _rare(result[1]) or why == _LESS_PLAUSIBLE:
         checked = _second_opinion(chardet, data, result)
         if isinstance(checked, str):
-            return Decoded(encoding=result[1], confidence=round(result[2], 3), reason="undecodable_text", detail=checked)
+            return Decoded(encoding=result[1], confidence=round(result[2], 3), reason=Reason.UNDECODABLE_TEXT, detail=checked)
         if checked[0] is not result[0]:
             text, enc, conf, _odd = checked
             which = "is a rare code page" if _rare(result[1]) else f"was preferred to its first guess {first}"

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.core import schemas
 from pipeline.formats.manifest import COLUMNS
-from pipeline.clean.records import REASONS
+from pipeline.formats.vocabulary import Kind, Reason, Status
 
 
 @pytest.mark.parametrize("path", sorted(schemas.SCHEMA_DIR.glob("*.schema.json")), ids=lambda p: p.name)
@@ -26,8 +26,14 @@ def test_manifest_schema_matches_columns():
 def test_reason_vocabulary_is_documented():
     schema = schemas.load_schema("manifest_row")
     enum = schema["properties"]["reason"]["oneOf"][1]["enum"]
-    assert set(enum) == set(REASONS)
-    assert set(schema["x-reasons"]) == set(REASONS)
+    assert set(enum) == {r.value for r in Reason}
+    assert schema["x-reasons"] == {r.value: r.description for r in Reason}
+
+
+def test_status_and_kind_vocabulary_is_the_schemas():
+    schema = schemas.load_schema("manifest_row")
+    assert schema["properties"]["status"]["enum"] == [s.value for s in Status]
+    assert schema["properties"]["kind"]["enum"] == [k.value for k in Kind]
 
 
 def test_clean_config_keys_match_schema():

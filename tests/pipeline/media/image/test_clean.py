@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from pipeline.media.image.clean import ImageSettings, clean_image, pixel_hash
-from pipeline.clean.records import REASONS
+from pipeline.formats.vocabulary import Reason
 from tests import nasty
 from tests.factories import noise_rgb
 
@@ -90,7 +90,7 @@ def test_mutated_files_always_end_with_a_verdict(seed, edits, cut):
     if cut is not None:
         data = data[: max(1, int(cut * len(data)))]
     o = clean_image(bytes(data), ImageSettings(size=32, min_size=8))
-    assert o.reason is None or o.reason in REASONS
+    assert o.reason is None or o.reason in set(Reason)
     assert "decoder failed" not in o.detail, o.detail  # an exception we did not map
     if o.reason is None:
         assert Image.open(io.BytesIO(o.data)).size == (32, 32)
