@@ -50,7 +50,8 @@ def bars(title: str, labels: list[str], values: list[float], unit: str = "") -> 
                     f'<text x="{left + bw + 4:.1f}" y="{y + 13}" class="val">{safe.text(_fmt(v))}</text>')
     desc = "; ".join(f"{label}: {_fmt(v)}{unit}" for label, v in shown[:12])
     svg = _frame(title, desc, w, max(row, row * len(shown)), "".join(body))
-    return f'<figure>{svg}{table(["", title], [[label, v] for label, v in zip(labels, values)])}</figure>'
+    tbl = table(["", title], [[label, v] for label, v in zip(labels, values)])
+    return f"<figure><figcaption>{safe.text(title)}</figcaption>{svg}{tbl}</figure>"
 
 
 def lines(title: str, x_name: str, xs: list[float], series: dict[str, list], y_name: str = "") -> str:
@@ -89,7 +90,7 @@ def lines(title: str, x_name: str, xs: list[float], series: dict[str, list], y_n
     svg = _frame(title, desc, w, h, "".join(body))
     rows = [[x, *[s[i] if i < len(s) else None for s in series.values()]] for i, x in enumerate(xs)]
     tbl = table([x_name, *series], rows)
-    return f"<figure>{svg}<details><summary>numbers</summary>{tbl}</details></figure>"
+    return f"<figure><figcaption>{safe.text(title)}</figcaption>{svg}<details><summary>numbers</summary>{tbl}</details></figure>"
 
 
 def _finite(v) -> bool:

@@ -64,7 +64,7 @@ def build(dirs: list[Path], thumbnails: bool = True, check: dict | None = None) 
 
 
 def refuse_output_inside(path: Path, folders: list[Path], flag: str = "-o") -> None:
-    """The page must not land in a folder it describes (a stray file in data/, or overwriting
+    """The page must not land in a clean or shard dir (a stray file in data/, or overwriting
     index.json or manifest.parquet), nor be a folder."""
     target = path.resolve()
     if target.is_dir():
@@ -90,5 +90,6 @@ def write(html: str, path: Path) -> int:
 def run(cfg: ReportConfig) -> int:
     if not cfg.dirs:
         raise UsageError("give at least one folder to report on")
-    refuse_output_inside(cfg.output, cfg.dirs)
+    data_dirs = [d for d in cfg.dirs if detect(d) != "run"]  # a run dir may hold its own report
+    refuse_output_inside(cfg.output, data_dirs)
     return write(build(cfg.dirs, cfg.thumbnails), cfg.output)
