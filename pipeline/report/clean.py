@@ -172,8 +172,10 @@ def _read_report(path: Path, problems: list[str]) -> dict | None:
 
 def _read_manifest(path: Path, problems: list[str]) -> pa.Table | None:
     try:
-        names = set(pq.read_schema(path).names)
-        table = pq.read_table(path, columns=[c for c in COLUMNS if c in names])
+        # ParquetFile, not read_table: that one imports pyarrow.dataset and with it pandas (~2 s)
+        with pq.ParquetFile(path) as pf:
+            names = set(pf.schema_arrow.names)
+            table = pf.read(columns=[c for c in COLUMNS if c in names])
     except (OSError, pa.ArrowException) as e:
         problems.append(f"manifest.parquet is not a readable Parquet file: {e}")
         return None

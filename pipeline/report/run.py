@@ -75,8 +75,9 @@ def _label_issues(f: RunFacts, path: Path) -> None:
     import pyarrow.parquet as pq
 
     try:
-        names = set(pq.read_schema(path).names)
-        table = pq.read_table(path, columns=[c for c in LABEL_ISSUE_COLUMNS if c in names])
+        with pq.ParquetFile(path) as pf:
+            names = set(pf.schema_arrow.names)
+            table = pf.read(columns=[c for c in LABEL_ISSUE_COLUMNS if c in names])
     except (OSError, pa.ArrowException) as e:
         f.problems.append(f"label_issues.parquet is not readable: {e}")
         return

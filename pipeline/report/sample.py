@@ -10,6 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import pipeline.formats.manifest  # noqa: F401 - answers pyarrow's "is this pandas?" probe without importing pandas (~2 s)
+
 ORDER = [("sha256", "ascending"), ("source", "ascending")]
 
 
