@@ -13,6 +13,7 @@ from pipeline.report import safe
 
 COLOURS = ["#3367d6", "#e8710a", "#188038", "#c5221f", "#9334e6", "#12b5cb", "#b06000", "#5f6368"]
 MAX_BARS = 40
+MAX_ROWS = 200  # rows of a table (a dataset of 100,000 classes must not make a 100 MB page)
 
 
 def _fmt(x) -> str:
@@ -23,9 +24,12 @@ def _fmt(x) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def table(headers: list[str], rows: list[list], cls: str = "") -> str:
+def table(headers: list[str], rows: list[list], cls: str = "", limit: int = MAX_ROWS) -> str:
+    """A table of the first ``limit`` rows; a last row says how many more there are."""
     head = "".join(f"<th>{safe.text(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{safe.text(_fmt(c))}</td>" for c in r) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{safe.text(_fmt(c))}</td>" for c in r) + "</tr>" for r in rows[:limit])
+    if len(rows) > limit:
+        body += f'<tr><td colspan="{len(headers)}" class="muted">… and {len(rows) - limit:,} more</td></tr>'
     c = f' class="{cls}"' if cls else ""
     return f"<table{c}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

@@ -67,8 +67,11 @@ def _fold(title: str, body: str, open_: bool = False) -> str:
 
 
 def _counts(name: str, counts: dict[str, int]) -> str:
+    items = list(counts.items())
     rows = "".join(f'<tr><td>{safe.text(k or "(none)")}</td><td data-count="{safe.attr(name)}:{safe.attr(k)}">{v:,}</td></tr>'
-                   for k, v in counts.items())
+                   for k, v in items[:charts.MAX_ROWS])
+    if len(items) > charts.MAX_ROWS:
+        rows += f'<tr><td colspan="2" class="muted">… and {len(items) - charts.MAX_ROWS:,} more</td></tr>'
     return f"<table><thead><tr><th>{safe.text(name)}</th><th>files</th></tr></thead><tbody>{rows}</tbody></table>"
 
 
@@ -262,7 +265,9 @@ def _shard(f: ShardFacts) -> str:
     rows = [[c, *[f.per_class[s].get(c, 0) for s in splits]] for c in f.classes]
     body = [charts.table(["class", *splits], rows)]
     if "train" in f.per_class:
-        body.append(charts.bars("train samples per class", f.classes, [f.per_class["train"].get(c, 0) for c in f.classes]))
+        train = f.per_class["train"]
+        largest = sorted(f.classes, key=lambda c: (-train.get(c, 0), c))
+        body.append(charts.bars("train samples per class", largest, [train.get(c, 0) for c in largest]))
     for label, items in f.class_items.items():
         if items:
             body.append(f"<h4>{safe.text(label)}</h4>{_cards(items, False)}")

@@ -138,3 +138,21 @@ def test_check_html_puts_the_verdicts_on_top(folders, tmp_path, cli):
     assert ("PASSED" if r.exit_code == 0 else "FAILED") in page
     assert page.index("pipe check") < page.index("Verdict and counts")
     assert "quarantined_fraction" in page
+
+
+def test_a_hundred_thousand_classes_do_not_make_a_huge_page(tmp_path):
+    """Tables and charts are bounded; the counts stay complete."""
+    from pipeline.formats.manifest import COLUMNS
+    from pipeline.report.stage import build
+
+    n = 100_000
+    rows = {c: [None] * n for c in COLUMNS.names}
+    rows.update(source=[f"c{i}/{i}.jpg" for i in range(n)], label=[f"c{i}" for i in range(n)], kind=["image"] * n,
+                status=["kept"] * n, output=[f"data/c{i}/{i}.jpg" for i in range(n)], width=[64] * n, height=[48] * n)
+    root = tmp_path / "clean"
+    root.mkdir()
+    pq.write_table(pa.table(rows, schema=COLUMNS), root / "manifest.parquet")
+    page = build([root])
+    assert len(page.encode("utf-8")) < 1_000_000
+    assert page_counts(page)["files"] == n and page_counts(page)["status:kept"] == n
+    assert "99,800 more" in page and "Classes (100,000)" in page
