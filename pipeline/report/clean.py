@@ -223,7 +223,8 @@ def _root(source: str, parent: dict) -> str:
 
 def _distance(copy: dict, kept: dict) -> str:
     if copy.get("reason") == "exact_duplicate":
-        return "exact copy"
+        via = copy.get("duplicate_of")
+        return "exact copy" if not via or via == kept.get("source") else f"exact copy of {via}"
     a, b = copy.get("phash"), kept.get("phash")
     try:
         return f"{bin(int(a, 16) ^ int(b, 16)).count('1')} bits apart (perceptual hash)"
