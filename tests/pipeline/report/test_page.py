@@ -156,3 +156,19 @@ def test_a_hundred_thousand_classes_do_not_make_a_huge_page(tmp_path):
     assert len(page.encode("utf-8")) < 1_000_000
     assert page_counts(page)["files"] == n and page_counts(page)["status:kept"] == n
     assert "99,800 more" in page and "Classes (100,000)" in page
+
+
+def test_pipe_report_imports_neither_torch_nor_pandas(folders, tmp_path):
+    """pandas alone would cost ~2 s of a report that otherwise takes one or two."""
+    import subprocess
+    import sys
+
+    from tests.conftest import pipe_env
+
+    out = tmp_path / "r.html"
+    code = ("import sys; from pathlib import Path; from pipeline.report.stage import ReportConfig, run; "
+            f"run(ReportConfig([Path({str(folders['clean'])!r}), Path({str(folders['shards'])!r}), "
+            f"Path({str(folders['run'])!r})], Path({str(out)!r}))); "
+            "assert 'torch' not in sys.modules, 'torch imported'; assert 'pandas' not in sys.modules, 'pandas imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
+    assert out.is_file()
