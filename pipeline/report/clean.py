@@ -34,6 +34,8 @@ SIZE_EDGES = [0, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 ASPECT_EDGES = [0, 0.5, 0.75, 0.9, 1.12, 1.34, 2.0]
 UTF8 = {"utf-8", "utf-8-sig", "ascii", ""}
 TEXT_REASONS = {"garbled_text", "undecodable_text", "binary_content"}
+# never decoded for a preview: files that stopped or crashed a decoder in pipe clean, bombs, links out
+NOT_DECODED = {"timeout", "unreadable", "decompression_bomb", "outside_root"}
 
 
 @dataclass
@@ -130,7 +132,9 @@ class _Locator:
         if not self.previews:
             return it
         path, inside = self.path(row)
-        if row.get("kind") == "image":
+        if row.get("status") == "quarantined" and row.get("reason") in NOT_DECODED:
+            it.thumb = thumbs.Thumb(why=f"no preview: {row['reason']}")
+        elif row.get("kind") == "image":
             it.thumb = thumbs.image(path, inside)
         elif row.get("kind") == "text" or snippet:
             it.snippet = thumbs.text_snippet(path, inside)
