@@ -45,7 +45,7 @@ def gather(root: Path) -> RunFacts:
 def _read(path: Path, problems: list[str]) -> list[dict]:
     rows = []
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:  # bad bytes shown as \xNN
             for n, line in enumerate(fh, 1):
                 try:
                     row = json.loads(line)

@@ -9,6 +9,7 @@ The JPEG encoder is deterministic, so the same inputs give the same page bytes.
 from __future__ import annotations
 
 import base64
+import codecs
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,4 +84,7 @@ def text_snippet(path: Path | None, root: Path | None = None, chars: int = 160) 
             head = f.read(chars * 4)
     except (OSError, ValueError):
         return None
-    return head.decode("utf-8", "surrogateescape")[:chars]
+    # a character cut where the read stopped is held back, not shown as bad bytes
+    cut = len(head) == chars * 4
+    text = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode(head, final=not cut)
+    return text[:chars]
