@@ -28,13 +28,13 @@ class ReportConfig:
 
 def detect(path: Path) -> str:
     """``clean``, ``shard`` or ``run``; anything else is a UsageError that says what the folder lacks."""
-    if path.is_dir() and (path / "metrics.jsonl").is_file() and not (path / "index.json").is_file():
-        return "run"
     from pipeline.check.stage import detect as check_detect
 
     try:
         return check_detect(path)
     except UsageError as e:
+        if path.is_dir() and (path / "metrics.jsonl").is_file():
+            return "run"
         if path.is_dir():
             raise UsageError(f"{e} nor a run dir (metrics.jsonl from pipe train)") from None
         raise
