@@ -6,6 +6,7 @@ deterministic sample (`sample.pick`); counts are always complete.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,6 @@ PER_CLUSTER = 5  # copies shown per cluster
 CONFLICTS = 20  # label conflicts shown
 CLASSES_WITH_THUMBS = 24  # the largest classes get previews
 PER_CLASS = 4
-CLASS_ROWS = 200  # classes listed in the table (the largest)
 PER_ENCODING = 3  # text examples per non-UTF-8 encoding
 GARBLED = 8  # quarantined texts shown with a snippet
 REPAIRED = 8
@@ -231,7 +231,7 @@ def _distance(copy: dict, kept: dict) -> str:
         return "exact copy" if not via or via == kept.get("source") else f"exact copy of {via}"
     a, b = copy.get("phash"), kept.get("phash")
     try:
-        return f"{bin(int(a, 16) ^ int(b, 16)).count('1')} bits apart (perceptual hash)"
+        return f"{(int(a, 16) ^ int(b, 16)).bit_count()} bits apart (perceptual hash)"
     except (TypeError, ValueError):
         return copy.get("reason") or ""
 
@@ -281,7 +281,7 @@ def _sizes(f: CleanFacts, table: pa.Table) -> None:
 def _hist(values: np.ndarray, edges: list[float], unit: str) -> Histogram:
     idx = np.searchsorted(np.asarray(edges, dtype="float64"), values, side="right") - 1
     n = np.bincount(np.clip(idx, 0, len(edges) - 1), minlength=len(edges))
-    bins = [f"{_num(a)}–{_num(b)}{unit}" for a, b in zip(edges, edges[1:])] + [f"≥{_num(edges[-1])}{unit}"]
+    bins = [f"{_num(a)}–{_num(b)}{unit}" for a, b in itertools.pairwise(edges)] + [f"≥{_num(edges[-1])}{unit}"]
     return Histogram(bins, [int(x) for x in n])
 
 

@@ -37,14 +37,13 @@ svg .lab,svg .val{fill:#202124}
 """
 
 
-def page(clean: list[CleanFacts], shard: list[ShardFacts], run: list[RunFacts], check: dict | None = None,
-         order: list[tuple[str, object]] | None = None) -> str:
-    """The whole document; ``order``: (kind, facts) in the order the folders were given."""
-    order = order or [*(("clean", f) for f in clean), *(("shard", f) for f in shard), *(("run", f) for f in run)]
-    parts = [_head(), "<body><h1>pipe report</h1>", _folders(order)]
+def page(folders: list[tuple[str, object]], check: dict | None = None) -> str:
+    """The whole document: ``folders`` are (kind, facts) in the order they were given; ``check``
+    a `pipe check` report (its to_dict()), shown on top."""
+    parts = [_head(), "<body><h1>pipe report</h1>", _folders(folders)]
     if check is not None:
         parts.append(_check(check))
-    for kind, facts in order:
+    for kind, facts in folders:
         parts.append({"clean": _clean, "shard": _shard, "run": _run}[kind](facts))
     parts.append("</body></html>\n")
     return "".join(parts)

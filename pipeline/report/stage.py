@@ -59,8 +59,7 @@ def gather(dirs: list[Path], thumbnails: bool = True) -> list[tuple[str, object]
 def build(dirs: list[Path], thumbnails: bool = True, check: dict | None = None) -> str:
     from pipeline.report import render
 
-    order = gather(dirs, thumbnails)
-    return render.page([], [], [], check=check, order=order)
+    return render.page(gather(dirs, thumbnails), check=check)
 
 
 def refuse_output_inside(path: Path, folders: list[Path], flag: str = "-o") -> None:
