@@ -154,12 +154,12 @@ def gather(root: Path, previews: bool = True) -> CleanFacts:
     f.by_status = counts(table["status"])
     f.by_reason = {k: v for k, v in counts(table["reason"]).items() if k}
     f.by_kind = counts(table["kind"])
-    _quarantined(f, table, loc)
-    _duplicates(f, table, loc)
-    _conflicts(f, table, loc)
-    _classes(f, table, loc)
-    _sizes(f, table)
-    _encodings(f, table, loc)
+    for section in (_quarantined, _duplicates, _conflicts, _classes, _sizes, _encodings):
+        try:
+            section(f, table, loc)
+        except (pa.ArrowException, TypeError, ValueError, KeyError, AttributeError) as e:
+            # a manifest pipe clean did not write (odd types, odd values): the rest of the page still comes
+            f.problems.append(f"{section.__name__.strip('_')}: could not be shown ({type(e).__name__}: {e})")
     return f
 
 
@@ -263,7 +263,7 @@ def _classes(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
         f.class_items[label] = [loc.item(r) for r in pick(images, mask, PER_CLASS)]
 
 
-def _sizes(f: CleanFacts, table: pa.Table) -> None:
+def _sizes(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
     images = table.filter(equals(table, "kind", "image"))
     w = images["width"].to_numpy(zero_copy_only=False)
     h = images["height"].to_numpy(zero_copy_only=False)

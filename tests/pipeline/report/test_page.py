@@ -172,3 +172,17 @@ def test_pipe_report_imports_neither_torch_nor_pandas(folders, tmp_path):
             "assert 'torch' not in sys.modules, 'torch imported'; assert 'pandas' not in sys.modules, 'pandas imported'")
     subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
     assert out.is_file()
+
+
+def test_a_manifest_with_odd_types_still_gives_a_page(tmp_path):
+    """A manifest another tool wrote (sizes as text, a status column of numbers) is shown as far
+    as it can be, with what could not be, instead of crashing the report."""
+    from pipeline.report.stage import build
+
+    root = tmp_path / "clean"
+    root.mkdir()
+    pq.write_table(pa.table({"source": ["a.jpg", "b.jpg"], "status": [1, 2], "kind": ["image", "image"],
+                             "width": ["wide", "x"], "height": ["tall", "y"]}), root / "manifest.parquet")
+    page = build([root])
+    assert 'data-count="files">2<' in page
+    assert "could not be shown" in page
