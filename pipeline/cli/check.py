@@ -18,6 +18,7 @@ def check(
     deep: Annotated[bool, typer.Option("--deep", help="Decode every image in every output and shard, not only headers.")] = False,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schemas/check_report.schema.json) instead of a table.")] = False,
     junit: Annotated[Optional[Path], typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
+    html: Annotated[Optional[Path], typer.Option(help="Also write the pipe report page of these folders, with the verdicts on top.")] = None,
     input: Annotated[Optional[Path], typer.Option(help="Raw input folder of a clean dir, when not where its report.json says.")] = None,
     workers: Annotated[int, typer.Option(help="Processes reading shards and, with --deep, decoding images (0 = one per core).")] = 0,
     config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[check] table sets any of these flags.")] = None,
@@ -35,9 +36,15 @@ def check(
     cfg = resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check"))
     if junit is not None:
         _refuse_junit_inside(junit, [*cfg.dirs, *([cfg.input] if cfg.input else [])])
+    if html is not None:
+        from pipeline.report.stage import refuse_output_inside
+
+        refuse_output_inside(html, [*cfg.dirs, *([cfg.input] if cfg.input else [])], "--html")
     report = stage.run(cfg, show_progress=not json)
     if junit is not None:
         _write_junit(report, junit)
+    if html is not None:
+        _write_html(report, html)
     if json:
         ui.print_json(report.to_dict())
     else:
@@ -67,6 +74,14 @@ def _write_junit(report, path: Path) -> None:
         junit.write(report, path)
     except OSError as e:
         raise UsageError(f"cannot write the JUnit file {path}: {e.strerror or e}") from None
+
+
+def _write_html(report, path: Path) -> None:
+    """The same page as `pipe report` of the checked folders, the check's verdicts on top."""
+    from pipeline.report import stage as report_stage
+
+    page = report_stage.build([f.path for f in report.folders], check=report.to_dict())
+    report_stage.write(page, path)
 
 
 _SHOW = {("pass", "error"): "[green]ok[/]", ("pass", "warning"): "[green]ok[/]",

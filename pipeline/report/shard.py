@@ -1,0 +1,113 @@
+"""Facts about a SHARD_DIR for the page: index.json's counts per split and class, and a few
+previews per class read from the start of the train shards (bounded: a few thousand members)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.report import thumbs
+from pipeline.report.clean import Item
+
+PER_CLASS = 4
+CLASSES_WITH_THUMBS = 24
+MAX_MEMBERS = 4000  # tar members read for previews, over all shards
+IMAGE_EXT = (".jpg", ".jpeg", ".png", ".webp")
+
+
+@dataclass
+class ShardFacts:
+    path: Path
+    problems: list[str] = field(default_factory=list)
+    index: dict | None = None
+    classes: list[str] = field(default_factory=list)
+    per_class: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> class -> count
+    samples: dict[str, int] = field(default_factory=dict)
+    shards: dict[str, int] = field(default_factory=dict)
+    imbalance: float | None = None
+    class_items: dict[str, list[Item]] = field(default_factory=dict)
+
+
+def gather(root: Path, previews: bool = True) -> ShardFacts:
+    f = ShardFacts(root)
+    try:
+        index = json.loads((root / "index.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        f.problems.append(f"index.json is not readable JSON: {e}")
+        return f
+    if not isinstance(index, dict):
+        f.problems.append("index.json is not a JSON object")
+        return f
+    f.index = index
+    f.classes = [str(c) for c in index.get("classes") or []]
+    for split, c in (index.get("counts") or {}).items():
+        if isinstance(c, dict):
+            f.samples[split] = int(c.get("samples") or 0)
+            f.shards[split] = int(c.get("shards") or 0)
+            per = c.get("per_class") if isinstance(c.get("per_class"), dict) else {}
+            f.per_class[split] = {str(k): int(v) for k, v in per.items() if isinstance(v, (int, float))}
+    train = [v for v in f.per_class.get("train", {}).values()]
+    if train and min(train) > 0:
+        f.imbalance = max(train) / min(train)
+    if previews:
+        _previews(f, root, index)
+    return f
+
+
+def _previews(f: ShardFacts, root: Path, index: dict) -> None:
+    """The first images of each class in the train shards, in index order (deterministic)."""
+    wanted = set(_largest(f)[:CLASSES_WITH_THUMBS])
+    found: dict[str, list[Item]] = {c: [] for c in wanted}
+    budget = MAX_MEMBERS
+    for shard in index.get("shards") or []:
+        if budget <= 0 or not any(len(v) < PER_CLASS for v in found.values()):
+            break
+        name = shard.get("name") if isinstance(shard, dict) else None
+        if not isinstance(name, str) or shard.get("split") != "train":
+            continue
+        path = (root / name).resolve()
+        if root.resolve() not in path.parents:
+            continue
+        budget = _scan(path, f.classes, found, budget)
+    f.class_items = {c: found[c] for c in _largest(f) if c in found}
+
+
+def _scan(path: Path, classes: list[str], found: dict[str, list[Item]], budget: int) -> int:
+    pending: dict[str, dict] = {}
+    try:
+        with tarfile.open(path, "r|") as tar:
+            for m in tar:
+                budget -= 1
+                if budget <= 0:
+                    break
+                if not m.isfile() or m.size > thumbs.MAX_FILE_BYTES:
+                    continue
+                key, _, ext = m.name.rpartition(".")
+                ext = "." + ext.lower()
+                if ext == ".cls" or ext in IMAGE_EXT:
+                    data = tar.extractfile(m).read()
+                    s = pending.setdefault(key, {})
+                    s["cls" if ext == ".cls" else "img"] = data
+                    _take(key, s, classes, found, pending)
+    except (OSError, tarfile.TarError):
+        pass  # pipe check says what is wrong with a shard; previews are a courtesy
+    return budget
+
+
+def _take(key: str, s: dict, classes: list[str], found: dict[str, list[Item]], pending: dict) -> None:
+    if "cls" not in s or "img" not in s:
+        return
+    pending.pop(key, None)
+    try:
+        label = classes[int(s["cls"].decode("ascii").strip())]
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return
+    if label in found and len(found[label]) < PER_CLASS:
+        found[label].append(Item(source=key, label=label, kind="image", thumb=thumbs.from_bytes(s["img"])))
+
+
+def _largest(f: ShardFacts) -> list[str]:
+    train = f.per_class.get("train", {})
+    return sorted(f.classes, key=lambda c: (-train.get(c, 0), c))

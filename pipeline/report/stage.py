@@ -1,0 +1,94 @@
+"""`pipe report DIR... -o report.html`: recognise each folder, gather its facts, write the page.
+
+Folders are recognised as `pipe check` recognises them (a clean dir has manifest.parquet, a shard
+dir index.json), plus run dirs (metrics.jsonl from `pipe train`). The page is written atomically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.errors import UsageError
+
+MAX_PAGE_BYTES = 5 * 2**20  # the target; a bigger page is still written, with a warning
+
+
+@dataclass
+class ReportConfig:
+    """Settings of `pipe report`."""
+
+    dirs: list[Path]
+    """Clean, shard and run dirs, in the order the page shows them."""
+    output: Path = Path("report.html")
+    """The HTML file to write."""
+    thumbnails: bool = True
+    """Previews of images (and snippets of texts) in the page; off for data that must not be copied."""
+
+
+def detect(path: Path) -> str:
+    """``clean``, ``shard`` or ``run``; anything else is a UsageError that says what the folder lacks."""
+    from pipeline.check.stage import detect as check_detect
+
+    try:
+        return check_detect(path)
+    except UsageError as e:
+        if path.is_dir() and (path / "metrics.jsonl").is_file():
+            return "run"
+        if path.is_dir():
+            raise UsageError(f"{e} nor a run dir (metrics.jsonl from pipe train)") from None
+        raise
+
+
+def gather(dirs: list[Path], thumbnails: bool = True) -> list[tuple[str, object]]:
+    """(kind, facts) for each folder, in order."""
+    from pipeline.report import clean, run, shard
+
+    kinds = [(d, detect(d)) for d in dirs]  # a bad folder stops us before any work
+    out = []
+    for d, kind in kinds:
+        if kind == "clean":
+            out.append((kind, clean.gather(d, thumbnails)))
+        elif kind == "shard":
+            out.append((kind, shard.gather(d, thumbnails)))
+        else:
+            out.append((kind, run.gather(d)))
+    return out
+
+
+def build(dirs: list[Path], thumbnails: bool = True, check: dict | None = None) -> str:
+    from pipeline.report import render
+
+    return render.page(gather(dirs, thumbnails), check=check)
+
+
+def refuse_output_inside(path: Path, folders: list[Path], flag: str = "-o") -> None:
+    """The page must not land in a clean or shard dir (a stray file in data/, or overwriting
+    index.json or manifest.parquet), nor be a folder."""
+    target = path.resolve()
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; name the HTML file to write")
+    for folder in folders:
+        inside = folder.resolve()
+        if target == inside or inside in target.parents:
+            raise UsageError(f"{flag} {path} is inside {folder}, a folder being reported on; write it elsewhere")
+
+
+def write(html: str, path: Path) -> int:
+    """Write the page atomically; returns its size in bytes."""
+    from pipeline.core.files import atomic_write_text
+
+    data = html.encode("utf-8")
+    try:
+        atomic_write_text(path, html)
+    except OSError as e:
+        raise UsageError(f"cannot write the report {path}: {e.strerror or e}") from None
+    return len(data)
+
+
+def run(cfg: ReportConfig) -> int:
+    if not cfg.dirs:
+        raise UsageError("give at least one folder to report on")
+    data_dirs = [d for d in cfg.dirs if detect(d) != "run"]  # a run dir may hold its own report
+    refuse_output_inside(cfg.output, data_dirs)
+    return write(build(cfg.dirs, cfg.thumbnails), cfg.output)
