@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.report import thumbs
 from pipeline.report.sample import counts, equals, pick
 
@@ -33,9 +34,9 @@ REPAIRED = 8
 SIZE_EDGES = [0, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 ASPECT_EDGES = [0, 0.5, 0.75, 0.9, 1.12, 1.34, 2.0]
 UTF8 = {"utf-8", "utf-8-sig", "ascii", ""}
-TEXT_REASONS = {"garbled_text", "undecodable_text", "binary_content"}
+TEXT_REASONS = {Reason.GARBLED_TEXT, Reason.UNDECODABLE_TEXT, Reason.BINARY_CONTENT}
 # never decoded for a preview: files that stopped or crashed a decoder in pipe clean, bombs, links out
-NOT_DECODED = {"timeout", "unreadable", "decompression_bomb", "outside_root"}
+NOT_DECODED = {Reason.TIMEOUT, Reason.UNREADABLE, Reason.DECOMPRESSION_BOMB, Reason.OUTSIDE_ROOT}
 
 
 @dataclass
@@ -114,9 +115,9 @@ class _Locator:
     def path(self, row: dict) -> tuple[Path | None, Path | None]:
         """(path, the folder it must stay inside)."""
         src = row.get("source") or ""
-        if row.get("status") == "kept" and row.get("output"):
+        if row.get("status") == Status.KEPT and row.get("output"):
             return self.root / row["output"], self.root
-        if row.get("status") == "quarantined" and row.get("reason"):
+        if row.get("status") == Status.QUARANTINED and row.get("reason"):
             q = self.root / "quarantine" / str(row["reason"]) / src
             if q.is_file():
                 return q, self.root
@@ -132,11 +133,11 @@ class _Locator:
         if not self.previews:
             return it
         path, inside = self.path(row)
-        if row.get("status") == "quarantined" and row.get("reason") in NOT_DECODED:
+        if row.get("status") == Status.QUARANTINED and row.get("reason") in NOT_DECODED:
             it.thumb = thumbs.Thumb(why=f"no preview: {row['reason']}")
-        elif row.get("kind") == "image":
+        elif row.get("kind") == Kind.IMAGE:
             it.thumb = thumbs.image(path, inside)
-        elif row.get("kind") == "text" or snippet:
+        elif row.get("kind") == Kind.TEXT or snippet:
             it.snippet = thumbs.text_snippet(path, inside)
         else:
             it.thumb = thumbs.Thumb(why="not an image or a text")
@@ -190,7 +191,7 @@ def _read_manifest(path: Path, problems: list[str]) -> pa.Table | None:
 
 
 def _quarantined(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
-    q = equals(table, "status", "quarantined")
+    q = equals(table, "status", Status.QUARANTINED)
     qt = table.filter(q)
     for reason, n in counts(qt["reason"]).items():
         rows = pick(qt, equals(qt, "reason", reason) if reason else pc.is_null(qt["reason"]), PER_REASON)
@@ -198,7 +199,7 @@ def _quarantined(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
 
 
 def _duplicates(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
-    dups = table.filter(equals(table, "status", "duplicate"))
+    dups = table.filter(equals(table, "status", Status.DUPLICATE))
     if dups.num_rows == 0:
         return
     parent = dict(zip(dups["source"].to_pylist(), dups["duplicate_of"].to_pylist()))
@@ -226,7 +227,7 @@ def _root(source: str, parent: dict) -> str:
 
 
 def _distance(copy: dict, kept: dict) -> str:
-    if copy.get("reason") == "exact_duplicate":
+    if copy.get("reason") == Reason.EXACT_DUPLICATE:
         via = copy.get("duplicate_of")
         return "exact copy" if not via or via == kept.get("source") else f"exact copy of {via}"
     a, b = copy.get("phash"), kept.get("phash")
@@ -255,16 +256,16 @@ def _conflicts(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
 
 
 def _classes(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
-    kept = table.filter(equals(table, "status", "kept"))
+    kept = table.filter(equals(table, "status", Status.KEPT))
     f.classes = {k: v for k, v in counts(kept["label"]).items()}
-    images = kept.filter(equals(kept, "kind", "image"))
+    images = kept.filter(equals(kept, "kind", Kind.IMAGE))
     for label in list(f.classes)[:CLASSES_WITH_THUMBS]:
         mask = equals(images, "label", label) if label else pc.is_null(images["label"])
         f.class_items[label] = [loc.item(r) for r in pick(images, mask, PER_CLASS)]
 
 
 def _sizes(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
-    images = table.filter(equals(table, "kind", "image"))
+    images = table.filter(equals(table, "kind", Kind.IMAGE))
     w = images["width"].to_numpy(zero_copy_only=False)
     h = images["height"].to_numpy(zero_copy_only=False)
     known = ~(np.isnan(w.astype("float64")) | np.isnan(h.astype("float64")))
@@ -303,12 +304,12 @@ def _encodings(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
             if str(r["encoding"]).lower() not in UTF8:
                 for x in pick(texts, equals(texts, "encoding", r["encoding"]), PER_ENCODING):
                     f.encoding_examples.append(loc.item(x, snippet=True))
-    text_rows = table.filter(equals(table, "kind", "text"))
-    repaired = pc.and_(equals(text_rows, "status", "kept"), pc.fill_null(pc.greater(pc.utf8_length(text_rows["detail"]), 0), False))
+    text_rows = table.filter(equals(table, "kind", Kind.TEXT))
+    repaired = pc.and_(equals(text_rows, "status", Status.KEPT), pc.fill_null(pc.greater(pc.utf8_length(text_rows["detail"]), 0), False))
     n = pc.sum(repaired).as_py() or 0
     if n:
         f.repaired = Group("repaired or noted", n, [loc.item(r, snippet=True) for r in pick(text_rows, repaired, REPAIRED)])
-    bad = pc.and_(equals(table, "status", "quarantined"), pc.is_in(table["reason"], pa.array(sorted(TEXT_REASONS))))
+    bad = pc.and_(equals(table, "status", Status.QUARANTINED), pc.is_in(table["reason"], pa.array(sorted(r.value for r in TEXT_REASONS))))
     bad = pc.fill_null(bad, False)
     n = pc.sum(bad).as_py() or 0
     if n:

@@ -8,6 +8,7 @@ between runs (no clock, no random order), so a rerun writes the same bytes.
 
 from __future__ import annotations
 
+from pipeline.formats.vocabulary import Status
 from pipeline.report import charts, safe
 from pipeline.report.clean import CleanFacts, Histogram, Item
 from pipeline.report.run import RunFacts
@@ -166,7 +167,7 @@ def _clean(f: CleanFacts) -> str:
 
 
 def _clean_counts(f: CleanFacts) -> str:
-    kept, dup, q = (f.by_status.get(s, 0) for s in ("kept", "duplicate", "quarantined"))
+    kept, dup, q = (f.by_status.get(s, 0) for s in Status)
     verdict = (f'<p><b data-count="files">{f.files:,}</b> files: <span class="ok">{kept:,} kept</span>, '
                f'{dup:,} duplicates, <span class="{"bad" if q else "ok"}">{q:,} quarantined</span>.</p>')
     out = [verdict, _mismatch(f), '<div class="cards">', _counts("status", f.by_status), _counts("kind", f.by_kind)]
