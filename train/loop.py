@@ -32,7 +32,8 @@ from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
 from train.distributed import group as distributed
 from train.distributed import preflight
-from train.config import BUILTIN_MODELS, BatchPlan, TrainConfig, parse_unfreeze_at, resolve_batch, resume_conflict
+from train.config import (BUILTIN_MODELS, BatchPlan, TrainConfig, check_epoch_fits, continues_run, parse_unfreeze_at,
+                          resolve_batch, resume_conflict)
 from train.distributed.group import Dist, no_sync, unwrap
 from train.models.finetune import Freezer, FreezeSchedule, load_init
 from train.models.builtin import build_model, forward, reader_fields, reader_image_size
@@ -274,16 +275,12 @@ def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
 
 def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: Dist, plan: BatchPlan) -> dict | None:
     """The checkpoint this run continues from, or None for a fresh run; the same answer on every rank.
-    `pipe train` checked the settings before any rank started; checked again here for callers of `run`."""
+    `pipe train` made the same checks before any rank started (`train.config.continues_run`,
+    `resume_conflict`); here they also decide for a rank the elastic agent restarted, and the
+    checkpoint must come from this dataset."""
     last = run_dir / ckpt.LAST
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    exists = distributed.broadcast_object(last.exists(), d)  # rank 0's view decides
-    if not exists:
-        if cfg.resume and not restarted:
-            raise UsageError(f"--resume: {run_dir} has no {ckpt.LAST} to continue from")
+    if not continues_run(run_dir, cfg.resume, distributed.broadcast_object(last.exists(), d)):  # rank 0's view
         return None
-    if not (cfg.resume or restarted):
-        raise UsageError(f"{run_dir} already holds a run ({ckpt.LAST}); add --resume to continue it, or choose a new -o")
     if not last.exists():
         raise StageFailed(f"rank {d.rank} on {d.host} cannot see {last} that rank 0 sees: RUN_DIR must be on storage "
                           "every node shares")
@@ -357,11 +354,8 @@ class Trainer:
         # 3. data, optimizer, schedule
         self.data = open_data(cfg, d, self.plan, reader_fields(self.model), self.index,
                               image_size=reader_image_size(self.model, self.index.get("image_size")))
+        check_epoch_fits(self.data.train.steps_per_epoch, self.plan)
         self.steps_per_epoch = self.data.train.steps_per_epoch // self.plan.accum
-        if self.steps_per_epoch < 1:
-            raise UsageError(f"one epoch gives each rank {self.data.train.steps_per_epoch} batches of "
-                             f"{self.plan.batch_size}, fewer than one optimizer step needs ({self.plan.accum}): "
-                             f"lower --global-batch/--batch-size or --accum ({self.plan.describe()})")
         per_epochs = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(per_epochs, cfg.max_steps) if cfg.max_steps else per_epochs
         warmup = round(cfg.warmup * self.total_steps) if cfg.warmup < 1 else int(cfg.warmup)
