@@ -44,6 +44,19 @@ class FakeReader:
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         self.epoch, self.consumed = epoch, consumed
 
+    def state_dict(self, steps_done: int) -> dict:
+        """The position after ``steps_done`` batches of this epoch, and the layout it is valid for."""
+        return {"epoch": self.epoch, "consumed": steps_done * self.batch_size, "world_size": self.world,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue a mid-epoch position; ValueError when the ranks or the batch changed (the
+        position would then name other samples), as the real reader's."""
+        if (state["world_size"], state["batch_size"]) != (self.world, self.batch_size):
+            raise ValueError(f"the checkpoint is mid-epoch with {state['world_size']} ranks x batch "
+                             f"{state['batch_size']}, now {self.world} x {self.batch_size}")
+        self.set_epoch(state["epoch"], state["consumed"])
+
     def sample(self, i: int) -> dict:
         g = torch.Generator().manual_seed(1_000_003 * (1 if self.split == "train" else 2) + i)
         label = i % self.num_classes
@@ -83,7 +96,7 @@ def open_fake(cfg, d, plan, fields, index, image_size=None, *, n_train: int = 96
                        num_classes=len(index["classes"]), **skew)
     val = FakeReader(n_val, d.rank, d.world_size, plan.batch_size, cfg.seed, split="val", image_size=size,
                      num_classes=len(index["classes"])) if n_val else None
-    return DataSource(train=train, val=val, loader=lambda r: r)
+    return DataSource(train=train, val=val, loader=lambda r: r, close=lambda: None, errors=())
 
 
 def fake_source(**kw):

@@ -51,8 +51,11 @@ FAULT_ENV = "PIPE_FAULT_KILL_AT_STEP"
 class DataSource:
     """Readers for the train and val splits and how to turn a reader into batches.
 
-    A reader has ``set_epoch(epoch, consumed=0)`` and ``steps_per_epoch`` (per-rank batches per
-    epoch, equal on every rank); the loader yields dicts: ``image`` [B,3,S,S] float normalised,
+    A reader is `train.data.reader.ShardReader`'s interface: ``steps_per_epoch`` (per-rank batches
+    per epoch, equal on every rank), ``image_size`` (the side images are decoded at),
+    ``set_epoch(epoch, consumed=0)``, ``state_dict(steps_done)`` (its position, for a checkpoint)
+    and ``load_state_dict(state)`` (ValueError when that position cannot be continued exactly);
+    the loader yields dicts: ``image`` [B,3,S,S] float normalised,
     ``text`` [B,L] int64 byte ids, ``text_len`` [B], ``label`` [B], ``key`` list[str], and for
     validation ``valid`` [B] bool (False for the repeats that fill the last batches so that
     every rank runs the same number of steps; they are not counted).
@@ -61,9 +64,9 @@ class DataSource:
     train: Any
     val: Any | None
     loader: Callable[[Any], Iterable[dict]]
-    close: Callable[[], None] = lambda: None
+    close: Callable[[], None]
     """Stop the loaders' worker processes (before the process group goes away)."""
-    errors: tuple[type[BaseException], ...] = ()
+    errors: tuple[type[BaseException], ...]
     """What the loader raises for bad data (a sample that does not decode); it ends the run as a
     one-line failure naming the shard and key, not as an internal error."""
 
@@ -610,26 +613,17 @@ class Trainer:
         self._say(f"resumed from {self.run_dir / ckpt.LAST}: epoch {s.epoch + 1}, step {s.step}")
 
     def _reader_state(self) -> dict:
-        """The train reader's position: the epoch in progress and the samples this rank consumed."""
+        """The train reader's position: the epoch in progress and the samples this rank consumed,
+        with the layout (ranks, batch, workers, seed, ...) that position is valid for."""
         steps_done = self.state.step_in_epoch * self.plan.accum  # reader steps are micro-batches
-        reader = self.data.train
-        if hasattr(reader, "state_dict"):  # the real reader also records its layout (workers, seed, ...)
-            return {**reader.state_dict(steps_done), "epoch": self.state.epoch}
-        return {"epoch": self.state.epoch, "consumed": steps_done * self.plan.batch_size,
-                "world_size": self.d.world_size, "batch_size": self.plan.batch_size}
+        return {**self.data.train.state_dict(steps_done), "epoch": self.state.epoch}
 
     def _reader_layout_change(self, saved: dict) -> str | None:
         """Why the saved mid-epoch position cannot be continued exactly now, or None."""
-        reader = self.data.train
-        if hasattr(reader, "load_state_dict"):
-            try:
-                reader.load_state_dict(saved)  # checks world size, batch, workers, seed, shuffle buffer
-            except ValueError as e:
-                return str(e)
-            return None
-        if (saved["world_size"], saved["batch_size"]) != (self.d.world_size, self.plan.batch_size):
-            return (f"the checkpoint is mid-epoch with {saved['world_size']} ranks x batch {saved['batch_size']}, "
-                    f"now {self.d.world_size} x {self.plan.batch_size}")
+        try:
+            self.data.train.load_state_dict(saved)  # checks world size, batch, workers, seed, shuffle buffer
+        except ValueError as e:
+            return str(e)
         return None
 
     # -- talking -----------------------------------------------------------------------------------
@@ -664,7 +658,7 @@ class Trainer:
                   f"AdamW lr {self.cfg.lr:g} (cosine to {self.cfg.lr * self.cfg.min_lr_fraction:g}), weight decay "
                   f"{self.cfg.weight_decay:g}")
         reader = self.data.train
-        size, stored = getattr(reader, "image_size", None), self.index.get("image_size")
+        size, stored = reader.image_size, self.index.get("image_size")
         if size and "image" in reader_fields(self.model):
             where = f"{self.cfg.workers} dataloader worker{'s' if self.cfg.workers != 1 else ''}" if self.cfg.workers else "the rank"
             self._say(f"data: images decoded at {size} px (stored {stored} px) in {where}; "
