@@ -265,14 +265,8 @@ def main(cfg: TrainConfig) -> dict:
 
 def run(cfg: TrainConfig, open_data=open_shards, console=None) -> dict:
     """Train on this rank; returns the summary (the same on every rank). Tears the group down always."""
-    d, ok = None, False
-    try:
-        d = distributed.setup(cfg.backend)
-        summary = Trainer(cfg, d, open_data, console).fit()
-        ok = True
-        return summary
-    finally:
-        distributed.teardown(d, ok)
+    with distributed.process_group(cfg.backend) as d:
+        return Trainer(cfg, d, open_data, console).fit()
 
 
 class Trainer:

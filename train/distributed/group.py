@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -97,6 +98,19 @@ def setup(requested_backend: str = "auto", timeout_s: float = 600.0) -> Dist:
                           "that every node uses the same --master-addr/--master-port (set NCCL_SOCKET_IFNAME / "
                           "GLOO_SOCKET_IFNAME to the network interface when a machine has several)") from None
     return Dist(rank, world, local_rank, local_world, backend, device, host)
+
+
+@contextmanager
+def process_group(requested_backend: str = "auto") -> Iterator[Dist]:
+    """`setup`, and `teardown` on the way out: the final barrier only when the body finished (after
+    an exception the other ranks may never reach it). The body stops its dataloader workers first."""
+    d, ok = None, False
+    try:
+        d = setup(requested_backend)
+        yield d
+        ok = True
+    finally:
+        teardown(d, ok)
 
 
 def teardown(d: Dist | None, ok: bool = True) -> None:
