@@ -20,10 +20,16 @@ CLASSES = ["red", "green", "blue"]
 
 
 def write_index(shard_dir: Path, image_size: int = 16, classes=CLASSES, tag: str = "") -> Path:
-    """A minimal index.json (the loop reads classes, image_size and hashes the file)."""
+    """A schema-valid index.json without shards (the loop reads classes, image_size and hashes the
+    file; the fake readers make the samples). ``tag`` makes another dataset's index."""
     shard_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"schema_version": 1, "classes": list(classes), "image_size": image_size, "mean": [0.5] * 3,
-           "std": [0.25] * 3, "shards": [], "tag": tag}
+    counts = {"samples": 0, "shards": 0, "per_class": {}, "images": 0, "texts": 0}
+    doc = {"schema_version": 1, "created_by": f"tests.fake_data {tag}".strip(), "manifest_sha256": "0" * 64,
+           "settings": {"val_fraction": 0.2, "max_count": 1000, "max_size": 1 << 20, "seed": 0, "split_distance": 0,
+                        "expected_ranks": 1, "expected_workers": 0},
+           "classes": list(classes), "image_size": image_size, "mean": [0.5] * 3, "std": [0.25] * 3,
+           "counts": {"train": counts, "val": counts}, "excluded": {"unlabelled": 0},
+           "near_duplicate_groups": {"groups": 0, "samples": 0, "max_distance": 0}, "shards": []}
     atomic_write_text(shard_dir / "index.json", json.dumps(doc))  # ranks may write it at once
     return shard_dir
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
+from pipeline.formats import index as shard_index
 from train.components import checkpoint as ckpt
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
@@ -75,15 +76,12 @@ class DataSource:
 
 
 def read_index(shard_dir: Path) -> tuple[dict, str]:
-    """index.json and its fingerprint (the hash every rank must agree on)."""
-    raw = (Path(shard_dir) / "index.json").read_bytes()
-    try:
-        index = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{shard_dir}/index.json is not valid JSON ({e}); run `pipe shard` again") from None
-    if not index.get("classes"):
+    """index.json (`pipeline.formats.index.load`: schema-checked) and its fingerprint (the hash
+    every rank must agree on)."""
+    index = shard_index.load(shard_dir)
+    if not index["classes"]:
         raise UsageError(f"{shard_dir}/index.json lists no classes: there is nothing to classify")
-    return index, hashlib.sha256(raw).hexdigest()[:16]
+    return index, hashlib.sha256((Path(shard_dir) / shard_index.INDEX_NAME).read_bytes()).hexdigest()[:16]
 
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
