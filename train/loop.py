@@ -1,6 +1,6 @@
 """The training loop of `pipe train`: one rank's view, from process group to last checkpoint.
 
-Read `run` top to bottom. Every rank executes the same code; rank 0 alone prints, writes
+Read `Trainer.__init__` and `Trainer.fit` top to bottom. Every rank executes the same code; rank 0 alone prints, writes
 checkpoints and the metrics. Collectives (gradient all-reduce, metric gathers, validation sums,
 checkpoint RNG gathers) happen at the same points on every rank because every rank runs the same
 number of steps: the reader guarantees equal steps per epoch, and everything else is counted in
@@ -212,8 +212,8 @@ def cpu_threads(local_ranks: int, workers: int, cores: int | None = None) -> int
 
 def _majority_share(index: dict) -> float | None:
     """The share of the val split's commonest class: the accuracy of a model that learned nothing
-    but the class balance (index.json's counts; None when it has none)."""
-    per_class = ((index.get("counts") or {}).get("val") or {}).get("per_class") or {}
+    but the class balance (index.json's counts; None without val samples)."""
+    per_class = index["counts"]["val"]["per_class"]
     total = sum(per_class.values())
     return max(per_class.values()) / total if total else None
 
