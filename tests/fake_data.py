@@ -20,10 +20,16 @@ CLASSES = ["red", "green", "blue"]
 
 
 def write_index(shard_dir: Path, image_size: int = 16, classes=CLASSES, tag: str = "") -> Path:
-    """A minimal index.json (the loop reads classes, image_size and hashes the file)."""
+    """A schema-valid index.json without shards (the loop reads classes, image_size and hashes the
+    file; the fake readers make the samples). ``tag`` makes another dataset's index."""
     shard_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"schema_version": 1, "classes": list(classes), "image_size": image_size, "mean": [0.5] * 3,
-           "std": [0.25] * 3, "shards": [], "tag": tag}
+    counts = {"samples": 0, "shards": 0, "per_class": {}, "images": 0, "texts": 0}
+    doc = {"schema_version": 1, "created_by": f"tests.fake_data {tag}".strip(), "manifest_sha256": "0" * 64,
+           "settings": {"val_fraction": 0.2, "max_count": 1000, "max_size": 1 << 20, "seed": 0, "split_distance": 0,
+                        "expected_ranks": 1, "expected_workers": 0},
+           "classes": list(classes), "image_size": image_size, "mean": [0.5] * 3, "std": [0.25] * 3,
+           "counts": {"train": counts, "val": counts}, "excluded": {"unlabelled": 0},
+           "near_duplicate_groups": {"groups": 0, "samples": 0, "max_distance": 0}, "shards": []}
     atomic_write_text(shard_dir / "index.json", json.dumps(doc))  # ranks may write it at once
     return shard_dir
 
@@ -43,6 +49,19 @@ class FakeReader:
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         self.epoch, self.consumed = epoch, consumed
+
+    def state_dict(self, steps_done: int) -> dict:
+        """The position after ``steps_done`` batches of this epoch, and the layout it is valid for."""
+        return {"epoch": self.epoch, "consumed": steps_done * self.batch_size, "world_size": self.world,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue a mid-epoch position; ValueError when the ranks or the batch changed (the
+        position would then name other samples), as the real reader's."""
+        if (state["world_size"], state["batch_size"]) != (self.world, self.batch_size):
+            raise ValueError(f"the checkpoint is mid-epoch with {state['world_size']} ranks x batch "
+                             f"{state['batch_size']}, now {self.world} x {self.batch_size}")
+        self.set_epoch(state["epoch"], state["consumed"])
 
     def sample(self, i: int) -> dict:
         g = torch.Generator().manual_seed(1_000_003 * (1 if self.split == "train" else 2) + i)
@@ -83,7 +102,7 @@ def open_fake(cfg, d, plan, fields, index, image_size=None, *, n_train: int = 96
                        num_classes=len(index["classes"]), **skew)
     val = FakeReader(n_val, d.rank, d.world_size, plan.batch_size, cfg.seed, split="val", image_size=size,
                      num_classes=len(index["classes"])) if n_val else None
-    return DataSource(train=train, val=val, loader=lambda r: r)
+    return DataSource(train=train, val=val, loader=lambda r: r, close=lambda: None, errors=())
 
 
 def fake_source(**kw):

@@ -8,7 +8,6 @@ where the entry is `train.loop.main` (training) or `train.data_only.main` (--dat
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -98,7 +97,7 @@ def check(cfg):
     batch arithmetic resolved (--batch-size, --global-batch and --accum all set)."""
     from pipeline.formats import index as shard_index
     from pipeline.core.errors import UsageError
-    from train.config import resolve_batch, validate as validate_train
+    from train.config import check_epoch_fits, resolve_batch, validate as validate_train
     from train.distributed.launch import validate, world_size
     from train.data.plan import epoch_plan
 
@@ -121,9 +120,8 @@ def check(cfg):
         steps = epoch_plan(counts, world, plan.batch_size, cfg.seed, 0).steps
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if not cfg.data_only and steps < plan.accum:
-        raise UsageError(f"one epoch gives each rank {steps} batches of {plan.batch_size}, fewer than one optimizer "
-                         f"step needs (--accum {plan.accum}); lower --global-batch or --accum")
+    if not cfg.data_only:
+        check_epoch_fits(steps, plan)
     _check_run_dir(cfg)
     if cfg.verify:
         verify_shards(cfg.shard_dir, index)
@@ -182,22 +180,18 @@ def _check_modalities(cfg, index: dict) -> None:
 
 
 def _check_run_dir(cfg) -> None:
-    """A run folder that holds a run is continued only on request (a restarted rank under torchrun
-    --max-restarts continues by itself: the loop sees TORCHELASTIC_RESTART_COUNT), and only with the
-    settings that shaped it (`train.config.resume_conflict`). ``cfg`` has its batch resolved."""
+    """The run folder's checks (`train.config.continues_run`, `resume_conflict`) before any rank
+    starts; the loop makes them again on every rank, which also catches an elastic restart (skipped
+    here). ``cfg`` has its batch resolved."""
     from pipeline.core.errors import UsageError
+    from train.config import continues_run, elastic_restart, resume_conflict
 
-    if cfg.data_only or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+    if cfg.data_only or elastic_restart():
         return
     last = Path(cfg.output) / "last.pt"
-    if cfg.resume and not last.exists():
-        raise UsageError(f"--resume: {cfg.output} has no last.pt to continue from")
-    if cfg.resume:
+    if continues_run(cfg.output, cfg.resume, last.exists()):
         from train.components import checkpoint as ckpt
-        from train.config import resume_conflict
 
         conflict = resume_conflict(ckpt.load(last, mmap=True).get("config") or {}, cfg.as_dict())
         if conflict:
             raise UsageError(conflict)
-    if not cfg.resume and last.exists():
-        raise UsageError(f"{cfg.output} already holds a run (last.pt); add --resume to continue it, or choose a new -o")

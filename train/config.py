@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import UsageError
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-BACKENDS = ("auto", "nccl", "gloo")
 BUILTIN_MODELS = ("image", "text", "image-text")
 
 
@@ -171,6 +171,27 @@ def _setting(name: str, value) -> str:
     return f"{flag} {'(not set)' if value is None else value}"
 
 
+def elastic_restart() -> bool:
+    """True in a rank that torch's elastic agent restarted (torchrun --max-restarts): it continues
+    RUN_DIR/last.pt by itself, --resume or not."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
+def continues_run(run_dir: Path, resume: bool, holds_run: bool) -> bool:
+    """Whether this run continues RUN_DIR/last.pt (``holds_run``: that file exists). A run folder
+    that holds a run is continued only on request, or after an elastic restart; --resume with
+    nothing to continue is a mistake. The one check for `pipe train` (before any rank starts)
+    and the loop (on every rank, after a restart too); the settings are `resume_conflict`'s."""
+    restarted = elastic_restart()
+    if not holds_run:
+        if resume and not restarted:
+            raise UsageError(f"--resume: {run_dir} has no last.pt to continue from")
+        return False
+    if not (resume or restarted):
+        raise UsageError(f"{run_dir} already holds a run (last.pt); add --resume to continue it, or choose a new -o")
+    return True
+
+
 def resume_conflict(saved: dict, now: dict) -> str | None:
     """The usage error for resuming a run (``saved``: the resolved config in its last.pt) with
     settings ``now`` that change its trajectory (`TrainConfig.RESUME_SETTINGS`), or None.
@@ -231,9 +252,7 @@ def resolve_batch(batch_size: int | None, global_batch: int | None, accum: int |
     Given none or one, the defaults fill in (batch 16, accum 1); given all three, they must agree.
     A global batch that the others do not divide is a usage error, never a silent rounding.
     """
-    for name, v in (("--batch-size", batch_size), ("--global-batch", global_batch), ("--accum", accum)):
-        if v is not None and v < 1:
-            raise UsageError(f"{name} must be at least 1, got {v}")
+    _check_batch_flags(batch_size, global_batch, accum)
     if global_batch is None:
         b, a = batch_size or DEFAULT_BATCH_SIZE, accum or 1
         return BatchPlan(b, world_size, a)
@@ -256,6 +275,19 @@ def resolve_batch(batch_size: int | None, global_batch: int | None, accum: int |
     return BatchPlan(global_batch // (world_size * a), world_size, a)
 
 
+def _check_batch_flags(batch_size: int | None, global_batch: int | None, accum: int | None) -> None:
+    for name, v in (("--batch-size", batch_size), ("--global-batch", global_batch), ("--accum", accum)):
+        if v is not None and v < 1:
+            raise UsageError(f"{name} must be at least 1, got {v}")
+
+
+def check_epoch_fits(steps: int, plan: BatchPlan) -> None:
+    """An epoch of ``steps`` per-rank batches must make at least one optimizer step (``accum`` of them)."""
+    if steps < plan.accum:
+        raise UsageError(f"one epoch gives each rank {steps} batches of {plan.batch_size}, fewer than one optimizer "
+                         f"step needs (--accum {plan.accum}); lower --global-batch or --accum")
+
+
 def parse_unfreeze_at(value: str | None) -> tuple[int, float] | None:
     """``"2"`` -> (2, 0.0); ``"3:0.3"`` -> (3, 0.3): from epoch 3 on, the first 30% stay frozen."""
     if value is None or str(value).strip() == "":
@@ -275,7 +307,8 @@ def parse_unfreeze_at(value: str | None) -> tuple[int, float] | None:
 
 
 def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
-    """Check the operator's choices; every problem is one sentence and exit 2.
+    """Check the operator's choices; every problem is one sentence and exit 2. The launch flags
+    (ranks, nodes, port, backend) are `train.distributed.launch.validate`'s.
 
     With ``world_size`` known (the launcher knows it before any process starts) the batch
     arithmetic is checked too, so a global batch that does not divide fails before launch.
@@ -295,7 +328,6 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         (0 <= cfg.min_lr_fraction <= 1, f"min_lr_fraction must be in [0, 1], got {cfg.min_lr_fraction}"),
         (cfg.grad_clip >= 0, f"grad_clip must be 0 or more, got {cfg.grad_clip}"),
         (cfg.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}"),
-        (cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}"),
         (cfg.model in BUILTIN_MODELS or ":" in cfg.model,
          f"--model must be one of {', '.join(BUILTIN_MODELS)} or package.module:factory, got {cfg.model!r}"),
         (cfg.width >= 4, f"width must be at least 4, got {cfg.width}"),
@@ -317,9 +349,7 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     if schedule is not None and schedule[1] >= cfg.freeze:
         raise UsageError(f"--unfreeze-at {cfg.unfreeze_at} would leave {schedule[1]:.0%} frozen, "
                          f"but --freeze {cfg.freeze} freezes only {cfg.freeze:.0%}: nothing to unfreeze")
-    for name, v in (("--batch-size", cfg.batch_size), ("--global-batch", cfg.global_batch), ("--accum", cfg.accum)):
-        if v is not None and v < 1:
-            raise UsageError(f"{name} must be at least 1, got {v}")
+    _check_batch_flags(cfg.batch_size, cfg.global_batch, cfg.accum)
     if world_size is not None:
         resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world_size)
     return cfg

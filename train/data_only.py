@@ -22,7 +22,7 @@ def main(cfg: TrainConfig) -> dict:
 
     from pipeline.core.errors import StageFailed
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
-    from train.distributed.launch import process_group
+    from train.distributed.group import process_group
 
     from pipeline.formats import index as shard_index
 

@@ -1,6 +1,6 @@
 """The training loop of `pipe train`: one rank's view, from process group to last checkpoint.
 
-Read `run` top to bottom. Every rank executes the same code; rank 0 alone prints, writes
+Read `Trainer.__init__` and `Trainer.fit` top to bottom. Every rank executes the same code; rank 0 alone prints, writes
 checkpoints and the metrics. Collectives (gradient all-reduce, metric gathers, validation sums,
 checkpoint RNG gathers) happen at the same points on every rank because every rank runs the same
 number of steps: the reader guarantees equal steps per epoch, and everything else is counted in
@@ -29,14 +29,19 @@ from torch import nn
 
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
+from pipeline.formats import index as shard_index
 from train.components import checkpoint as ckpt
+from train.components.checkpoint import TrainState
+from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
+from train.components.monitor import Monitor
+from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
+from train.config import (BUILTIN_MODELS, BatchPlan, TrainConfig, check_epoch_fits, continues_run, parse_unfreeze_at,
+                          resolve_batch, resume_conflict)
 from train.distributed import group as distributed
 from train.distributed import preflight
-from train.config import BUILTIN_MODELS, BatchPlan, TrainConfig, parse_unfreeze_at, resolve_batch, resume_conflict
 from train.distributed.group import Dist, no_sync, unwrap
-from train.models.finetune import Freezer, FreezeSchedule, load_init
 from train.models.builtin import build_model, forward, reader_fields, reader_image_size
-from train.components.monitor import Monitor
+from train.models.finetune import Freezer, FreezeSchedule, load_init
 
 # Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
 # optimizer step STEP, once per RUN_DIR (a marker file stops a restarted run from dying again).
@@ -50,8 +55,11 @@ FAULT_ENV = "PIPE_FAULT_KILL_AT_STEP"
 class DataSource:
     """Readers for the train and val splits and how to turn a reader into batches.
 
-    A reader has ``set_epoch(epoch, consumed=0)`` and ``steps_per_epoch`` (per-rank batches per
-    epoch, equal on every rank); the loader yields dicts: ``image`` [B,3,S,S] float normalised,
+    A reader is `train.data.reader.ShardReader`'s interface: ``steps_per_epoch`` (per-rank batches
+    per epoch, equal on every rank), ``image_size`` (the side images are decoded at),
+    ``set_epoch(epoch, consumed=0)``, ``state_dict(steps_done)`` (its position, for a checkpoint)
+    and ``load_state_dict(state)`` (ValueError when that position cannot be continued exactly);
+    the loader yields dicts: ``image`` [B,3,S,S] float normalised,
     ``text`` [B,L] int64 byte ids, ``text_len`` [B], ``label`` [B], ``key`` list[str], and for
     validation ``valid`` [B] bool (False for the repeats that fill the last batches so that
     every rank runs the same number of steps; they are not counted).
@@ -60,23 +68,20 @@ class DataSource:
     train: Any
     val: Any | None
     loader: Callable[[Any], Iterable[dict]]
-    close: Callable[[], None] = lambda: None
+    close: Callable[[], None]
     """Stop the loaders' worker processes (before the process group goes away)."""
-    errors: tuple[type[BaseException], ...] = ()
+    errors: tuple[type[BaseException], ...]
     """What the loader raises for bad data (a sample that does not decode); it ends the run as a
     one-line failure naming the shard and key, not as an internal error."""
 
 
 def read_index(shard_dir: Path) -> tuple[dict, str]:
-    """index.json and its fingerprint (the hash every rank must agree on)."""
-    raw = (Path(shard_dir) / "index.json").read_bytes()
-    try:
-        index = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{shard_dir}/index.json is not valid JSON ({e}); run `pipe shard` again") from None
-    if not index.get("classes"):
+    """index.json (`pipeline.formats.index.load`: schema-checked) and its fingerprint (the hash
+    every rank must agree on)."""
+    index = shard_index.load(shard_dir)
+    if not index["classes"]:
         raise UsageError(f"{shard_dir}/index.json lists no classes: there is nothing to classify")
-    return index, hashlib.sha256(raw).hexdigest()[:16]
+    return index, hashlib.sha256((Path(shard_dir) / shard_index.INDEX_NAME).read_bytes()).hexdigest()[:16]
 
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
@@ -112,20 +117,6 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
 # -- small pieces --------------------------------------------------------------------------------
 
 
-@dataclass
-class TrainState:
-    """Where the run is; saved in every checkpoint."""
-
-    epoch: int = 0
-    """Index (from 0) of the epoch in progress."""
-    step: int = 0
-    """Optimizer steps done in total."""
-    step_in_epoch: int = 0
-    """Optimizer steps done in the current epoch."""
-    best_val_loss: float = math.inf
-    best_val_acc: float = 0.0
-
-
 def resolve_precision(requested: str, device: torch.device) -> str:
     cuda = device.type == "cuda"
     if requested == "auto":
@@ -138,29 +129,6 @@ def resolve_precision(requested: str, device: torch.device) -> str:
 def autocast(precision: str, device: torch.device):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None)
-
-
-class WarmupCosine:
-    """LR multiplier: linear warmup to 1 over ``warmup`` steps, cosine down to ``floor`` at ``total``.
-    A class (not a lambda) so LambdaLR's state_dict carries it into checkpoints."""
-
-    def __init__(self, total: int, warmup: int, floor: float):
-        self.total, self.warmup, self.floor = total, warmup, floor
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
-        return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW over *all* parameters (frozen ones have no grad, so AdamW skips them until they are
-    unfrozen: the optimizer never needs rebuilding); no weight decay on biases and norm scales."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -244,18 +212,10 @@ def cpu_threads(local_ranks: int, workers: int, cores: int | None = None) -> int
 
 def _majority_share(index: dict) -> float | None:
     """The share of the val split's commonest class: the accuracy of a model that learned nothing
-    but the class balance (index.json's counts; None when it has none)."""
-    per_class = ((index.get("counts") or {}).get("val") or {}).get("per_class") or {}
+    but the class balance (index.json's counts; None without val samples)."""
+    per_class = index["counts"]["val"]["per_class"]
     total = sum(per_class.values())
     return max(per_class.values()) / total if total else None
-
-
-def _console():
-    """stderr; in logs (not a terminal) wide enough that tables keep whole hashes and versions."""
-    from rich.console import Console
-
-    c = Console(stderr=True)
-    return c if c.is_terminal else Console(stderr=True, width=160)
 
 
 def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
@@ -274,16 +234,12 @@ def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
 
 def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: Dist, plan: BatchPlan) -> dict | None:
     """The checkpoint this run continues from, or None for a fresh run; the same answer on every rank.
-    `pipe train` checked the settings before any rank started; checked again here for callers of `run`."""
+    `pipe train` made the same checks before any rank started (`train.config.continues_run`,
+    `resume_conflict`); here they also decide for a rank the elastic agent restarted, and the
+    checkpoint must come from this dataset."""
     last = run_dir / ckpt.LAST
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    exists = distributed.broadcast_object(last.exists(), d)  # rank 0's view decides
-    if not exists:
-        if cfg.resume and not restarted:
-            raise UsageError(f"--resume: {run_dir} has no {ckpt.LAST} to continue from")
+    if not continues_run(run_dir, cfg.resume, distributed.broadcast_object(last.exists(), d)):  # rank 0's view
         return None
-    if not (cfg.resume or restarted):
-        raise UsageError(f"{run_dir} already holds a run ({ckpt.LAST}); add --resume to continue it, or choose a new -o")
     if not last.exists():
         raise StageFailed(f"rank {d.rank} on {d.host} cannot see {last} that rank 0 sees: RUN_DIR must be on storage "
                           "every node shares")
@@ -307,14 +263,8 @@ def main(cfg: TrainConfig) -> dict:
 
 def run(cfg: TrainConfig, open_data=open_shards, console=None) -> dict:
     """Train on this rank; returns the summary (the same on every rank). Tears the group down always."""
-    d, ok = None, False
-    try:
-        d = distributed.setup(cfg.backend)
-        summary = Trainer(cfg, d, open_data, console).fit()
-        ok = True
-        return summary
-    finally:
-        distributed.teardown(d, ok)
+    with distributed.process_group(cfg.backend) as d:
+        return Trainer(cfg, d, open_data, console).fit()
 
 
 class Trainer:
@@ -322,7 +272,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, d: Dist, open_data, console=None):
         self.cfg, self.d = cfg, d
-        self.console = console or _console()
+        self.console = console or stderr_console()
+        self.out = RunConsole(self.console, d.is_main)
         self.run_dir = Path(cfg.output)
         _set_device_flags(d, cfg.workers)
 
@@ -339,7 +290,7 @@ class Trainer:
                                  resolution=cfg.resolution, max_text_len=cfg.max_text_len,
                                  grad_checkpoint=cfg.grad_checkpoint)
         if cfg.init_from is not None and resume_from is None:
-            self._report_init(load_init(self.model, cfg.init_from))
+            self.out.init_report(load_init(self.model, cfg.init_from))
         self.freezer = Freezer(self.model)
         unfreeze = parse_unfreeze_at(cfg.unfreeze_at)
         self.schedule = FreezeSchedule(cfg.freeze, *(unfreeze or (None, 0.0)))
@@ -357,28 +308,20 @@ class Trainer:
         # 3. data, optimizer, schedule
         self.data = open_data(cfg, d, self.plan, reader_fields(self.model), self.index,
                               image_size=reader_image_size(self.model, self.index.get("image_size")))
+        check_epoch_fits(self.data.train.steps_per_epoch, self.plan)
         self.steps_per_epoch = self.data.train.steps_per_epoch // self.plan.accum
-        if self.steps_per_epoch < 1:
-            raise UsageError(f"one epoch gives each rank {self.data.train.steps_per_epoch} batches of "
-                             f"{self.plan.batch_size}, fewer than one optimizer step needs ({self.plan.accum}): "
-                             f"lower --global-batch/--batch-size or --accum ({self.plan.describe()})")
         per_epochs = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(per_epochs, cfg.max_steps) if cfg.max_steps else per_epochs
-        warmup = round(cfg.warmup * self.total_steps) if cfg.warmup < 1 else int(cfg.warmup)
+        warmup = warmup_steps(cfg, self.total_steps)
         self.optimizer = make_optimizer(self.model, cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, WarmupCosine(self.total_steps, max(warmup, 0), cfg.min_lr_fraction))
+        self.scheduler = make_scheduler(self.optimizer, cfg, self.total_steps, warmup)
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.precision == "fp16")
-        self.state = TrainState()
-        if resume_from is not None:
-            self._restore(resume_from)
+        self.state = self._restore(resume_from) if resume_from is not None else TrainState()
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
         self._say_setup(warmup)
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            self._say("warning: torchrun shares its rendezvous store with the ranks; after a restart a rank can read "
-                      "a dead rank's address and fail to connect (pytorch/pytorch#135712): export "
-                      "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun --max-restarts")
+            self.out.say(TORCHRUN_STORE_WARNING)
         if d.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.run_dir / "config.json", json.dumps(self._resolved(), indent=2) + "\n")
@@ -411,8 +354,7 @@ class Trainer:
             "best_val_acc": self.state.best_val_acc, "seconds": elapsed, "run_dir": str(self.run_dir),
             "val_majority": _majority_share(self.index),
         }
-        if d.is_main:
-            self._say_summary(summary)
+        self.out.summary(self.run_dir, summary, has_best=(self.run_dir / ckpt.BEST).exists())
         return summary
 
     def _train_epoch(self, epoch: int) -> bool:
@@ -523,9 +465,7 @@ class Trainer:
             return None
         val = (loss_sum / n, correct / n, int(n))
         self.monitor.validation(self.state.step, self.state.epoch, *val)
-        if d.is_main:
-            self.console.print(f"epoch {self.state.epoch + 1}: val loss {val[0]:.4f} acc {val[1]:.1%} "
-                               f"({val[2]} samples, all ranks)", highlight=False)
+        self.out.validation(self.state.epoch, *val)
         return val
 
     # -- freezing --------------------------------------------------------------------------------
@@ -539,7 +479,7 @@ class Trainer:
         # or the newly unfrozen parameters would never be all-reduced and ranks would drift apart.
         self.wrapped = distributed.wrap(self.model, self.d) if self.wrapped is None else distributed.rewrap(self.wrapped, self.d)
         if self.d.is_main and self.cfg.freeze > 0:
-            self.console.print(f"epoch {epoch + 1}: {state.describe()}", highlight=False)
+            self.out.freeze(epoch, state)
             self.monitor.event(kind="freeze", step=self.state.step, epoch=epoch + 1, fraction=fraction,
                                frozen_blocks=state.frozen_blocks, trainable_params=state.trainable_params)
         self.frozen = fraction
@@ -548,9 +488,8 @@ class Trainer:
 
     def _probe_batch(self) -> None:
         if self.d.device.type != "cuda":
-            if self.d.is_main:
-                self.console.print("auto-micro-batch: nothing to probe on CPU (an out-of-memory there is not "
-                                   "recoverable); keeping " + self.plan.describe(), highlight=False)
+            self.out.say("auto-micro-batch: nothing to probe on CPU (an out-of-memory there is not recoverable); "
+                         "keeping " + self.plan.describe())
             return
         model = self.model
 
@@ -564,10 +503,10 @@ class Trainer:
                 model.zero_grad(set_to_none=True)
 
         before = self.plan
-        self.plan = probe_micro_batch(self.plan, try_batch, self.d, self._say,
+        self.plan = probe_micro_batch(self.plan, try_batch, self.d, self.out.say,
                                       lambda p: oom_message(self.d, p, self.precision, self.cfg.grad_checkpoint))
         if self.plan != before:
-            self._say(f"auto-micro-batch: training with {self.plan.describe()}")
+            self.out.say(f"auto-micro-batch: training with {self.plan.describe()}")
 
     # -- checkpoints -------------------------------------------------------------------------------
 
@@ -578,120 +517,39 @@ class Trainer:
             self.state.best_val_loss, self.state.best_val_acc = val[0], val[1]
         if not self.d.is_main:
             return
-        ckpt.save_atomic({
-            "format": ckpt.CHECKPOINT_FORMAT,
-            "model": unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "epoch": self.state.epoch, "step": self.state.step, "step_in_epoch": self.state.step_in_epoch,
-            "best_val_loss": self.state.best_val_loss, "best_val_acc": self.state.best_val_acc,
-            "reader": self._reader_state(),
-            "rng": rngs,
-            "config": self._resolved(),
-            "dataset_fingerprint": self.fingerprint,
-        }, self.run_dir / ckpt.LAST)
-        if best:
-            ckpt.mark_best(self.run_dir)
+        # the train reader's position: the epoch in progress and the samples this rank consumed
+        # (reader steps are micro-batches); it also records the layout it is valid for
+        reader = {**self.data.train.state_dict(self.state.step_in_epoch * self.plan.accum), "epoch": self.state.epoch}
+        ckpt.save(self.run_dir, model=unwrap(self.model), optimizer=self.optimizer, scheduler=self.scheduler,
+                  scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
+                  fingerprint=self.fingerprint, best=best)
 
-    def _restore(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        s = self.state
-        s.epoch, s.step, s.step_in_epoch = state["epoch"], state["step"], state["step_in_epoch"]
-        s.best_val_loss, s.best_val_acc = state["best_val_loss"], state["best_val_acc"]
-        changed = self._reader_layout_change(state["reader"]) if s.step_in_epoch else None
-        if changed:
-            # the position is "samples each rank consumed" in the old layout; in a new one it means
-            # other samples, so the epoch restarts rather than skipping samples silently
-            self._say(f"resume: {changed}; epoch {s.epoch + 1} starts again from its beginning (no sample "
-                      "skipped; the ones already seen this epoch are seen twice)")
-            s.step -= s.step_in_epoch
-            s.step_in_epoch = 0
-        rngs = state.get("rng") or []
-        if len(rngs) == self.d.world_size:
-            ckpt.set_rng_state(rngs[self.d.rank])
-        self._say(f"resumed from {self.run_dir / ckpt.LAST}: epoch {s.epoch + 1}, step {s.step}")
-
-    def _reader_state(self) -> dict:
-        """The train reader's position: the epoch in progress and the samples this rank consumed."""
-        steps_done = self.state.step_in_epoch * self.plan.accum  # reader steps are micro-batches
-        reader = self.data.train
-        if hasattr(reader, "state_dict"):  # the real reader also records its layout (workers, seed, ...)
-            return {**reader.state_dict(steps_done), "epoch": self.state.epoch}
-        return {"epoch": self.state.epoch, "consumed": steps_done * self.plan.batch_size,
-                "world_size": self.d.world_size, "batch_size": self.plan.batch_size}
-
-    def _reader_layout_change(self, saved: dict) -> str | None:
-        """Why the saved mid-epoch position cannot be continued exactly now, or None."""
-        reader = self.data.train
-        if hasattr(reader, "load_state_dict"):
+    def _restore(self, saved: dict) -> TrainState:
+        """The weights, optimizer, schedule, scaler and RNG states of ``saved``, and the reader where
+        it was: mid-epoch exactly, or from the epoch's start when the batch layout changed."""
+        s = ckpt.restore(saved, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                         scaler=self.scaler, rank=self.d.rank, world_size=self.d.world_size)
+        if s.step_in_epoch:
             try:
-                reader.load_state_dict(saved)  # checks world size, batch, workers, seed, shuffle buffer
+                self.data.train.load_state_dict(saved["reader"])  # checks world size, batch, workers, seed, ...
             except ValueError as e:
-                return str(e)
-            return None
-        if (saved["world_size"], saved["batch_size"]) != (self.d.world_size, self.plan.batch_size):
-            return (f"the checkpoint is mid-epoch with {saved['world_size']} ranks x batch {saved['batch_size']}, "
-                    f"now {self.d.world_size} x {self.plan.batch_size}")
-        return None
-
-    # -- talking -----------------------------------------------------------------------------------
-
-    def _say(self, message: str) -> None:
-        if self.d.is_main:
-            self.console.print(message, highlight=False)
+                # the position is "samples each rank consumed" in the old layout; in a new one it means
+                # other samples, so the epoch restarts rather than skipping samples silently
+                self.out.epoch_restarts(str(e), s.epoch)
+                s.step -= s.step_in_epoch
+                s.step_in_epoch = 0
+        self.out.resumed(self.run_dir / ckpt.LAST, s.epoch, s.step)
+        return s
 
     def _resolved(self) -> dict:
         return {**self.cfg.as_dict(), "batch_size": self.plan.batch_size, "accum": self.plan.accum,
                 "global_batch": self.plan.global_batch, "world_size": self.d.world_size,
                 "precision": self.precision, "backend": self.d.backend or "none"}
 
-    def _report_init(self, report) -> None:
-        if not self.d.is_main:
-            return
-        from rich.table import Table
-
-        t = Table(title=f"--init-from {report.source} ({report.kind})", title_justify="left", show_header=False)
-        t.add_column(style="bold")
-        t.add_column()
-        for status, detail in report.rows():
-            t.add_row(status, detail)
-        self.console.print(t)
-
     def _say_setup(self, warmup: int) -> None:
-        params = sum(p.numel() for p in self.model.parameters())
-        self._say(f"batch: {self.plan.describe()}")
-        self._say(f"model: {self.cfg.model}, {params:,} parameters, precision {self.precision}, gradient "
-                  f"checkpointing {'on' if self.cfg.grad_checkpoint else 'off'}, backend {self.d.backend or 'none (1 process)'}")
-        self._say(f"schedule: {self.steps_per_epoch} steps per epoch, {self.total_steps} in total, warmup {warmup}, "
-                  f"AdamW lr {self.cfg.lr:g} (cosine to {self.cfg.lr * self.cfg.min_lr_fraction:g}), weight decay "
-                  f"{self.cfg.weight_decay:g}")
-        reader = self.data.train
-        size, stored = getattr(reader, "image_size", None), self.index.get("image_size")
-        if size and "image" in reader_fields(self.model):
-            where = f"{self.cfg.workers} dataloader worker{'s' if self.cfg.workers != 1 else ''}" if self.cfg.workers else "the rank"
-            self._say(f"data: images decoded at {size} px (stored {stored} px) in {where}; "
-                      f"{torch.get_num_threads()} compute thread{'s' if torch.get_num_threads() != 1 else ''} per rank")
-
-    def _say_summary(self, s: dict) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title=f"pipe train -> {self.run_dir}", show_header=False, title_justify="left")
-        t.add_column(style="bold")
-        t.add_column(justify="right")
-        rows = [("epochs", s["epochs"]), ("optimizer steps", s["steps"]), ("global batch", s["global_batch"]),
-                ("samples/s", f"{s['samples_per_s']:.1f}")]
-        if s["val_loss"] is not None:
-            rows += [("val loss", f"{s['val_loss']:.4f}"), ("val accuracy", f"{s['val_acc']:.1%}")]
-            if s["val_majority"] is not None:  # what always answering the commonest class would score
-                rows.append(("val majority class", f"{s['val_majority']:.1%}"))
-            rows.append(("best val loss", f"{s['best_val_loss']:.4f}"))
-        rows += [("time", f"{s['seconds']:.1f} s"), ("checkpoints", "last.pt" + (", best.pt" if (self.run_dir / ckpt.BEST).exists() else "")),
-                 ("metrics", "metrics.jsonl, tb/")]
-        for k, v in rows:
-            t.add_row(k, str(v))
-        Console().print(t)
+        reads_images = "image" in reader_fields(self.model)
+        self.out.setup(self.cfg, self.plan, params=sum(p.numel() for p in self.model.parameters()),
+                       precision=self.precision, backend=self.d.backend, steps_per_epoch=self.steps_per_epoch,
+                       total_steps=self.total_steps, warmup=warmup,
+                       decoded_at=self.data.train.image_size if reads_images else None,
+                       stored=self.index.get("image_size"), threads=torch.get_num_threads())

@@ -201,13 +201,6 @@ def test_auto_micro_batch_halves_until_it_fits_and_keeps_the_global_batch():
                                said.append, lambda p: "oom")
 
 
-def test_warmup_then_cosine():
-    f = loop.WarmupCosine(total=100, warmup=10, floor=0.1)
-    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
-    assert f(10) == pytest.approx(1.0) and f(55) == pytest.approx(0.55) and f(100) == pytest.approx(0.1)
-    assert all(f(s) >= f(s + 1) for s in range(10, 120))
-
-
 # -- two ranks on real shards: SIGKILL, restarted by the elastic agent, resumed by itself ---------
 
 RUN_FLAGS = {"model": "image-text", "width": 8, "epochs": 2, "batch_size": 4, "accum": 2, "checkpoint_every": 2,

@@ -9,14 +9,17 @@ Contents (``CHECKPOINT_FORMAT``): model (unwrapped state dict), optimizer, sched
 epoch / step / step_in_epoch, the reader's position (epoch, samples each rank consumed, and the
 world size and per-rank batch that position is valid for), every rank's RNG states, the resolved
 config, the batch plan, the dataset fingerprint and the best validation so far. Everything is
-tensors and plain Python values, so it loads with ``weights_only=True``.
+tensors and plain Python values, so it loads with ``weights_only=True``. `save` writes exactly
+that; `restore` puts it back (the reader's position is the loop's to continue).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,60 @@ from pipeline.core.errors import UsageError
 CHECKPOINT_FORMAT = "pipe-train-checkpoint/1"
 LAST = "last.pt"
 BEST = "best.pt"
+
+
+@dataclass
+class TrainState:
+    """Where the run is; saved in every checkpoint."""
+
+    epoch: int = 0
+    """Index (from 0) of the epoch in progress."""
+    step: int = 0
+    """Optimizer steps done in total."""
+    step_in_epoch: int = 0
+    """Optimizer steps done in the current epoch."""
+    best_val_loss: float = math.inf
+    best_val_acc: float = 0.0
+
+
+# -- what a run's checkpoint holds, and putting it back -----------------------------------------
+
+
+def save(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainState, reader: dict, rngs: list,
+         config: dict, fingerprint: str, best: bool) -> None:
+    """Write RUN_DIR/last.pt (rank 0 only); with ``best``, best.pt becomes that file too.
+    ``model`` is the bare module (no DDP wrapper: its names carry no ``module.`` prefix);
+    ``reader`` the train reader's position, ``rngs`` every rank's RNG states (rank order)."""
+    save_atomic({
+        "format": CHECKPOINT_FORMAT,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "epoch": state.epoch, "step": state.step, "step_in_epoch": state.step_in_epoch,
+        "best_val_loss": state.best_val_loss, "best_val_acc": state.best_val_acc,
+        "reader": reader,
+        "rng": rngs,
+        "config": config,
+        "dataset_fingerprint": fingerprint,
+    }, run_dir / LAST)
+    if best:
+        mark_best(run_dir)
+
+
+def restore(saved: dict, *, model, optimizer, scheduler, scaler, rank: int, world_size: int) -> TrainState:
+    """Put a checkpoint's weights, optimizer, schedule and scaler back, and this rank's RNG states
+    when the world size is the one that saved them; returns where the run was. The reader's
+    position (``saved["reader"]``) is the loop's to continue: it may have to restart the epoch."""
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    scaler.load_state_dict(saved["scaler"])
+    rngs = saved.get("rng") or []
+    if len(rngs) == world_size:
+        set_rng_state(rngs[rank])
+    return TrainState(epoch=saved["epoch"], step=saved["step"], step_in_epoch=saved["step_in_epoch"],
+                      best_val_loss=saved["best_val_loss"], best_val_acc=saved["best_val_acc"])
 
 
 def _fsync_dir(folder: Path) -> None:

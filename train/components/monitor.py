@@ -153,7 +153,7 @@ class Monitor:
     """Per-rank window sums; every `log_every` steps a gather and, on rank 0, the writers."""
 
     def __init__(self, run_dir: Path, d: Dist, hosts: list[str], *, total_steps: int, start_step: int,
-                 global_batch: int, log_every: int, console, show_progress: bool = True):
+                 global_batch: int, log_every: int, console):
         self.d, self.hosts, self.log_every = d, hosts, log_every
         self.total_steps, self.global_batch = total_steps, global_batch
         self.window = torch.zeros(_WIDTH, dtype=torch.float64, device=d.device)
@@ -171,7 +171,7 @@ class Monitor:
             self.metrics_path = run_dir / "metrics.jsonl"
             _truncate_metrics(self.metrics_path, start_step)
             self.metrics = open(self.metrics_path, "a", encoding="utf-8")
-            if show_progress and console is not None and console.is_terminal:
+            if console is not None and console.is_terminal:
                 self.bar = _progress_bar(console, total_steps, start_step)
 
     # -- per step, local --------------------------------------------------------------------

@@ -271,20 +271,19 @@ def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     return proto.new(storage).resize_(shape)
 
 
-def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool = False, pin_memory: bool = False,
-                prefetch_factor: int = 2, multiprocessing_context=None) -> DataLoader:
+def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool = False,
+                pin_memory: bool = False) -> DataLoader:
     """A DataLoader over ``reader``'s batches; decoding runs in ``num_workers`` processes.
 
     Workers are forked where the platform can (as under torchrun), also in ranks that the
     elastic launcher started with spawn: a spawned worker would import torch again first.
     """
     reader.num_workers = num_workers
-    if multiprocessing_context is None and num_workers > 0 and "fork" in mp.get_all_start_methods():
-        multiprocessing_context = "fork"
+    fork = num_workers > 0 and "fork" in mp.get_all_start_methods()
     return ShardLoader(reader, batch_size=None, shuffle=False, num_workers=num_workers,
                       persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
-                      prefetch_factor=prefetch_factor if num_workers > 0 else None,
-                      multiprocessing_context=multiprocessing_context if num_workers > 0 else None)
+                      prefetch_factor=2 if num_workers > 0 else None,
+                      multiprocessing_context="fork" if fork else None)
 
 
 class ShardLoader(DataLoader):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -60,12 +61,16 @@ def choose_backend(requested: str, cuda_available: bool) -> str:
     raise UsageError(f"--backend must be auto, nccl or gloo, got {requested!r}")
 
 
+COLLECTIVE_TIMEOUT_S = 600.0
+"""How long a collective waits for the other ranks before the group gives up (a dead peer)."""
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else default
 
 
-def setup(requested_backend: str = "auto", timeout_s: float = 600.0) -> Dist:
+def setup(requested_backend: str = "auto") -> Dist:
     """Join the process group named by the environment (or run alone without one)."""
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
@@ -87,7 +92,7 @@ def setup(requested_backend: str = "auto", timeout_s: float = 600.0) -> Dist:
     # Launched (torchrun, our launcher, even with one rank): join a real group, so that a single-GPU
     # run initialises NCCL exactly as a large one does and fails here, not on the cluster.
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                                 device_id=device if backend == "nccl" else None)
     except Exception as e:
         addr, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
@@ -97,6 +102,19 @@ def setup(requested_backend: str = "auto", timeout_s: float = 600.0) -> Dist:
                           "that every node uses the same --master-addr/--master-port (set NCCL_SOCKET_IFNAME / "
                           "GLOO_SOCKET_IFNAME to the network interface when a machine has several)") from None
     return Dist(rank, world, local_rank, local_world, backend, device, host)
+
+
+@contextmanager
+def process_group(requested_backend: str = "auto") -> Iterator[Dist]:
+    """`setup`, and `teardown` on the way out: the final barrier only when the body finished (after
+    an exception the other ranks may never reach it). The body stops its dataloader workers first."""
+    d, ok = None, False
+    try:
+        d = setup(requested_backend)
+        yield d
+        ok = True
+    finally:
+        teardown(d, ok)
 
 
 def teardown(d: Dist | None, ok: bool = True) -> None:

@@ -8,10 +8,10 @@
   (`torch.distributed.launcher.api.elastic_launch`, what torchrun uses) starts the local ranks;
 * otherwise a single rank runs in this process.
 
-Inside ``entry``, `process_group()` joins the group and, on the way out, leaves it in the order
-that lets every finished run exit 0: the caller stops its dataloader workers first, then a final
-barrier, then `destroy_process_group` (gloo aborts at interpreter exit with "terminate called
-without an active exception" when a group is still alive).
+Inside ``entry``, `train.distributed.group.process_group()` joins the group and, on the way out,
+leaves it in the order that lets every finished run exit 0: the caller stops its dataloader
+workers first, then a final barrier, then `destroy_process_group` (gloo aborts at interpreter exit
+with "terminate called without an active exception" when a group is still alive).
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.core.errors import StageFailed, UsageError
@@ -225,42 +222,3 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    rank: int
-    world_size: int
-    local_rank: int
-    backend: str
-    host: str
-
-
-@contextmanager
-def process_group(backend: str = "auto", timeout_s: float = 300) -> Iterator[RankInfo]:
-    """Join the process group from torchrun-style environment variables; leave it in order.
-
-    On a normal exit: barrier (every rank finished), then destroy the group. On an exception
-    the barrier is skipped (the other ranks may never reach it) and the group destroyed.
-    """
-    import torch
-    import torch.distributed as dist
-
-    from train.distributed.group import choose_backend
-
-    backend = choose_backend(backend, torch.cuda.is_available())  # a forced nccl without CUDA: one clear line
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    info = RankInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend, socket.gethostname())
-    ok = False
-    try:
-        yield info
-        ok = True
-    finally:
-        try:
-            if ok:
-                dist.barrier()
-        finally:
-            dist.destroy_process_group()

@@ -1,0 +1,103 @@
+"""What a training run prints: one voice (rank 0), on stderr, except the closing table on stdout.
+
+The loop says *when* something is worth a line; the wording lives here, so the loop reads as the
+loop. Other ranks hold a `RunConsole` too, and it prints nothing. The per-step metric lines and
+the drift warnings are `train.components.monitor`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from train.config import BatchPlan, TrainConfig
+
+TORCHRUN_STORE_WARNING = (
+    "warning: torchrun shares its rendezvous store with the ranks; after a restart a rank can read a dead rank's "
+    "address and fail to connect (pytorch/pytorch#135712): export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before "
+    "torchrun --max-restarts")
+
+
+def stderr_console():
+    """stderr; in logs (not a terminal) wide enough that tables keep whole hashes and versions."""
+    from rich.console import Console
+
+    c = Console(stderr=True)
+    return c if c.is_terminal else Console(stderr=True, width=160)
+
+
+class RunConsole:
+    """Rank 0's lines through ``console`` (a rich Console); silent on every other rank."""
+
+    def __init__(self, console, is_main: bool):
+        self.console, self.is_main = console, is_main
+
+    def say(self, message: str) -> None:
+        if self.is_main:
+            self.console.print(message, highlight=False)
+
+    def setup(self, cfg: TrainConfig, plan: BatchPlan, *, params: int, precision: str, backend: str | None,
+              steps_per_epoch: int, total_steps: int, warmup: int, decoded_at: int | None, stored: int | None,
+              threads: int) -> None:
+        """The run's arithmetic before the first step: batch, model, schedule, and where images decode
+        (``decoded_at``: the size the reader decodes images at, None when the model reads none)."""
+        self.say(f"batch: {plan.describe()}")
+        self.say(f"model: {cfg.model}, {params:,} parameters, precision {precision}, gradient "
+                 f"checkpointing {'on' if cfg.grad_checkpoint else 'off'}, backend {backend or 'none (1 process)'}")
+        self.say(f"schedule: {steps_per_epoch} steps per epoch, {total_steps} in total, warmup {warmup}, "
+                 f"AdamW lr {cfg.lr:g} (cosine to {cfg.lr * cfg.min_lr_fraction:g}), weight decay "
+                 f"{cfg.weight_decay:g}")
+        if decoded_at:
+            where = f"{cfg.workers} dataloader worker{'s' if cfg.workers != 1 else ''}" if cfg.workers else "the rank"
+            self.say(f"data: images decoded at {decoded_at} px (stored {stored} px) in {where}; "
+                     f"{threads} compute thread{'s' if threads != 1 else ''} per rank")
+
+    def init_report(self, report) -> None:
+        """What --init-from loaded into the model (`train.models.finetune.InitReport`), as a table."""
+        if not self.is_main:
+            return
+        from rich.table import Table
+
+        t = Table(title=f"--init-from {report.source} ({report.kind})", title_justify="left", show_header=False)
+        t.add_column(style="bold")
+        t.add_column()
+        for status, detail in report.rows():
+            t.add_row(status, detail)
+        self.console.print(t)
+
+    def freeze(self, epoch: int, state) -> None:
+        """``epoch`` counts from 0; ``state`` is `train.models.finetune.FreezeState`."""
+        self.say(f"epoch {epoch + 1}: {state.describe()}")
+
+    def validation(self, epoch: int, loss: float, acc: float, samples: int) -> None:
+        self.say(f"epoch {epoch + 1}: val loss {loss:.4f} acc {acc:.1%} ({samples} samples, all ranks)")
+
+    def epoch_restarts(self, why: str, epoch: int) -> None:
+        """A mid-epoch position that the new layout cannot continue (``epoch`` counts from 0)."""
+        self.say(f"resume: {why}; epoch {epoch + 1} starts again from its beginning (no sample "
+                 "skipped; the ones already seen this epoch are seen twice)")
+
+    def resumed(self, last: Path, epoch: int, step: int) -> None:
+        self.say(f"resumed from {last}: epoch {epoch + 1}, step {step}")
+
+    def summary(self, run_dir: Path, s: dict, has_best: bool) -> None:
+        """The closing table, on stdout (the run's result, where a script reads it)."""
+        if not self.is_main:
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"pipe train -> {run_dir}", show_header=False, title_justify="left")
+        t.add_column(style="bold")
+        t.add_column(justify="right")
+        rows = [("epochs", s["epochs"]), ("optimizer steps", s["steps"]), ("global batch", s["global_batch"]),
+                ("samples/s", f"{s['samples_per_s']:.1f}")]
+        if s["val_loss"] is not None:
+            rows += [("val loss", f"{s['val_loss']:.4f}"), ("val accuracy", f"{s['val_acc']:.1%}")]
+            if s["val_majority"] is not None:  # what always answering the commonest class would score
+                rows.append(("val majority class", f"{s['val_majority']:.1%}"))
+            rows.append(("best val loss", f"{s['best_val_loss']:.4f}"))
+        rows += [("time", f"{s['seconds']:.1f} s"), ("checkpoints", "last.pt" + (", best.pt" if has_best else "")),
+                 ("metrics", "metrics.jsonl, tb/")]
+        for k, v in rows:
+            t.add_row(k, str(v))
+        Console().print(t)
