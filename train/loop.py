@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.core.cores import available_cores
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from pipeline.formats import index as shard_index
@@ -206,7 +207,7 @@ def cpu_threads(local_ranks: int, workers: int, cores: int | None = None) -> int
     the other threads are descheduled: on 2 shared cores one rank with 2 threads and a worker ran
     its steps 2-5x slower than with 1 thread (bench/train.py)."""
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = available_cores()  # the cgroup quota too: a --cpus=2 container on a 64-core host has 2
     return max(1, cores // max(1, local_ranks) - workers)
 
 
