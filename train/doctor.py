@@ -391,14 +391,15 @@ def backends_line(f: Facts) -> Line:
 
 
 def shm_line(f: Facts) -> Line:
-    if f.shm_total is None:
+    total, free = f.shm_total, f.shm_free  # shm_size() finds both or neither
+    if total is None or free is None:
         return Line("/dev/shm", WARN, "not found", "dataloader workers share batches through /dev/shm; use --workers 0 if they crash")
-    value = f"{f.shm_free / MIB:,.0f} MiB free of {f.shm_total / MIB:,.0f} MiB"
+    value = f"{free / MIB:,.0f} MiB free of {total / MIB:,.0f} MiB"
     fix = ("dataloader workers pass batches through shared memory and die with 'Bus error' when it is full: "
            "run the container with --shm-size=16g (or --ipc=host), or use --workers 0")
-    if f.shm_free < SHM_FAIL:
+    if free < SHM_FAIL:
         return Line("/dev/shm", FAIL, value, fix)
-    if f.shm_free < SHM_WARN:
+    if free < SHM_WARN:
         return Line("/dev/shm", WARN, value, fix)
     return Line("/dev/shm", OK, value)
 

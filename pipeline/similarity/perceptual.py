@@ -174,7 +174,7 @@ def compare(a: View, b: View) -> tuple[float, float, float, bool]:
     rows, so on its own it can miss), then the combination whose 2-D thumbnails correlate best.
     When either is flat (no structure), correlation means nothing: it is 1.0 when both are
     flat, else 0.0, and the RMSE is the largest difference of the channel means."""
-    best = None
+    best: tuple[float, np.ndarray, np.ndarray, float, float] | None = None
     # many crop combinations leave one side's box as it was: resample it once, and centre its
     # grey and take its spread (`_correlation`'s per-side work) once
     thumbs: dict = {}
@@ -201,6 +201,8 @@ def compare(a: View, b: View) -> tuple[float, float, float, bool]:
             corr = _correlation(za, sa, zb, sb)
             if best is None or corr > best[0]:
                 best = (corr, ta, tb, sa, sb)
+    if best is None:  # _register offers crops on every axis (the uncropped one among them)
+        raise ValueError("compare: registration found no crop to try")
     corr, ta, tb, sa, sb = best
     flat = sa <= FLAT_STD or sb <= FLAT_STD
     gain = float((ta * tb).sum() / max(float((ta * ta).sum()), 1e-6))

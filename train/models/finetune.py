@@ -142,7 +142,7 @@ def load_init(model: nn.Module, path: Path) -> InitReport:
     if isinstance(head, nn.Linear):
         skipped = {name for name, _, _ in report.skipped_shape}
         if "head.weight" in skipped or "head.bias" in skipped:
-            old = theirs.get("head.weight", theirs.get("head.bias"))
+            old = theirs["head.weight"] if "head.weight" in theirs else theirs["head.bias"]  # one was skipped, so is there
             head.reset_parameters()  # a half-loaded head is worse than a fresh one
             report.head_reinitialised = f"file has {old.shape[0]} classes, this dataset {head.out_features}"
     return report
@@ -153,8 +153,9 @@ def load_init(model: nn.Module, path: Path) -> InitReport:
 
 def block_groups(model: nn.Module) -> list[list[nn.Module]]:
     """The model's blocks from input to output, in groups (one per encoder); the head excluded."""
-    if hasattr(model, "block_groups"):
-        return [list(g) for g in model.block_groups()]
+    groups = getattr(model, "block_groups", None)  # a method of our multi-encoder models, not a submodule
+    if groups is not None:
+        return [list(g) for g in groups()]
     head = getattr(model, "head", None)
     return [[m for m in model.children() if m is not head]]
 

@@ -215,7 +215,7 @@ def _open(data: bytes, fmt: str) -> Image.Image:
         # Pillow hides its plugin's reason behind "cannot identify": ask the plugin itself
         factory = Image.OPEN[PIL_FORMATS[fmt]][0]
         try:
-            factory(io.BytesIO(data), None)
+            factory(io.BytesIO(data), "")  # the empty name Image.open gives an in-memory file
         except Exception as e:  # noqa: BLE001
             raise Reject(*_classify(e, fmt)) from None
         raise Reject(Reason.CORRUPT, f"{fmt} file Pillow cannot open")
