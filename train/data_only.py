@@ -21,10 +21,9 @@ def main(cfg: TrainConfig) -> dict:
     import torch.distributed as dist
 
     from pipeline.core.errors import StageFailed
+    from pipeline.formats import index as shard_index
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
     from train.distributed.launch import process_group
-
-    from pipeline.formats import index as shard_index
 
     if cfg.batch_size is None:  # train/command.py's check resolves the batch arithmetic before any rank starts
         raise ValueError("data_only.main needs a config whose batch size is resolved")

@@ -18,10 +18,10 @@ from typing import TypeVar
 
 from pipeline import __version__
 from pipeline.check import clean_dir
-from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
-from pipeline.core.errors import UsageError
 from pipeline.check.policy import Policy
 from pipeline.check.policy import load as load_policy
+from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
+from pipeline.core.errors import UsageError
 
 F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
 

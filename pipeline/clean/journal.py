@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import TextIO
 
-from pipeline.core.files import STATE_DIR, atomic_write_text
 from pipeline.clean.records import FileResult
+from pipeline.core.files import STATE_DIR, atomic_write_text
 
 
 class Journal:

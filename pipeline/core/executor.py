@@ -83,7 +83,7 @@ class OrderedPool(Generic[T, R]):
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                    initializer=_start_worker, initargs=(self.initializer, self.initargs))
 
-    def start(self) -> "OrderedPool":
+    def start(self) -> OrderedPool:
         """Spawn the workers now, so that their start-up (a fresh interpreter importing the
         decoders) overlaps with what the caller does before `map` (discovery, resume)."""
         if self._pool is None:

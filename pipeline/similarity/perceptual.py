@@ -9,9 +9,10 @@ hashes, so every candidate is confirmed on pixels (`same_picture`).
 The pixel check works on the cleaned outputs (``CLEAN_DIR/data/...``), reduced to about 128 px
 (`load_view`): the part of the output that shows the input (`content_box`, without padding) is
 registered (a crop of up to `MAX_CROP` per side: the best few per axis from row and column
-intensity profiles, the best pair of those on 2-D thumbnails), then compared as 16x16 thumbnails: the grey structure must correlate (`MIN_CORRELATION`) and
-the colours must agree up to one overall brightness gain (`MAX_RMSE`, `GAIN_RANGE`). Flat
-images have no structure to correlate; they must have the same colour.
+intensity profiles, the best pair of those on 2-D thumbnails), then compared as 16x16 thumbnails:
+the grey structure must correlate (`MIN_CORRELATION`) and the colours must agree up to one overall
+brightness gain (`MAX_RMSE`, `GAIN_RANGE`). Flat images have no structure to correlate; they must
+have the same colour.
 
 Thresholds were chosen on generated data (see tests/pipeline/similarity/test_near_images.py): re-encoding at JPEG
 quality 40, scaling to 60%, cropping 2% and brightening 8% pass; distinct same-class digits,

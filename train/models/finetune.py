@@ -106,7 +106,8 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         raise UsageError(f"--init-from {path}: refused by weights_only=True ({_unpickler_reason(e)}): it holds Python "
                          "objects besides tensors; load it where you trust it and torch.save(model.state_dict())") from None
     except Exception as e:  # not a torch file at all: zip errors, truncation
-        raise UsageError(f"--init-from {path}: not a readable torch file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UsageError(f"--init-from {path}: not a readable torch file ({type(e).__name__}: {first})") from None
     if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
         kind = f"pipe train checkpoint (epoch {obj.get('epoch')}, step {obj.get('step')})"
         return _strip_prefixes(obj["model"]), kind
