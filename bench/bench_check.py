@@ -50,8 +50,8 @@ def bench_leakage(n_train: int, n_val: int, d: int) -> None:
 
 
 def bench_validation(n_rows: int) -> None:
-    from pipeline.core import schemas
     from pipeline.check.validate import each_error
+    from pipeline.core import schemas
 
     row = {"source": "cats/a.jpg", "key": "cats__a", "kind": "image", "label": "cats", "status": "kept", "reason": None,
            "detail": "", "duplicate_of": None, "output": "data/cats/cats__a.jpg", "bytes": 1234, "sha256": "a" * 64,

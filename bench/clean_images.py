@@ -30,6 +30,7 @@ in bench-out/data. Each process is timed from the outside; the best of --repeat 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -310,7 +311,9 @@ def profile(src: Path, work: Path) -> None:
     """Fixed costs (interpreter + CLI, worker start-up) and the per-image breakdown in a worker."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="1")
     for what, code in (("python + pipe CLI imports", "import pipeline.cli.app, pipeline.clean.stage"),
-                       ("worker start-up (imports the decoders)", "import pipeline.clean.process; from pipeline.media.image.clean import preload; preload(); import simplejpeg, xxhash")):
+                       ("worker start-up (imports the decoders)",
+                        "import pipeline.clean.process; from pipeline.media.image.clean import preload; preload(); "
+                        "import simplejpeg, xxhash")):
         t = min(_wall([sys.executable, "-c", code], env) for _ in range(3))
         print(f"{what}: {t:.2f} s")
     one = work / "data" / "one"
@@ -357,11 +360,11 @@ def main() -> None:
     lines = []
     for (w, h), target in SIZES:
         src = make_set(work / "data" / f"{w}x{h}-{n}", n, w, h, seed=w)
-        nv = best(lambda: naive(src, work / "naive"), repeat)
+        nv = best(functools.partial(naive, src, work / "naive"), repeat)
         size = results["sizes"][f"{w}x{h}"] = {"target": target, "naive": vars(nv)}
         lines.append(f"{w}x{h}  naive          {nv.wall:7.2f} s wall {nv.cpu:7.2f} s CPU{'':54}(load {nv.load:.1f})")
         for mode in ("stretch", "pad"):
-            r = best(lambda: ours(src, work / f"ours-{mode}", 1, mode), repeat)
+            r = best(functools.partial(ours, src, work / f"ours-{mode}", 1, mode), repeat)
             report = json.loads((work / f"ours-{mode}" / "report.json").read_text())
             size[mode] = {**vars(r), "ratio": nv.wall / r.wall, "cpu_ratio": nv.cpu / r.cpu,
                           "stages_s": report["timings"], "near_duplicate_search": report["near_duplicate_search"]}
@@ -398,7 +401,7 @@ def main() -> None:
         f"{k} " + ", ".join(f"{n} {t:.2f}" for n, t in v["pad"]["stages_s"].items())
         + f" (near-duplicate candidates {v['pad']['near_duplicate_search']['candidates']})"
         for k, v in results["sizes"].items()))
-    print(f"PSNR of ours (stretch) vs naive, mean: " + ", ".join(
+    print("PSNR of ours (stretch) vs naive, mean: " + ", ".join(
         f"{k} {v['psnr_db']:.1f} dB" for k, v in results["sizes"].items())
         + f" (target {PSNR_TARGET:g} dB: {verdict(all(v['psnr_db'] >= PSNR_TARGET for v in results['sizes'].values()))})")
     print("per image, CPU time in one process (30 images, best of passes; what the ratio tends to with many images):")

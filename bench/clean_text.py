@@ -139,6 +139,7 @@ def short_text_accuracy() -> tuple[int, dict[str, int]]:
     """Every paragraph, sentence and clause (12+ characters) of the test samples in each legacy
     encoding that holds it: how many each way decodes to exactly the original."""
     from naive import chardet_decode
+
     from pipeline.media.text.encodings import decode_bytes
     from tests.text_samples import CONFUSABLE, LANGUAGES
 

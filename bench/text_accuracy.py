@@ -87,6 +87,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     from naive import chardet_decode
+
     from pipeline.media.text.encodings import decode_bytes
 
     def naive(data: bytes) -> str | None:

@@ -77,8 +77,8 @@ def naive(data: bytes) -> tuple[str | None, str | None]:
 
 
 def ours(data: bytes) -> tuple[str | None, str | None]:
+    from pipeline.media.text.clean import TextSettings, clean_text
     from pipeline.media.text.encodings import decode_bytes
-    from pipeline.media.text.clean import clean_text, TextSettings
 
     d = decode_bytes(data)
     if d.text is None:

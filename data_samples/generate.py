@@ -163,8 +163,8 @@ def nasty_files(root: Path, rng, images: dict[str, Image.Image]) -> None:
     # broken images
     put(root, "circles/circle_broken_truncated.jpg", nasty.truncate(jpeg(c["circles/circle_002.jpg"]), 0.6), ("quarantined", "truncated"))
     put(root, "stripes/stripe_broken_entropy.jpg", nasty.cut_scan(jpeg(c["stripes/stripe_002.jpg"]), 0.5), ("quarantined", "corrupt"))
-    put(root, "triangles/triangle_zeroed_blocks.jpg", nasty.zero_run(jpeg(c["triangles/triangle_002.jpg"], restart_marker_blocks=8), 0.4, 512),
-        ("quarantined", "corrupt"))
+    put(root, "triangles/triangle_zeroed_blocks.jpg",
+        nasty.zero_run(jpeg(c["triangles/triangle_002.jpg"], restart_marker_blocks=8), 0.4, 512), ("quarantined", "corrupt"))
     put(root, "triangles/triangle_empty.jpg", b"", ("quarantined", "zero_bytes"))
     put(root, "circles/download_error.jpg", b"<!DOCTYPE html>\n<html><head><title>403 Forbidden</title></head>"
         b"<body><h1>Forbidden</h1></body></html>\n", ("quarantined", "unsupported_format"))
@@ -202,7 +202,8 @@ def nasty_files(root: Path, rng, images: dict[str, Image.Image]) -> None:
         ("duplicate", "near_duplicate"))
     put(root, "stripes/circle_008_mislabelled.jpg", (root / "circles/circle_008.jpg").read_bytes(), ("conflict", "label_conflict"))
     # junk every real folder has
-    put(root, ".DS_Store", b"\x00\x00\x00\x01Bud1" + bytes(rng.integers(0, 256, 500, dtype=np.uint8)), ("quarantined", "unsupported_format"))
+    put(root, ".DS_Store", b"\x00\x00\x00\x01Bud1" + bytes(rng.integers(0, 256, 500, dtype=np.uint8)),
+        ("quarantined", "unsupported_format"))
     put(root, "circles/._circle_000.jpg", b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        " + bytes(200),
         ("quarantined", "unsupported_format"))
 

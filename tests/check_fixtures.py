@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipeline.clean import stage as clean
 from pipeline.check.stage import CheckConfig, run
+from pipeline.clean import stage as clean
 from tests.factories import photo, write
 
 # Thresholds the good dataset meets with little room, so each broken variant trips exactly one.

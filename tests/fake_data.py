@@ -94,7 +94,8 @@ class FakeReader:
             }
 
 
-def open_fake(cfg, d, plan, fields, index, image_size=None, *, n_train: int = 96, n_val: int = 30, skew_rank: int | None = None) -> DataSource:
+def open_fake(cfg, d, plan, fields, index, image_size=None, *, n_train: int = 96, n_val: int = 30,
+              skew_rank: int | None = None) -> DataSource:
     """`train.loop.open_shards`' signature; ``skew_rank`` gets differently normalised images."""
     size = image_size or int(index.get("image_size", 16))
     skew = {"scale": 3.0, "shift": 1.0} if d.rank == skew_rank else {}

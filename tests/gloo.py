@@ -92,7 +92,7 @@ def run_world(specs: list[str], self_managed: set[str], workdir: Path, world: in
     return [torch.load(workdir / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shared_world() -> tuple[str, list[dict]]:
     workdir = Path(tempfile.mkdtemp(prefix="pipe-gloo-"))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)

@@ -21,11 +21,13 @@ def main(cfg: TrainConfig) -> dict:
     import torch.distributed as dist
 
     from pipeline.core.errors import StageFailed
+    from pipeline.formats import index as shard_index
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
     from train.distributed.group import process_group
 
-    from pipeline.formats import index as shard_index
-
+    if cfg.batch_size is None:  # train/command.py's check resolves the batch arithmetic before any rank starts
+        raise ValueError("data_only.main needs a config whose batch size is resolved")
+    batch_size = cfg.batch_size
     index = shard_index.load(cfg.shard_dir)
     counts = index["counts"]["train"]
     fields = tuple(f for f, n in (("image", counts["images"]), ("text", counts["texts"])) if n)  # what the data has
@@ -33,13 +35,13 @@ def main(cfg: TrainConfig) -> dict:
     stored = index["image_size"]
     image_size = min(cfg.resolution, stored) if stored and "image" in fields and cfg.model in BUILTIN_MODELS else None
     with process_group(cfg.backend) as me:
-        reader = ShardReader(cfg.shard_dir, "train", me.rank, me.world_size, batch_size=cfg.batch_size,
+        reader = ShardReader(cfg.shard_dir, "train", me.rank, me.world_size, batch_size=batch_size,
                              seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, image_size=image_size)
         loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0)
         rates = []
         try:
             if me.rank == 0:
-                _say(f"data only: {me.world_size} ranks x {cfg.workers} workers, batch {cfg.batch_size}, "
+                _say(f"data only: {me.world_size} ranks x {cfg.workers} workers, batch {batch_size}, "
                      f"{reader.steps_per_epoch} steps per epoch, images at {reader.image_size} px ({me.backend})")
             for epoch in range(cfg.epochs):
                 reader.set_epoch(epoch)

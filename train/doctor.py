@@ -292,7 +292,8 @@ def cuda_line(f: Facts) -> Line:
     """Does the driver run what torch was built with? CUDA 11.1+ keeps minor-version compatibility."""
     if f.torch_cuda is None:
         return Line("cuda", OK, "not used: CPU-only torch build; training runs on CPU with gloo",
-                    "" if not f.driver_cuda else f"this machine has an NVIDIA driver (CUDA {f.driver_cuda}): install a CUDA build of torch to use its GPUs")
+                    "" if not f.driver_cuda
+                    else f"this machine has an NVIDIA driver (CUDA {f.driver_cuda}): install a CUDA build of torch to use its GPUs")
     built, drv = _ver(f.torch_cuda), _ver(f.driver_cuda)
     value = f"torch built with CUDA {f.torch_cuda}; driver {f.driver or '?'} supports CUDA {f.driver_cuda or '?'}"
     if not f.driver_cuda:
@@ -324,7 +325,8 @@ def nccl_line(f: Facts) -> Line:
         return Line("nccl", OK, f"{f.nccl or 'not used'}: no GPUs, gloo does the all-reduce")
     if f.nccl is None or not f.backends.get("nccl"):
         verdict = FAIL if len(f.gpus) > 1 else WARN
-        return Line("nccl", verdict, "missing from this CUDA build", "multi-GPU DDP needs NCCL: install an official CUDA build of torch (it bundles NCCL)")
+        return Line("nccl", verdict, "missing from this CUDA build",
+                    "multi-GPU DDP needs NCCL: install an official CUDA build of torch (it bundles NCCL)")
     return Line("nccl", OK, f.nccl)
 
 
@@ -345,7 +347,8 @@ def gpu_lines(f: Facts) -> list[Line]:
             out.append(Line(f"gpu {g.index}", OK, value))
     if len({(g.name, g.memory_bytes) for g in f.gpus}) > 1:
         out.append(Line("gpus", WARN, f"{len(f.gpus)} GPUs of different kinds",
-                        "DDP steps at the pace of the slowest GPU and the batch must fit the smallest; pin CUDA_VISIBLE_DEVICES to one kind"))
+                        "DDP steps at the pace of the slowest GPU and the batch must fit the smallest; "
+                        "pin CUDA_VISIBLE_DEVICES to one kind"))
     return out
 
 
@@ -391,14 +394,15 @@ def backends_line(f: Facts) -> Line:
 
 
 def shm_line(f: Facts) -> Line:
-    if f.shm_total is None:
+    total, free = f.shm_total, f.shm_free  # shm_size() finds both or neither
+    if total is None or free is None:
         return Line("/dev/shm", WARN, "not found", "dataloader workers share batches through /dev/shm; use --workers 0 if they crash")
-    value = f"{f.shm_free / MIB:,.0f} MiB free of {f.shm_total / MIB:,.0f} MiB"
+    value = f"{free / MIB:,.0f} MiB free of {total / MIB:,.0f} MiB"
     fix = ("dataloader workers pass batches through shared memory and die with 'Bus error' when it is full: "
            "run the container with --shm-size=16g (or --ipc=host), or use --workers 0")
-    if f.shm_free < SHM_FAIL:
+    if free < SHM_FAIL:
         return Line("/dev/shm", FAIL, value, fix)
-    if f.shm_free < SHM_WARN:
+    if free < SHM_WARN:
         return Line("/dev/shm", WARN, value, fix)
     return Line("/dev/shm", OK, value)
 
@@ -416,7 +420,8 @@ def cpu_line(f: Facts) -> Line:
     if f.shm_free is not None and f.shm_free < SHM_FAIL:
         value += " (0 until /dev/shm is larger)"
     if f.cpus < 2 * ranks:
-        return Line("cpus", WARN, value, "fewer than 2 CPUs per rank: data loading will likely starve the GPUs (pipe train --data-only measures it)")
+        return Line("cpus", WARN, value,
+                    "fewer than 2 CPUs per rank: data loading will likely starve the GPUs (pipe train --data-only measures it)")
     return Line("cpus", OK, value)
 
 

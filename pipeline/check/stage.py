@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from pipeline import __version__
 from pipeline.check import clean_dir
-from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
-from pipeline.core.errors import UsageError
 from pipeline.check.policy import Policy
 from pipeline.check.policy import load as load_policy
+from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
+from pipeline.core.errors import UsageError
+
+F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
 
 
 @dataclass
@@ -119,14 +123,13 @@ def run(cfg: CheckConfig, show_progress: bool = False) -> CheckReport:
 
 def run_folder(path: Path, kind: str, policy: Policy, cfg: CheckConfig, show_progress: bool = False) -> list[CheckResult]:
     if kind == "clean":
-        folder, checks = clean_dir.load(path, cfg.deep, cfg.input, cfg.workers), clean_dir.CHECKS
-    else:
-        from pipeline.check import shard_dir
+        clean = clean_dir.load(path, cfg.deep, cfg.input, cfg.workers)
+        return [run_one(fn, clean, policy) for fn in clean_dir.CHECKS]
+    from pipeline.check import shard_dir
 
-        with _shard_progress(path, show_progress) as advance:
-            folder = shard_dir.load(path, cfg.deep, policy, cfg.workers, advance)
-        checks = shard_dir.CHECKS
-    return [run_one(fn, folder, policy) for fn in checks]
+    with _shard_progress(path, show_progress) as advance:
+        shard = shard_dir.load(path, cfg.deep, policy, cfg.workers, advance)
+    return [run_one(fn, shard, policy) for fn in shard_dir.CHECKS]
 
 
 @contextmanager
@@ -145,7 +148,7 @@ def _shard_progress(path: Path, enabled: bool):
         yield lambda: bar.advance(task)
 
 
-def run_one(fn, folder, policy: Policy) -> CheckResult:
+def run_one(fn: Callable[[F, Policy], CheckResult], folder: F, policy: Policy) -> CheckResult:
     name = fn.__name__.removeprefix("check_")
     t = time.perf_counter()
     try:

@@ -9,12 +9,12 @@ rows the filter rejects. A test keeps the two in agreement on our schemas.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from functools import lru_cache
+from functools import cache
 
 from pipeline.core import schemas
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compiled(name: str):
     import fastjsonschema
 

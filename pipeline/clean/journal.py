@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TextIO
 
-from pipeline.core.files import STATE_DIR, atomic_write_text
 from pipeline.clean.records import FileResult
+from pipeline.core.files import STATE_DIR, atomic_write_text
 
 
 class Journal:
@@ -23,7 +24,7 @@ class Journal:
         self.dir = clean_dir / STATE_DIR
         self.path = self.dir / "journal.jsonl"
         self.state_path = self.dir / "state.json"
-        self._f = None
+        self._f: TextIO | None = None  # opened by the first append
         self._since_sync = 0
 
     def read_state(self) -> dict | None:

@@ -5,16 +5,22 @@ its stage; it imports nothing heavy (no torch) until the command runs, so `pipe 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 from typer.core import TyperGroup
 
 from pipeline import __version__
 
-try:
-    from typer._click import exceptions as _cx  # typer vendors click since 0.2x
-except ImportError:  # pragma: no cover - older typer depends on click itself
-    from click import exceptions as _cx
+if TYPE_CHECKING:
+    # The same click exceptions module either way; mypy checks against the installed typer,
+    # which vendors click (click itself is not installed beside it).
+    from typer._click import exceptions as _cx
+else:
+    try:
+        from typer._click import exceptions as _cx  # typer vendors click since 0.2x
+    except ImportError:  # pragma: no cover - older typer depends on click itself
+        from click import exceptions as _cx
 
 
 class PipeGroup(TyperGroup):

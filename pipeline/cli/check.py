@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,14 +14,15 @@ from pipeline.cli.common import exits_cleanly
 def check(
     ctx: typer.Context,
     dirs: Annotated[list[Path], typer.Argument(help="Clean dirs (manifest.parquet) and/or shard dirs (index.json).", show_default=False)],
-    policy: Annotated[Optional[Path], typer.Option(help="TOML file of thresholds and severities (schemas/policy.schema.json).")] = None,
+    policy: Annotated[Path | None, typer.Option(help="TOML file of thresholds and severities (schemas/policy.schema.json).")] = None,
     deep: Annotated[bool, typer.Option("--deep", help="Decode every image in every output and shard, not only headers.")] = False,
-    json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schemas/check_report.schema.json) instead of a table.")] = False,
-    junit: Annotated[Optional[Path], typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
-    html: Annotated[Optional[Path], typer.Option(help="Also write the pipe report page of these folders, with the verdicts on top.")] = None,
-    input: Annotated[Optional[Path], typer.Option(help="Raw input folder of a clean dir, when not where its report.json says.")] = None,
+    json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schemas/check_report.schema.json) "
+                                                      "instead of a table.")] = False,
+    junit: Annotated[Path | None, typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
+    html: Annotated[Path | None, typer.Option(help="Also write the pipe report page of these folders, with the verdicts on top.")] = None,
+    input: Annotated[Path | None, typer.Option(help="Raw input folder of a clean dir, when not where its report.json says.")] = None,
     workers: Annotated[int, typer.Option(help="Processes reading shards and, with --deep, decoding images (0 = one per core).")] = 0,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[check] table sets any of these flags.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[check] table sets any of these flags.")] = None,
 ) -> None:
     """Hold clean or shard dirs to a quality policy: the CI data-quality gate.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,7 +16,7 @@ def doctor(
     port: Annotated[int, typer.Option(help="Rendezvous port the run will use (torchrun --master-port).")] = 29500,
     run_dir: Annotated[Path, typer.Option(help="Where the run will write checkpoints and logs (free space, writable).")] = Path("."),
     json: Annotated[bool, typer.Option("--json", help="Print facts and verdicts as JSON (schemas/doctor_report.schema.json).")] = False,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[doctor] table sets --port and --run-dir.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[doctor] table sets --port and --run-dir.")] = None,
 ) -> None:
     """Check this machine before a long run: versions that must fit together, GPUs and their links,
     backends, shared memory, CPUs, the rendezvous port, disk space.
@@ -24,10 +24,10 @@ def doctor(
     One line per finding with a verdict (ok / warn / fail) and what to do. Exit 1 when anything
     fails, else 0.
     """
-    from train import doctor as dr
     from pipeline.core import ui
     from pipeline.core.config import explicit_params, load_section, resolve
     from pipeline.core.errors import UsageError
+    from train import doctor as dr
 
     cfg = resolve(dr.DoctorConfig, {"port": port, "run_dir": run_dir}, explicit_params(ctx), load_section(config, "doctor"))
     if not 1 <= cfg.port <= 65535:

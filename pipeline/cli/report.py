@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,10 +13,12 @@ from pipeline.cli.common import exits_cleanly
 @exits_cleanly
 def report(
     ctx: typer.Context,
-    dirs: Annotated[list[Path], typer.Argument(help="Clean dirs (manifest.parquet), shard dirs (index.json) and/or run dirs (metrics.jsonl).", show_default=False)],
+    dirs: Annotated[list[Path], typer.Argument(help="Clean dirs (manifest.parquet), shard dirs (index.json) and/or run dirs "
+                                                    "(metrics.jsonl).", show_default=False)],
     output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("report.html"),
-    thumbnails: Annotated[bool, typer.Option("--thumbnails/--no-thumbnails", help="Put image previews and text snippets in the page (off: for data that must not be copied).")] = True,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[report] table sets any of these flags.")] = None,
+    thumbnails: Annotated[bool, typer.Option("--thumbnails/--no-thumbnails", help="Put image previews and text snippets in the "
+                                             "page (off: for data that must not be copied).")] = True,
+    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[report] table sets any of these flags.")] = None,
 ) -> None:
     """Write one self-contained HTML page about clean, shard and run folders.
 

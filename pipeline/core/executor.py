@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -69,7 +69,7 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
             os._exit(1)
 
 
-class OrderedPool:
+class OrderedPool(Generic[T, R]):
     def __init__(self, fn: Callable[[T], R], workers: int, initializer=None, initargs=()):
         self.fn, self.workers = fn, max(1, workers)
         self.initializer, self.initargs = initializer, initargs
@@ -83,7 +83,7 @@ class OrderedPool:
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                    initializer=_start_worker, initargs=(self.initializer, self.initargs))
 
-    def start(self) -> "OrderedPool":
+    def start(self) -> OrderedPool:
         """Spawn the workers now, so that their start-up (a fresh interpreter importing the
         decoders) overlaps with what the caller does before `map` (discovery, resume)."""
         if self._pool is None:
@@ -116,7 +116,7 @@ class OrderedPool:
                     result = fut.result(timeout=timeout or None)
                 except FutureTimeout:
                     pending.popleft()
-                    yield on_timeout(item, timeout)
+                    yield _timed_out(item, timeout, on_timeout)
                     self._restart(pending)
                     continue
                 except BrokenProcessPool:
@@ -127,9 +127,16 @@ class OrderedPool:
         finally:
             self.close()
 
+    def _running(self) -> ProcessPoolExecutor:
+        """The pool in use: `map` starts one before it submits, replaces it while it runs, and
+        drops it only when it ends."""
+        if self._pool is None:
+            raise RuntimeError("OrderedPool: no pool running (used outside map)")
+        return self._pool
+
     def _submit(self, item: T) -> Future:
         try:
-            return self._pool.submit(self.fn, item)
+            return self._running().submit(self.fn, item)
         except BrokenProcessPool:
             fut: Future = Future()
             fut.set_exception(BrokenProcessPool("pool broken"))
@@ -137,7 +144,7 @@ class OrderedPool:
 
     def _recover(self, pending: deque, on_crash, timeout, on_timeout) -> Iterator[R]:
         """The pool died: run each in-flight item alone to find the one that kills its worker."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._running().shutdown(wait=False, cancel_futures=True)
         while pending:
             item, _ = pending.popleft()
             solo = self._new_pool(1)
@@ -147,14 +154,14 @@ class OrderedPool:
                 yield on_crash(item, e)
             except FutureTimeout:
                 _kill(solo)
-                yield on_timeout(item, timeout)
+                yield _timed_out(item, timeout, on_timeout)
             finally:
                 solo.shutdown(wait=True, cancel_futures=True)
         self._pool = self._new_pool(self.workers)
 
     def _restart(self, pending: deque) -> None:
         """Kill the workers (one is stuck) and run the other in-flight items again in a new pool."""
-        _kill(self._pool)
+        _kill(self._running())
         self._pool = self._new_pool(self.workers)
         items = [item for item, _ in pending]
         pending.clear()
@@ -164,6 +171,14 @@ class OrderedPool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _timed_out(item: T, timeout: float | None, on_timeout: Callable[[T, float], R] | None) -> R:
+    """The result for an item that ran past ``timeout``: a result only times out when a timeout
+    was given, and a caller that gives one must say what a timed-out item yields."""
+    if timeout is None or on_timeout is None:
+        raise TypeError("OrderedPool.map: a timeout needs on_timeout")
+    return on_timeout(item, timeout)
 
 
 def _kill(pool: ProcessPoolExecutor) -> None:

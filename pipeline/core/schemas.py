@@ -7,7 +7,7 @@ Schema files are named ``<name>.schema.json``. Stages validate what they write i
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,12 +38,12 @@ def _schema_dir() -> Traversable:
 SCHEMA_DIR = _schema_dir()
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_schema(name: str) -> dict[str, Any]:
     return json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text(encoding="utf-8"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(name: str):
     import jsonschema
 

@@ -97,7 +97,8 @@ def members(buf: bytes | memoryview, start: int = 0, end: int | None = None) -> 
     """
     view = memoryview(buf).cast("B")
     end = len(view) if end is None else end
-    unpack, out, pos = _HEADER.unpack_from, [], start
+    out: list[tuple[str, int, int]] = []
+    unpack, pos = _HEADER.unpack_from, start
     while pos < end:
         if end - pos < BLOCK:
             raise TarFormatError(_after("the shard ends inside a tar header", out))
@@ -139,7 +140,7 @@ def _octal_columns(fields: np.ndarray) -> np.ndarray:
     """Octal number fields, one per row, parsed at once: digits count, spaces and NULs are
     padding; any other byte makes the value -1 (never a valid checksum)."""
     digit = (fields >= ord("0")) & (fields <= ord("7"))
-    later = np.cumsum(digit[:, ::-1], axis=1)[:, ::-1] - digit  # digits to the right of each column
+    later: np.ndarray = np.cumsum(digit[:, ::-1], axis=1)[:, ::-1] - digit  # digits to the right of each column
     value = (np.where(digit, fields.astype(np.int64) - ord("0"), 0) << (3 * later)).sum(axis=1)
     value[~(digit | (fields == ord(" ")) | (fields == 0)).all(axis=1)] = -1
     return value

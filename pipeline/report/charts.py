@@ -8,6 +8,7 @@ see the picture or wants the exact numbers. Every label is escaped by `safe`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from pipeline.report import safe
 
@@ -40,7 +41,7 @@ def _frame(title: str, desc: str, width: int, height: int, body: str) -> str:
             f"{body}</svg>")
 
 
-def bars(title: str, labels: list[str], values: list[float], unit: str = "") -> str:
+def bars(title: str, labels: Sequence[str], values: Sequence[float | None], unit: str = "") -> str:
     """A horizontal bar chart and its table (the first MAX_BARS bars; the table has them all)."""
     shown = list(zip(labels, values))[:MAX_BARS]
     top = max([v for _, v in shown if v is not None] + [1e-12])
@@ -58,7 +59,7 @@ def bars(title: str, labels: list[str], values: list[float], unit: str = "") -> 
     return f"<figure><figcaption>{safe.text(title)}</figcaption>{svg}{tbl}</figure>"
 
 
-def lines(title: str, x_name: str, xs: list[float], series: dict[str, list], y_name: str = "") -> str:
+def lines(title: str, x_name: str, xs: Sequence[float], series: dict[str, list], y_name: str = "") -> str:
     """A line chart of one or more series over the same x values, and its table."""
     w, h, pad_l, pad_b, pad_t = 640, 220, 56, 28, 10
     pts = [v for s in series.values() for v in s if _finite(v)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -231,10 +232,12 @@ def _distance(copy: dict, kept: dict) -> str:
         via = copy.get("duplicate_of")
         return "exact copy" if not via or via == kept.get("source") else f"exact copy of {via}"
     a, b = copy.get("phash"), kept.get("phash")
-    try:
-        return f"{(int(a, 16) ^ int(b, 16)).bit_count()} bits apart (perceptual hash)"
-    except (TypeError, ValueError):
-        return copy.get("reason") or ""
+    if isinstance(a, str) and isinstance(b, str):  # null for files without a perceptual hash
+        try:
+            return f"{(int(a, 16) ^ int(b, 16)).bit_count()} bits apart (perceptual hash)"
+        except ValueError:
+            pass
+    return copy.get("reason") or ""
 
 
 def _conflicts(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
@@ -279,7 +282,7 @@ def _sizes(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
     f.aspects = _hist(aspect, ASPECT_EDGES, "")
 
 
-def _hist(values: np.ndarray, edges: list[float], unit: str) -> Histogram:
+def _hist(values: np.ndarray, edges: Sequence[float], unit: str) -> Histogram:
     idx = np.searchsorted(np.asarray(edges, dtype="float64"), values, side="right") - 1
     n = np.bincount(np.clip(idx, 0, len(edges) - 1), minlength=len(edges))
     bins = [f"{_num(a)}–{_num(b)}{unit}" for a, b in itertools.pairwise(edges)] + [f"≥{_num(edges[-1])}{unit}"]

@@ -8,11 +8,15 @@ between runs (no clock, no random order), so a rerun writes the same bytes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pipeline.formats.vocabulary import Status
 from pipeline.report import charts, safe
 from pipeline.report.clean import CleanFacts, Histogram, Item
 from pipeline.report.run import RunFacts
 from pipeline.report.shard import ShardFacts
+
+Facts = CleanFacts | ShardFacts | RunFacts  # what report/stage.py gathers for one folder
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 STYLE = """
@@ -38,14 +42,14 @@ svg .lab,svg .val{fill:#202124}
 """
 
 
-def page(folders: list[tuple[str, object]], check: dict | None = None) -> str:
+def page(folders: Sequence[tuple[str, Facts]], check: dict | None = None) -> str:
     """The whole document: ``folders`` are (kind, facts) in the order they were given; ``check``
     a `pipe check` report (its to_dict()), shown on top."""
     parts = [_head(), "<body><h1>pipe report</h1>", _folders(folders)]
     if check is not None:
         parts.append(_check(check))
-    for kind, facts in folders:
-        parts.append({"clean": _clean, "shard": _shard, "run": _run}[kind](facts))
+    for _kind, facts in folders:
+        parts.append(_section(facts))
     parts.append("</body></html>\n")
     return "".join(parts)
 
@@ -57,7 +61,16 @@ def _head() -> str:
             f"<title>pipe report</title><style>{STYLE}</style></head>")
 
 
-def _folders(order) -> str:
+def _section(facts: Facts) -> str:
+    """The folder's section, by the kind of facts gathered for it."""
+    if isinstance(facts, CleanFacts):
+        return _clean(facts)
+    if isinstance(facts, ShardFacts):
+        return _shard(facts)
+    return _run(facts)
+
+
+def _folders(order: Sequence[tuple[str, Facts]]) -> str:
     items = "".join(f"<li>{kind} dir <code>{safe.text(f.path)}</code></li>" for kind, f in order)
     return f"<ul>{items}</ul>"
 
@@ -281,7 +294,7 @@ def _shard(f: ShardFacts) -> str:
 def _run(f: RunFacts) -> str:
     parts = [f"<section><h2>run dir <code>{safe.text(f.path)}</code></h2>", _problems(f.problems)]
     t = f.train
-    steps = [r.get("step") for r in t]
+    steps = [r["step"] for r in t]  # gather keeps only windows with a numeric step
     summary = (f"<p>{f.windows:,} logged windows, {f.ranks} rank{'s' if f.ranks != 1 else ''}, "
                f"{len(f.val):,} validations shown, <span class=\"{'bad' if f.drift_total else 'ok'}\">"
                f"{f.drift_total:,} drift alarm{'s' if f.drift_total != 1 else ''}</span>.</p>")
@@ -296,7 +309,7 @@ def _run(f: RunFacts) -> str:
                                wait or {"all": [r.get("data_wait_share") for r in t]}, "share"))
         parts.append(_fold("Training", body, True))
     if f.val:
-        xs = [r.get("epoch") or r.get("step") for r in f.val]
+        xs = [r.get("epoch") or r["step"] for r in f.val]  # gather keeps only rows with a numeric step
         body = (charts.lines("validation loss", "epoch", xs, {"val loss": [r.get("val_loss") for r in f.val]}, "loss")
                 + charts.lines("validation accuracy", "epoch", xs, {"val acc": [r.get("val_acc") for r in f.val]}, "accuracy"))
         parts.append(_fold("Validation", body, True))
@@ -306,16 +319,16 @@ def _run(f: RunFacts) -> str:
                            charts.table(["step", "rank", "host", "what", "message"], rows)
                            + _more(len(f.drift), f.drift_total, "alarms"), True))
     if f.label_issues is not None:
-        parts.append(_fold(f"Label-issue candidates ({f.label_issues_total:,})", _label_issues(f), True))
+        parts.append(_fold(f"Label-issue candidates ({f.label_issues_total:,})", _label_issues(f.label_issues, f.label_issues_total), True))
     parts.append("</section>")
     return "".join(parts)
 
 
-def _label_issues(f: RunFacts) -> str:
+def _label_issues(issues: list[dict], total: int) -> str:
     """`pipe labels` output: samples whose label is probably wrong, for a person to review."""
-    cols = [c for c in ("rank", "key", "source", "split", "given", "suggested", "score") if any(c in r for r in f.label_issues)]
-    rows = [[r.get(c) for c in cols] for r in f.label_issues]
-    return charts.table(cols, rows) + _more(len(rows), f.label_issues_total, "candidates (lowest rank first)")
+    cols = [c for c in ("rank", "key", "source", "split", "given", "suggested", "score") if any(c in r for r in issues)]
+    rows = [[r.get(c) for c in cols] for r in issues]
+    return charts.table(cols, rows) + _more(len(rows), total, "candidates (lowest rank first)")
 
 
 def _at(xs, i):

@@ -34,7 +34,7 @@ def gather(root: Path) -> RunFacts:
     train = [r for r in rows if r.get("kind") == "train" and isinstance(r.get("step"), (int, float))]
     f.windows = len(train)
     f.train = thin(train)
-    f.val = thin([r for r in rows if r.get("kind") == "val"])
+    f.val = thin([r for r in rows if r.get("kind") == "val" and isinstance(r.get("step"), (int, float))])
     drift = [r for r in rows if r.get("kind") == "drift"]
     f.drift_total, f.drift = len(drift), drift[:MAX_DRIFT]
     f.ranks = max((len(r.get("loss_per_rank") or []) for r in train), default=0)

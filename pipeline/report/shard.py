@@ -46,7 +46,8 @@ def gather(root: Path, previews: bool = True) -> ShardFacts:
         if isinstance(c, dict):
             f.samples[split] = int(c.get("samples") or 0)
             f.shards[split] = int(c.get("shards") or 0)
-            per = c.get("per_class") if isinstance(c.get("per_class"), dict) else {}
+            per = c.get("per_class")
+            per = per if isinstance(per, dict) else {}
             f.per_class[split] = {str(k): int(v) for k, v in per.items() if isinstance(v, (int, float))}
     train = [v for v in f.per_class.get("train", {}).values()]
     if train and min(train) > 0:
@@ -87,7 +88,10 @@ def _scan(path: Path, classes: list[str], found: dict[str, list[Item]], budget: 
                 key, _, ext = m.name.rpartition(".")
                 ext = "." + ext.lower()
                 if ext == ".cls" or ext in IMAGE_EXT:
-                    data = tar.extractfile(m).read()
+                    member = tar.extractfile(m)
+                    if member is None:  # only for members that are not files, skipped above
+                        continue
+                    data = member.read()
                     s = pending.setdefault(key, {})
                     s["cls" if ext == ".cls" else "img"] = data
                     _take(key, s, classes, found, pending)

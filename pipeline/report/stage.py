@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core.errors import UsageError
+
+if TYPE_CHECKING:  # the facts modules import pyarrow: only when a report is made
+    from pipeline.report.render import Facts
 
 MAX_PAGE_BYTES = 5 * 2**20  # the target; a bigger page is still written, with a warning
 
@@ -40,12 +44,12 @@ def detect(path: Path) -> str:
         raise
 
 
-def gather(dirs: list[Path], thumbnails: bool = True) -> list[tuple[str, object]]:
+def gather(dirs: list[Path], thumbnails: bool = True) -> list[tuple[str, Facts]]:
     """(kind, facts) for each folder, in order."""
     from pipeline.report import clean, run, shard
 
     kinds = [(d, detect(d)) for d in dirs]  # a bad folder stops us before any work
-    out = []
+    out: list[tuple[str, Facts]] = []
     for d, kind in kinds:
         if kind == "clean":
             out.append((kind, clean.gather(d, thumbnails)))

@@ -48,6 +48,8 @@ def from_bytes(data: bytes) -> Thumb:
         return Thumb(why=f"no preview: {e.reason}")
     except Exception as e:  # noqa: BLE001 - whatever a decoder raises, the page goes on
         return Thumb(why=f"no preview: {type(e).__name__}")
+    if d.image is None:  # decode returns only once it has set the image
+        return Thumb(why="no preview: nothing decoded")
     im = d.image.copy()
     im.thumbnail((SIZE, SIZE), Image.Resampling.BILINEAR, reducing_gap=None)
     buf = io.BytesIO()

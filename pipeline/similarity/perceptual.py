@@ -9,9 +9,10 @@ hashes, so every candidate is confirmed on pixels (`same_picture`).
 The pixel check works on the cleaned outputs (``CLEAN_DIR/data/...``), reduced to about 128 px
 (`load_view`): the part of the output that shows the input (`content_box`, without padding) is
 registered (a crop of up to `MAX_CROP` per side: the best few per axis from row and column
-intensity profiles, the best pair of those on 2-D thumbnails), then compared as 16x16 thumbnails: the grey structure must correlate (`MIN_CORRELATION`) and
-the colours must agree up to one overall brightness gain (`MAX_RMSE`, `GAIN_RANGE`). Flat
-images have no structure to correlate; they must have the same colour.
+intensity profiles, the best pair of those on 2-D thumbnails), then compared as 16x16 thumbnails:
+the grey structure must correlate (`MIN_CORRELATION`) and the colours must agree up to one overall
+brightness gain (`MAX_RMSE`, `GAIN_RANGE`). Flat images have no structure to correlate; they must
+have the same colour.
 
 Thresholds were chosen on generated data (see tests/pipeline/similarity/test_near_images.py): re-encoding at JPEG
 quality 40, scaling to 60%, cropping 2% and brightening 8% pass; distinct same-class digits,
@@ -174,7 +175,7 @@ def compare(a: View, b: View) -> tuple[float, float, float, bool]:
     rows, so on its own it can miss), then the combination whose 2-D thumbnails correlate best.
     When either is flat (no structure), correlation means nothing: it is 1.0 when both are
     flat, else 0.0, and the RMSE is the largest difference of the channel means."""
-    best = None
+    best: tuple[float, np.ndarray, np.ndarray, float, float] | None = None
     # many crop combinations leave one side's box as it was: resample it once, and centre its
     # grey and take its spread (`_correlation`'s per-side work) once
     thumbs: dict = {}
@@ -201,6 +202,8 @@ def compare(a: View, b: View) -> tuple[float, float, float, bool]:
             corr = _correlation(za, sa, zb, sb)
             if best is None or corr > best[0]:
                 best = (corr, ta, tb, sa, sb)
+    if best is None:  # _register offers crops on every axis (the uncropped one among them)
+        raise ValueError("compare: registration found no crop to try")
     corr, ta, tb, sa, sb = best
     flat = sa <= FLAT_STD or sb <= FLAT_STD
     gain = float((ta * tb).sum() / max(float((ta * ta).sum()), 1e-6))

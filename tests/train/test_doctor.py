@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from train import doctor as dr
 from pipeline.core import schemas
-from train.doctor import GB, MIB, GPU, Facts
 from tests.conftest import pipe_env
+from train import doctor as dr
+from train.doctor import GB, GPU, MIB, Facts
 
 H100 = dict(name="NVIDIA H100 80GB HBM3", memory_bytes=85 * GB, capability=(9, 0))
 

@@ -18,8 +18,8 @@ from pipeline.core.errors import StageFailed, UsageError
 from tests.conftest import REPO, pipe_env
 from tests.fake_data import fake_source, write_index
 from tests.gloo import scenario_results
-from train.components import checkpoint as ckpt
 from train import loop
+from train.components import checkpoint as ckpt
 from train.config import BatchPlan, TrainConfig
 from train.distributed.group import Dist
 

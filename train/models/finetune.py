@@ -106,7 +106,8 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         raise UsageError(f"--init-from {path}: refused by weights_only=True ({_unpickler_reason(e)}): it holds Python "
                          "objects besides tensors; load it where you trust it and torch.save(model.state_dict())") from None
     except Exception as e:  # not a torch file at all: zip errors, truncation
-        raise UsageError(f"--init-from {path}: not a readable torch file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UsageError(f"--init-from {path}: not a readable torch file ({type(e).__name__}: {first})") from None
     if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
         kind = f"pipe train checkpoint (epoch {obj.get('epoch')}, step {obj.get('step')})"
         return _strip_prefixes(obj["model"]), kind
@@ -142,7 +143,7 @@ def load_init(model: nn.Module, path: Path) -> InitReport:
     if isinstance(head, nn.Linear):
         skipped = {name for name, _, _ in report.skipped_shape}
         if "head.weight" in skipped or "head.bias" in skipped:
-            old = theirs.get("head.weight", theirs.get("head.bias"))
+            old = theirs["head.weight"] if "head.weight" in theirs else theirs["head.bias"]  # one was skipped, so is there
             head.reset_parameters()  # a half-loaded head is worse than a fresh one
             report.head_reinitialised = f"file has {old.shape[0]} classes, this dataset {head.out_features}"
     return report
@@ -153,8 +154,9 @@ def load_init(model: nn.Module, path: Path) -> InitReport:
 
 def block_groups(model: nn.Module) -> list[list[nn.Module]]:
     """The model's blocks from input to output, in groups (one per encoder); the head excluded."""
-    if hasattr(model, "block_groups"):
-        return [list(g) for g in model.block_groups()]
+    groups = getattr(model, "block_groups", None)  # a method of our multi-encoder models, not a submodule
+    if groups is not None:
+        return [list(g) for g in groups()]
     head = getattr(model, "head", None)
     return [[m for m in model.children() if m is not head]]
 

@@ -336,7 +336,8 @@ def _boxes(data: bytes, start: int = 0) -> Checked:
         if size < header:
             raise Reject(Reason.CORRUPT, f"box {data[pos + 4:pos + 8]!r} has an impossible size {size}")
         if pos + size > n:
-            raise Reject(Reason.TRUNCATED, f"the file ends {pos + size - n} bytes before its {data[pos + 4:pos + 8].decode('latin-1')!r} box does")
+            box = data[pos + 4 : pos + 8].decode("latin-1")
+            raise Reject(Reason.TRUNCATED, f"the file ends {pos + size - n} bytes before its {box!r} box does")
         pos += size
     if pos != n:
         raise Reject(Reason.TRUNCATED, "the file ends inside a box header")

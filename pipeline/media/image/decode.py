@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageFile
 
 from pipeline.formats.vocabulary import Reason
-from pipeline.media.image import colour
-from pipeline.media.image import containers
-from pipeline.media.image import jpeg
-from pipeline.media.reject import Reject
+from pipeline.media.image import colour, containers, jpeg
 from pipeline.media.image.resize import dct_scale, orient, scaled_size
+from pipeline.media.reject import Reject
 
 Image.MAX_IMAGE_PIXELS = None  # --max-pixels is checked here, from the header, before decoding
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -215,7 +213,7 @@ def _open(data: bytes, fmt: str) -> Image.Image:
         # Pillow hides its plugin's reason behind "cannot identify": ask the plugin itself
         factory = Image.OPEN[PIL_FORMATS[fmt]][0]
         try:
-            factory(io.BytesIO(data), None)
+            factory(io.BytesIO(data), "")  # the empty name Image.open gives an in-memory file
         except Exception as e:  # noqa: BLE001
             raise Reject(*_classify(e, fmt)) from None
         raise Reject(Reason.CORRUPT, f"{fmt} file Pillow cannot open")

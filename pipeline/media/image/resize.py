@@ -113,7 +113,7 @@ def _resize(im: Image.Image, size: tuple[int, int], box=None) -> Image.Image:
     if box is None and im.size == size:
         return im
     global _FIR
-    from cykooz_resizer import CropBox, FilterType, ResizeAlg, Resizer, ResizeOptions
+    from cykooz_resizer import CropBox, FilterType, ResizeAlg, ResizeOptions, Resizer
 
     if _FIR is None:
         _FIR = Resizer(), ResizeAlg.convolution(FilterType.lanczos3)

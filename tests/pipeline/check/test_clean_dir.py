@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-import io
 import shutil
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from tests.check_fixtures import (build_raw, check, copy_dir, edit_json, failing, kept_output, manifest_rows,
-                                  policy_file, result, run_clean, write_manifest, zero_middle)
+from tests.check_fixtures import (
+    build_raw,
+    check,
+    copy_dir,
+    edit_json,
+    failing,
+    kept_output,
+    manifest_rows,
+    policy_file,
+    result,
+    run_clean,
+    write_manifest,
+    zero_middle,
+)
 from tests.factories import image_bytes, noise_rgb, photo, write
 
 

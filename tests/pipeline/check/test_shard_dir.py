@@ -10,8 +10,21 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.check_fixtures import (build_raw, check, copy_dir, edit_json, failing, policy_file, read_samples, result,
-                                  rewrite_shard, run_clean, run_shard, shard_names, zero_middle)
+from tests.check_fixtures import (
+    build_raw,
+    check,
+    copy_dir,
+    edit_json,
+    failing,
+    policy_file,
+    read_samples,
+    result,
+    rewrite_shard,
+    run_clean,
+    run_shard,
+    shard_names,
+    zero_middle,
+)
 from tests.factories import image_bytes, noise_rgb
 
 

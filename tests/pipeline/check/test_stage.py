@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pipeline.core import schemas
 from pipeline.check.policy import CHECK_NAMES
+from pipeline.core import schemas
 from tests.check_fixtures import build_raw, copy_dir, kept_output, policy_file, run_clean
 from tests.conftest import pipe_env
 from tests.factories import image_bytes, noise_rgb, photo

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from pipeline.core import schemas
 from pipeline.check.validate import each_error, is_valid_fast
+from pipeline.core import schemas
 
 ROW = {
     "source": "cats/a.jpg", "key": "cats__a", "kind": "image", "label": "cats", "status": "kept", "reason": None,

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from pipeline.clean.decide import DecideSettings, decide
-from pipeline.similarity.minhash import encode_keys, shingles, text_keys
 from pipeline.clean.records import FileResult
+from pipeline.similarity.minhash import encode_keys, shingles, text_keys
 
 
 def img(source, key=None, label=None, h="p1", w=100, hh=100, phash=0x0F0F0F0F0F0F0F0F, reason=None):

@@ -6,9 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.clean import stage as clean
+from pipeline.clean.labels import normalize_path, read_labels
 from pipeline.clean.stage import CleanConfig
 from pipeline.core.errors import UsageError
-from pipeline.clean.labels import normalize_path, read_labels
 from tests.factories import photo, write
 
 

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.clean import stage as clean
-from pipeline.core import schemas
 from pipeline.clean.stage import CleanConfig
+from pipeline.core import schemas
 from tests.factories import image_bytes, noise_rgb, photo, write
 
 

@@ -122,6 +122,18 @@ def test_run_dir_shows_loss_per_rank_and_drift(page):
     assert "1 drift alarm" in page
 
 
+def test_a_validation_row_without_a_step_is_left_out_not_a_crash(tmp_path):
+    """A metrics.jsonl another tool appended to (or edited by hand) may have a val row with no
+    step or epoch: the chart shows the rows it can place instead of the page failing."""
+    from pipeline.report.stage import build
+
+    run = build_run(tmp_path / "run")
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"kind": "val", "val_loss": 0.5, "val_acc": 0.9}) + "\n")
+    page = build([run])
+    assert "validation accuracy" in page and "3 validations shown" in page
+
+
 def test_folders_that_are_not_ours_are_usage_errors(tmp_path, cli, folders):
     r = cli("report", tmp_path, "-o", tmp_path / "r.html")
     assert r.exit_code == 2 and "nor a run dir" in r.stderr

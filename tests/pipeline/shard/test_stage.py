@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from pipeline.core import schemas
-from pipeline.shard import stage
 from pipeline.formats.sample import decode_image, shard_key
+from pipeline.shard import stage
 from tests.clean_dirs import Spec, make_clean_dir, simple_specs
 from tests.conftest import pipe_env
 from tests.factories import photo, write
@@ -59,7 +59,7 @@ def test_end_to_end_after_real_pipe_clean(tmp_path, cli):
     assert index["counts"]["val"]["per_class"] == {"cat": 2, "dog": 2}
     samples = {k: v for s in index["shards"] for k, v in tar_samples(tmp_path / "shards" / s["name"]).items()}
     assert len(samples) == 12
-    assert samples["cat__c0"]["txt"] == "a cat, obviously".encode()
+    assert samples["cat__c0"]["txt"] == b"a cat, obviously"
     meta = json.loads(samples["cat__c0"]["json"])
     assert meta["sources"] == {"image": "cat/c0.jpg", "text": "cat/c0.txt"} and meta["image"] == {"width": 120, "height": 90}
     assert all(set(v) == {"jpg", "cls", "json"} for k, v in samples.items() if k != "cat__c0")

@@ -6,8 +6,18 @@ import sys
 
 import numpy as np
 
-from pipeline.similarity.minhash import (BANDS, candidate_pairs, decode_keys, encode_keys, estimated_jaccard, jaccard,
-                              normalize_for_shingles, shingles, text_keys, text_signature)
+from pipeline.similarity.minhash import (
+    BANDS,
+    candidate_pairs,
+    decode_keys,
+    encode_keys,
+    estimated_jaccard,
+    jaccard,
+    normalize_for_shingles,
+    shingles,
+    text_keys,
+    text_signature,
+)
 from tests.conftest import pipe_env
 from tests.text_samples import LANGUAGES
 

@@ -8,8 +8,8 @@ import math
 
 from tests.fake_data import fake_source, write_index
 from tests.gloo import scenario_results
-from train.config import TrainConfig
 from train.components.monitor import DriftDetector
+from train.config import TrainConfig
 
 NORMAL_MEAN, NORMAL_STD = [0.02, -0.01, 0.0], [0.98, 1.01, 1.0]
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.shard import stage
 from pipeline.formats.sample import decode_image
+from pipeline.shard import stage
 from tests.clean_dirs import Spec, make_clean_dir, simple_specs
-from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
 from train.data.plan import rank_stream
+from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 

@@ -13,8 +13,8 @@ from pipeline.core.errors import UsageError
 from tests.gloo import scenario_results
 from train.distributed import group as distributed
 from train.distributed.group import no_sync
-from train.models.finetune import Freezer
 from train.models.builtin import build_model, forward
+from train.models.finetune import Freezer
 
 ACCUM, MICRO, WORLD = 3, 2, 2
 

@@ -11,8 +11,8 @@ from torch import nn
 
 from pipeline.core.errors import UsageError
 from train.components.checkpoint import CHECKPOINT_FORMAT
-from train.models.finetune import Freezer, FreezeSchedule, load_init, read_state_dict
 from train.models.builtin import build_model
+from train.models.finetune import Freezer, FreezeSchedule, load_init, read_state_dict
 
 
 def _model(classes: int = 3, seed: int = 0, **kw) -> nn.Module:

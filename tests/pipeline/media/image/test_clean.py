@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from pipeline.media.image.clean import ImageSettings, clean_image, pixel_hash
 from pipeline.formats.vocabulary import Reason
+from pipeline.media.image.clean import ImageSettings, clean_image, pixel_hash
 from tests import nasty
 from tests.factories import noise_rgb
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.media.image.decode import Decoded, Target, decode
 from pipeline.media.image.clean import ImageSettings, clean_image
+from pipeline.media.image.decode import Target, decode
 from tests import nasty
 from tests.factories import noise_rgb
 from tests.icc import press_cmyk, press_cmyk_to_srgb

@@ -115,8 +115,10 @@ def test_fingerprints_for_near_duplicates_are_compact():
 CAPTIONS = {  # file -> (bytes on disk, the UTF-8 text pipe must write)
     "gbk.txt": ("一只橘色的小猫躺在沙发上睡觉，旁边放着一本书。".encode("gbk"), "一只橘色的小猫躺在沙发上睡觉，旁边放着一本书。"),
     "big5.txt": ("一隻橘色的小貓躺在沙發上睡覺，旁邊放著一本書。".encode("big5"), "一隻橘色的小貓躺在沙發上睡覺，旁邊放著一本書。"),
-    "sjis.txt": ("オレンジ色の子猫がソファで寝ていて、隣に本があります。".encode("shift_jis"), "オレンジ色の子猫がソファで寝ていて、隣に本があります。"),
-    "euckr.txt": ("주황색 새끼 고양이가 소파에서 자고 있고 옆에 책이 있습니다.".encode("euc_kr"), "주황색 새끼 고양이가 소파에서 자고 있고 옆에 책이 있습니다."),
+    "sjis.txt": ("オレンジ色の子猫がソファで寝ていて、隣に本があります。".encode("shift_jis"),
+                 "オレンジ色の子猫がソファで寝ていて、隣に本があります。"),
+    "euckr.txt": ("주황색 새끼 고양이가 소파에서 자고 있고 옆에 책이 있습니다.".encode("euc_kr"),
+                  "주황색 새끼 고양이가 소파에서 자고 있고 옆에 책이 있습니다."),
     "koi8r.txt": ("Рыжий котёнок спит на диване, рядом лежит книга.".encode("koi8_r"), "Рыжий котёнок спит на диване, рядом лежит книга."),
     "cp1252.txt": ("Un chaton roux dort sur le canapé – à côté, un livre “ouvert”.\r\n".encode("cp1252"),
                    "Un chaton roux dort sur le canapé – à côté, un livre “ouvert”.\n"),

@@ -158,7 +158,7 @@ def test_a_stray_control_byte_does_not_make_text_binary():
 
 def test_undecodable_bytes_are_never_replaced():
     # a UTF-8 byte-order mark followed by bytes that are not UTF-8
-    d = decode_bytes(codecs.BOM_UTF8 + "caf".encode() + b"\xe9 cr\xe8me")
+    d = decode_bytes(codecs.BOM_UTF8 + b"caf" + b"\xe9 cr\xe8me")
     assert d.reason == "undecodable_text" and d.text is None
     assert "byte 6" in d.detail
 
