@@ -46,6 +46,8 @@ class CleanDir:
     """Kept text output path -> its problem, None when clean."""
     missing: list[str] = field(default_factory=list)
     """Kept outputs the manifest names that are not on disk."""
+    copies: tuple | None = None
+    """(samples, `leakage.Copies`) once `_copies` has searched the kept samples for copies."""
 
     @cached_property
     def kept_rows(self) -> list[dict]:
@@ -305,6 +307,127 @@ def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
                    f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
 
 
+def check_duplicates(d: CleanDir, p: Policy) -> CheckResult:
+    """Kept samples that are exact or near copies of another kept sample: what pipe clean should
+    have removed (a run with --no-near-dedup, a folder another tool or an older pipe wrote)."""
+    name = "duplicates"
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    samples, found = _copies(d, p)
+    lines = [f"{samples[j]['where']} ~ {samples[i]['where']} ({how})" for j, (i, how) in sorted(found.same_group.items())]
+    return _at_most(name, lines, p.max_duplicate_samples, len(samples),
+                    "kept samples are exact or near copies of another kept sample",
+                    "kept samples are an exact or near copy of another kept sample", found.unconfirmed)
+
+
+def check_label_conflicts(d: CleanDir, p: Policy) -> CheckResult:
+    """One content kept under two labels: the model is taught both answers."""
+    name = "label_conflicts"
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    samples, found = _copies(d, p)
+    lines = [f"{samples[j]['where']} ({samples[j]['label']}) ~ {samples[i]['where']} ({samples[i]['label']}) ({how})"
+             for j, (i, how) in sorted(found.other_label.items())]
+    return _at_most(name, lines, p.max_label_conflicts, len(samples),
+                    "kept samples are copies of a kept sample under another label",
+                    "kept samples are an exact or near copy of a kept sample under another label", found.unconfirmed)
+
+
+def _at_most(name: str, lines: list[str], limit: int, total: int, failing: str, passing: str, unconfirmed: int) -> CheckResult:
+    nums = dict(samples=total, found=len(lines), limit=limit, candidates_not_confirmed=unconfirmed)
+    if len(lines) > limit:
+        return fail(name, f"{len(lines)} of {total} {failing}: {lines[0]}", lines, **nums)
+    result = ok(name, f"{len(lines)} of {total} {passing} (limit {limit})", **nums)
+    result.examples = lines[:10]
+    return result
+
+
+def _copies(d: CleanDir, p: Policy):
+    """The kept samples (an image and its caption are one, judged by its image) searched once for
+    copies, from the manifest's hashes; near candidates confirmed on the outputs, as pipe clean does."""
+    if d.copies is None:
+        from pipeline.check.leakage import copies
+
+        samples = _kept_samples(d)
+        found = copies([s["exact"] for s in samples], [s["phash"] for s in samples],
+                       [_text_signature(d, s) for s in samples], ["kept"] * len(samples),
+                       [s["label"] for s in samples], p.near_duplicate_phash_distance,
+                       p.near_duplicate_text_similarity,
+                       lambda i, j: _same_picture(d, samples[i], samples[j]),
+                       lambda i, j: _text_similarity(d, samples[i], samples[j]))
+        d.copies = (samples, found)
+    return d.copies
+
+
+def _kept_samples(d: CleanDir) -> list[dict]:
+    """One entry per kept sample key: the image row when there is one (its caption does not make
+    it another sample), else the text row; the label any of its rows carries."""
+    by_key: dict[object, list[dict]] = {}
+    for r in d.kept():
+        if r.get(NAMES.kind) in (Kind.IMAGE, Kind.TEXT):
+            by_key.setdefault(r.get(NAMES.key), []).append(r)
+    samples = []
+    for rows in by_key.values():
+        r = next((x for x in rows if x.get(NAMES.kind) == Kind.IMAGE), rows[0])
+        kind, h = r.get(NAMES.kind), r.get(NAMES.content_hash)
+        samples.append({
+            "where": r.get(NAMES.source), "kind": kind, "output": str(r.get(NAMES.output) or ""),
+            "label": next((x.get(NAMES.label) for x in rows if x.get(NAMES.label) is not None), None),
+            "exact": f"{kind}:{h}" if h else None, "width": r.get(NAMES.width), "height": r.get(NAMES.height),
+            "phash": _int16(r.get(NAMES.phash)) if kind == Kind.IMAGE else None})
+    return samples
+
+
+def _int16(v) -> int | None:
+    try:
+        return int(v, 16) if isinstance(v, str) else None
+    except ValueError:
+        return None
+
+
+def _output(d: CleanDir, s: dict) -> Path | None:
+    root = d.root.resolve()
+    path = (root / s["output"]).resolve()
+    return path if s["output"] and root in path.parents and path.is_file() else None
+
+
+def _text_signature(d: CleanDir, s: dict) -> bytes | None:
+    from pipeline.similarity.minhash import text_signature
+
+    text = _read_text(d, s) if s["kind"] == Kind.TEXT else None
+    return text_signature(text) if text is not None else None
+
+
+def _read_text(d: CleanDir, s: dict) -> str | None:
+    path = _output(d, s)
+    try:
+        return path.read_text(encoding="utf-8") if path else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _same_picture(d: CleanDir, a: dict, b: dict) -> tuple[bool, str]:
+    """Close hashes are a candidate; the outputs' pixels decide. An output that cannot be read
+    stays a finding (the check does not pass on what it could not look at)."""
+    from pipeline.similarity.perceptual import load_view, same_picture
+
+    mode = str(d.settings().get("resize_mode") or "pad")
+    pa, pb = _output(d, a), _output(d, b)
+    va = load_view(str(pa), a["width"], a["height"], mode) if pa else None
+    vb = load_view(str(pb), b["width"], b["height"], mode) if pb else None
+    if va is None or vb is None:
+        return True, ""
+    same, how = same_picture(va, vb)
+    return same, f", {how}"
+
+
+def _text_similarity(d: CleanDir, a: dict, b: dict) -> float | None:
+    from pipeline.similarity.minhash import jaccard, shingles
+
+    ta, tb = _read_text(d, a), _read_text(d, b)
+    return None if ta is None or tb is None else jaccard(shingles(ta), shingles(tb))
+
+
 def expected_size(declared, p: Policy) -> int | None:
     return p.image_size if p.image_size is not None else declared
 
@@ -354,7 +477,7 @@ def check_decodes(d: CleanDir, p: Policy) -> CheckResult:
 CHECKS = (
     check_schema, check_manifest_matches_input, check_outputs_match_manifest, check_keys_unique,
     check_labels_in_range, check_quarantined_fraction, check_duplicate_fraction, check_min_samples_per_class,
-    check_class_imbalance, check_image_size, check_image_mode, check_text_encoding, check_decodes,
+    check_class_imbalance, check_duplicates, check_label_conflicts, check_image_size, check_image_mode, check_text_encoding, check_decodes,
 )
 
 
