@@ -394,8 +394,8 @@ def _caption_notes(results, samples) -> None:
         mine, kept = _caption_of(results, smp), _caption_of(results, samples[smp.of])
         if mine is None or mine == kept:
             continue
-        note = ("its caption goes with it: the kept copy has none" if kept is None
-                else "its caption goes with it: the kept copy has another caption")
+        note = ("image and caption dropped together; the kept copy has no caption" if kept is None
+                else "image and caption dropped together; the kept copy has another caption")
         smp.detail = "; ".join(x for x in (smp.detail, note) if x)
 
 

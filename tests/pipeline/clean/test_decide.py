@@ -104,7 +104,7 @@ def test_an_image_alone_and_a_captioned_copy_are_one_picture():
     got, o = statuses(res)
     assert got["a.jpg"][0] == "kept"
     assert got["b.jpg"] == got["b.txt"] == ("duplicate", "exact_duplicate", "a.jpg")
-    assert "the kept copy has none" in o.decisions[2].detail
+    assert "the kept copy has no caption" in o.decisions[2].detail
 
 
 def test_captions_from_the_labels_file_do_not_hide_copies_either():
