@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.check import classes as class_checks
 from pipeline.check.content import ImageFacts, inspect_image, text_problem
-from pipeline.check.result import CheckResult, fail, ok, skip, verdict
+from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
 from pipeline.formats.manifest_row import NAMES
@@ -315,9 +315,9 @@ def check_duplicates(d: CleanDir, p: Policy) -> CheckResult:
         return skip(name, "no readable manifest")
     samples, found = _copies(d, p)
     lines = [f"{samples[j]['where']} ~ {samples[i]['where']} ({how})" for j, (i, how) in sorted(found.same_group.items())]
-    return _at_most(name, lines, p.max_duplicate_samples, len(samples),
+    return at_most(name, lines, p.max_duplicate_samples, len(samples),
                     "kept samples are exact or near copies of another kept sample",
-                    "kept samples are an exact or near copy of another kept sample", found.unconfirmed)
+                    "kept samples are an exact or near copy of another kept sample", candidates_not_confirmed=found.unconfirmed)
 
 
 def check_label_conflicts(d: CleanDir, p: Policy) -> CheckResult:
@@ -328,32 +328,27 @@ def check_label_conflicts(d: CleanDir, p: Policy) -> CheckResult:
     samples, found = _copies(d, p)
     lines = [f"{samples[j]['where']} ({samples[j]['label']}) ~ {samples[i]['where']} ({samples[i]['label']}) ({how})"
              for j, (i, how) in sorted(found.other_label.items())]
-    return _at_most(name, lines, p.max_label_conflicts, len(samples),
+    return at_most(name, lines, p.max_label_conflicts, len(samples),
                     "kept samples are copies of a kept sample under another label",
-                    "kept samples are an exact or near copy of a kept sample under another label", found.unconfirmed)
-
-
-def _at_most(name: str, lines: list[str], limit: int, total: int, failing: str, passing: str, unconfirmed: int) -> CheckResult:
-    nums = dict(samples=total, found=len(lines), limit=limit, candidates_not_confirmed=unconfirmed)
-    if len(lines) > limit:
-        return fail(name, f"{len(lines)} of {total} {failing}: {lines[0]}", lines, **nums)
-    result = ok(name, f"{len(lines)} of {total} {passing} (limit {limit})", **nums)
-    result.examples = lines[:10]
-    return result
+                    "kept samples are an exact or near copy of a kept sample under another label",
+                   candidates_not_confirmed=found.unconfirmed)
 
 
 def _copies(d: CleanDir, p: Policy):
     """The kept samples (an image and its caption are one, judged by its image) searched once for
     copies, from the manifest's hashes; near candidates confirmed on the outputs, as pipe clean does."""
     if d.copies is None:
-        from pipeline.check.leakage import copies
+        from functools import lru_cache
+
+        from pipeline.check.leakage import copies, same_views
 
         samples = _kept_samples(d)
+        view = lru_cache(maxsize=1024)(lambda k: _view(d, samples[k]))
         found = copies([s["exact"] for s in samples], [s["phash"] for s in samples],
                        [_text_signature(d, s) for s in samples], ["kept"] * len(samples),
                        [s["label"] for s in samples], p.near_duplicate_phash_distance,
                        p.near_duplicate_text_similarity,
-                       lambda i, j: _same_picture(d, samples[i], samples[j]),
+                       lambda i, j: same_views(view(i), view(j)),
                        lambda i, j: _text_similarity(d, samples[i], samples[j]))
         d.copies = (samples, found)
     return d.copies
@@ -406,19 +401,14 @@ def _read_text(d: CleanDir, s: dict) -> str | None:
         return None
 
 
-def _same_picture(d: CleanDir, a: dict, b: dict) -> tuple[bool, str]:
-    """Close hashes are a candidate; the outputs' pixels decide. An output that cannot be read
-    stays a finding (the check does not pass on what it could not look at)."""
-    from pipeline.similarity.perceptual import load_view, same_picture
+def _view(d: CleanDir, s: dict):
+    """The kept output's perceptual view (as `pipe clean` compares), None when it cannot be read."""
+    from pipeline.similarity.perceptual import load_view
 
-    mode = str(d.settings().get("resize_mode") or "pad")
-    pa, pb = _output(d, a), _output(d, b)
-    va = load_view(str(pa), a["width"], a["height"], mode) if pa else None
-    vb = load_view(str(pb), b["width"], b["height"], mode) if pb else None
-    if va is None or vb is None:
-        return True, ""
-    same, how = same_picture(va, vb)
-    return same, f", {how}"
+    path = _output(d, s)
+    return load_view(str(path), s["width"], s["height"], str(d.settings().get("resize_mode") or "pad")) if path else None
+
+
 
 
 def _text_similarity(d: CleanDir, a: dict, b: dict) -> float | None:

@@ -23,6 +23,7 @@ from pipeline.similarity.minhash import BANDS, BINS, estimated_jaccard
 from pipeline.similarity.near_images import pigeonhole_bands, popcount
 
 ROWS = BINS // BANDS
+MAX_TRIES = 16  # candidates one sample is confirmed against at most (as `pipe clean` does)
 
 
 def near_image_pairs(train: Sequence[int | None], val: Sequence[int | None], d: int,
@@ -125,8 +126,16 @@ def copies(exact: Sequence[str | None], hashes: Sequence[int | None], sigs: Sequ
     def note(j: int, i: int, how: str) -> None:
         (found.other_label if conflict(i, j) else found.same_group).setdefault(j, (i, how))
 
+    tries: dict[int, int] = defaultdict(int)
+
     def matters(i: int, j: int) -> bool:
-        return j not in found.other_label if conflict(i, j) else (groups[i] == groups[j] and j not in found.same_group)
+        """Worth confirming: it would be a finding not yet made, and ``j`` has tries left (a
+        picture with thousands of look-alikes must not cost thousands of decodes)."""
+        new = j not in found.other_label if conflict(i, j) else (groups[i] == groups[j] and j not in found.same_group)
+        if not new or tries[j] >= MAX_TRIES:
+            return False
+        tries[j] += 1
+        return True
 
     _exact_copies(exact, groups, labels, found)
     # near search among the first sample of each content only: a thousand exact copies of one
@@ -198,3 +207,15 @@ def _near_text_candidates(sigs: Sequence[bytes | None], threshold: float) -> lis
         for band in bands:
             index[band].append(j)
     return out
+
+
+def same_views(va, vb) -> tuple[bool, str]:
+    """Whether two perceptual views show the same picture (`perceptual.same_picture`), with how
+    alike. A view that could not be made stays a finding: a check does not pass on what it could
+    not look at."""
+    from pipeline.similarity.perceptual import same_picture
+
+    if va is None or vb is None:
+        return True, ""
+    same, how = same_picture(va, vb)
+    return same, f", {how}"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.check import classes as class_checks
-from pipeline.check.leakage import copies, exact_pairs, near_image_pairs, near_text_pairs
-from pipeline.check.result import CheckResult, fail, ok, skip, verdict
+from pipeline.check.leakage import copies, exact_pairs, near_image_pairs, near_text_pairs, same_views
+from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
 from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
@@ -294,7 +294,7 @@ def check_duplicates(d: ShardDir, p: Policy) -> CheckResult:
         return r
     pool, found = _copies(d, p)
     lines = [f"{pool['where'][j]} ~ {pool['where'][i]} ({how})" for j, (i, how) in sorted(found.same_group.items())]
-    return _at_most(name, lines, p.max_duplicate_samples, len(pool["where"]),
+    return at_most(name, lines, p.max_duplicate_samples, len(pool["where"]),
                     "samples are exact or near copies of another sample of their split",
                     "samples are an exact or near copy of another sample of their split",
                     candidates_not_confirmed=found.unconfirmed)
@@ -309,7 +309,7 @@ def check_label_conflicts(d: ShardDir, p: Policy) -> CheckResult:
     cls = pool["cls"]
     lines = [f"{pool['where'][j]} ({_class_name(d, cls[j])}) ~ {pool['where'][i]} ({_class_name(d, cls[i])}) ({how})"
              for j, (i, how) in sorted(found.other_label.items())]
-    return _at_most(name, lines, p.max_label_conflicts, len(pool["where"]),
+    return at_most(name, lines, p.max_label_conflicts, len(pool["where"]),
                     "samples are copies of a sample of another class",
                     "samples are an exact or near copy of a sample of another class",
                     candidates_not_confirmed=found.unconfirmed)
@@ -317,15 +317,6 @@ def check_label_conflicts(d: ShardDir, p: Policy) -> CheckResult:
 
 def _class_name(d: ShardDir, c: int | None) -> str:
     return d.classes[c] if c is not None and 0 <= c < len(d.classes) else "no class"
-
-
-def _at_most(name: str, lines: list[str], limit: int, total: int, failing: str, passing: str, **numbers) -> CheckResult:
-    nums = dict(samples=total, found=len(lines), limit=limit, **numbers)
-    if len(lines) > limit:
-        return fail(name, f"{len(lines)} of {total} {failing}: {lines[0]}", lines, **nums)
-    result = ok(name, f"{len(lines)} of {total} {passing} (limit {limit})", **nums)
-    result.examples = lines[:10]
-    return result
 
 
 def _copies(d: ShardDir, p: Policy):
@@ -338,11 +329,13 @@ def _copies(d: ShardDir, p: Policy):
                 pool[k] += part[k]
             pool["split"] += [str(e.get("split"))] * len(part["where"])
             pool["cls"] += list(s.cls[: len(part["where"])])
-        loc, text = pool["loc"], _text_similarity
+        from functools import lru_cache
+
+        loc = pool["loc"]
+        view = lru_cache(maxsize=1024)(lambda k: _view(d.root / loc[k][0], loc[k][1], loc[k][2]))  # a picture with many look-alikes is decoded once
         found = copies(pool["exact"], pool["hash"], pool["sig"], pool["split"], pool["cls"],
                        p.near_duplicate_phash_distance, p.near_duplicate_text_similarity,
-                       lambda i, j: _same_picture(d, loc[j], loc[i]),
-                       lambda i, j: text(d, loc[j], loc[i]))
+                       lambda i, j: same_views(view(j), view(i)), lambda i, j: _text_similarity(d, loc[j], loc[i]))
         d.copies = (pool, found)
     return d.copies
 
@@ -352,13 +345,7 @@ def _same_picture(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, int])
     `pipe clean` confirms its near duplicates (`perceptual.same_picture`): a perceptual hash
     within a few bits is a candidate, not a verdict. An image that cannot be read back stays a
     leak (the check does not pass on what it could not look at)."""
-    from pipeline.similarity.perceptual import same_picture
-
-    va, vb = _view(d.root / a[0], a[1], a[2]), _view(d.root / b[0], b[1], b[2])
-    if va is None or vb is None:
-        return True, ""
-    same, how = same_picture(va, vb)
-    return same, f", {how}"
+    return same_views(_view(d.root / a[0], a[1], a[2]), _view(d.root / b[0], b[1], b[2]))
 
 
 def _text_similarity(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, int]) -> float | None:
