@@ -48,6 +48,8 @@ class CleanDir:
     """Kept outputs the manifest names that are not on disk."""
     copies: tuple | None = None
     """(samples, `leakage.Copies`) once `_copies` has searched the kept samples for copies."""
+    workers: int = 0
+    """Worker processes for work over every kept output (0: as many as the cores allow)."""
 
     @cached_property
     def kept_rows(self) -> list[dict]:
@@ -74,7 +76,7 @@ def looks_unfinished(root: Path) -> bool:
 
 
 def load(root: Path, deep: bool = False, input_override: Path | None = None, workers: int = 0) -> CleanDir:
-    d = CleanDir(root, deep)
+    d = CleanDir(root, deep, workers=workers)
     d.report = _read_json(root / "report.json", d.problems)
     d.rows = _read_manifest(root / "manifest.parquet", d.problems)
     d.input, d.input_note = _find_input(root, d.settings(), input_override)
@@ -345,7 +347,7 @@ def _copies(d: CleanDir, p: Policy):
         samples = _kept_samples(d)
         view = lru_cache(maxsize=1024)(lambda k: _view(d, samples[k]))
         found = copies([s["exact"] for s in samples], [s["phash"] for s in samples],
-                       [_text_signature(d, s) for s in samples], ["kept"] * len(samples),
+                       _text_signatures(d, samples), ["kept"] * len(samples),
                        [s["label"] for s in samples], p.near_duplicate_phash_distance,
                        p.near_duplicate_text_similarity,
                        lambda i, j: same_views(view(i), view(j)),
@@ -386,11 +388,30 @@ def _output(d: CleanDir, s: dict) -> Path | None:
     return path if s["output"] and root in path.parents and path.is_file() else None
 
 
-def _text_signature(d: CleanDir, s: dict) -> bytes | None:
+def _text_signatures(d: CleanDir, samples: list[dict]) -> list[bytes | None]:
+    """The MinHash signature of each text-only sample's output (None for the rest): about a
+    millisecond a text, so many texts are signed in worker processes."""
+    paths = [str(_output(d, s) or "") if s["kind"] == Kind.TEXT else "" for s in samples]
+    if sum(map(bool, paths)) < IN_PROCESS_FILES or d.workers == 1:
+        return sign_chunk(paths)
+    from pipeline.core.executor import OrderedPool
+
+    chunks = [paths[i : i + CHUNK] for i in range(0, len(paths), CHUNK)]
+    pool = OrderedPool(sign_chunk, min(worker_count(d.workers), len(chunks)))
+    return [sig for part in pool.map(chunks, on_crash=lambda chunk, e: [None] * len(chunk)) for sig in part]
+
+
+def sign_chunk(paths: list[str]) -> list[bytes | None]:
+    """MinHash signatures of the UTF-8 texts at ``paths`` ("" or unreadable: None); a worker's unit."""
     from pipeline.similarity.minhash import text_signature
 
-    text = _read_text(d, s) if s["kind"] == Kind.TEXT else None
-    return text_signature(text) if text is not None else None
+    out = []
+    for path in paths:
+        try:
+            out.append(text_signature(Path(path).read_text(encoding="utf-8")) if path else None)
+        except (OSError, UnicodeDecodeError):
+            out.append(None)
+    return out
 
 
 def _read_text(d: CleanDir, s: dict) -> str | None:

@@ -280,3 +280,22 @@ def test_duplicates_within_the_policys_allowance_pass(good, broken, tmp_path):
     policy = policy_file(tmp_path, good[2].read_text().replace("[severity]", "max_duplicate_samples = 1\n\n[severity]"))
     r = result(check(broken, policy), "duplicates")
     assert r.status == "pass" and r.numbers["found"] == 1 and r.examples
+
+
+@pytest.mark.parametrize("in_workers", [False, True])
+def test_near_duplicate_texts_kept_twice_fail_duplicates(tmp_path, monkeypatch, in_workers):
+    """Texts alone are compared as texts (a clean with --no-near-dedup keeps these), in worker
+    processes when there are many, with the same result."""
+    from pipeline.check import clean_dir
+    from tests.clean_dirs import Spec, make_clean_dir
+
+    a = "A black cat sitting on a red sofa in the living room, looking at the camera."
+    specs = [Spec("t0", "cats", image=False, text=a), Spec("t1", "cats", image=False, text=a[:-1] + "!"),
+             Spec("t2", "cats", image=False, text="A brown dog running across a green park after a ball.")]
+    clean = make_clean_dir(tmp_path / "clean", specs)
+    if in_workers:
+        monkeypatch.setattr(clean_dir, "IN_PROCESS_FILES", 1)
+        monkeypatch.setattr(clean_dir, "CHUNK", 1)
+    r = result(check(clean, policy_file(tmp_path), workers=2), "duplicates")
+    assert r.status == "fail" and r.numbers["found"] == 1
+    assert "cats/t1.txt ~ cats/t0.txt (text," in r.message
