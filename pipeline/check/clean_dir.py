@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.check import classes as class_checks
 from pipeline.check.content import ImageFacts, inspect_image, text_problem
-from pipeline.check.result import CheckResult, fail, ok, skip, verdict
+from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
 from pipeline.formats.manifest_row import NAMES
@@ -46,6 +46,10 @@ class CleanDir:
     """Kept text output path -> its problem, None when clean."""
     missing: list[str] = field(default_factory=list)
     """Kept outputs the manifest names that are not on disk."""
+    copies: tuple | None = None
+    """(samples, `leakage.Copies`) once `_copies` has searched the kept samples for copies."""
+    workers: int = 0
+    """Worker processes for work over every kept output (0: as many as the cores allow)."""
 
     @cached_property
     def kept_rows(self) -> list[dict]:
@@ -72,7 +76,7 @@ def looks_unfinished(root: Path) -> bool:
 
 
 def load(root: Path, deep: bool = False, input_override: Path | None = None, workers: int = 0) -> CleanDir:
-    d = CleanDir(root, deep)
+    d = CleanDir(root, deep, workers=workers)
     d.report = _read_json(root / "report.json", d.problems)
     d.rows = _read_manifest(root / "manifest.parquet", d.problems)
     d.input, d.input_note = _find_input(root, d.settings(), input_override)
@@ -305,6 +309,136 @@ def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
                    f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
 
 
+def check_duplicates(d: CleanDir, p: Policy) -> CheckResult:
+    """Kept samples that are exact or near copies of another kept sample: what pipe clean should
+    have removed (a run with --no-near-dedup, a folder another tool or an older pipe wrote)."""
+    name = "duplicates"
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    samples, found = _copies(d, p)
+    lines = [f"{samples[j]['where']} ~ {samples[i]['where']} ({how})" for j, (i, how) in sorted(found.same_group.items())]
+    return at_most(name, lines, p.max_duplicate_samples, len(samples),
+                    "kept samples are exact or near copies of another kept sample",
+                    "kept samples are an exact or near copy of another kept sample", candidates_not_confirmed=found.unconfirmed)
+
+
+def check_label_conflicts(d: CleanDir, p: Policy) -> CheckResult:
+    """One content kept under two labels: the model is taught both answers."""
+    name = "label_conflicts"
+    if d.rows is None:
+        return skip(name, "no readable manifest")
+    samples, found = _copies(d, p)
+    lines = [f"{samples[j]['where']} ({samples[j]['label']}) ~ {samples[i]['where']} ({samples[i]['label']}) ({how})"
+             for j, (i, how) in sorted(found.other_label.items())]
+    return at_most(name, lines, p.max_label_conflicts, len(samples),
+                    "kept samples are copies of a kept sample under another label",
+                    "kept samples are an exact or near copy of a kept sample under another label",
+                   candidates_not_confirmed=found.unconfirmed)
+
+
+def _copies(d: CleanDir, p: Policy):
+    """The kept samples (an image and its caption are one, judged by its image) searched once for
+    copies, from the manifest's hashes; near candidates confirmed on the outputs, as pipe clean does."""
+    if d.copies is None:
+        from functools import lru_cache
+
+        from pipeline.check.leakage import copies, same_views
+
+        samples = _kept_samples(d)
+        view = lru_cache(maxsize=1024)(lambda k: _view(d, samples[k]))
+        found = copies([s["exact"] for s in samples], [s["phash"] for s in samples],
+                       _text_signatures(d, samples), ["kept"] * len(samples),
+                       [s["label"] for s in samples], p.near_duplicate_phash_distance,
+                       p.near_duplicate_text_similarity,
+                       lambda i, j: same_views(view(i), view(j)),
+                       lambda i, j: _text_similarity(d, samples[i], samples[j]))
+        d.copies = (samples, found)
+    return d.copies
+
+
+def _kept_samples(d: CleanDir) -> list[dict]:
+    """One entry per kept sample key: the image row when there is one (its caption does not make
+    it another sample), else the text row; the label any of its rows carries."""
+    by_key: dict[object, list[dict]] = {}
+    for r in d.kept():
+        if r.get(NAMES.kind) in (Kind.IMAGE, Kind.TEXT):
+            by_key.setdefault(r.get(NAMES.key), []).append(r)
+    samples = []
+    for rows in by_key.values():
+        r = next((x for x in rows if x.get(NAMES.kind) == Kind.IMAGE), rows[0])
+        kind, h = r.get(NAMES.kind), r.get(NAMES.content_hash)
+        samples.append({
+            "where": r.get(NAMES.source), "kind": kind, "output": str(r.get(NAMES.output) or ""),
+            "label": next((x.get(NAMES.label) for x in rows if x.get(NAMES.label) is not None), None),
+            "exact": f"{kind}:{h}" if h else None, "width": r.get(NAMES.width), "height": r.get(NAMES.height),
+            "phash": _int16(r.get(NAMES.phash)) if kind == Kind.IMAGE else None})
+    return samples
+
+
+def _int16(v) -> int | None:
+    try:
+        return int(v, 16) if isinstance(v, str) else None
+    except ValueError:
+        return None
+
+
+def _output(d: CleanDir, s: dict) -> Path | None:
+    root = d.root.resolve()
+    path = (root / s["output"]).resolve()
+    return path if s["output"] and root in path.parents and path.is_file() else None
+
+
+def _text_signatures(d: CleanDir, samples: list[dict]) -> list[bytes | None]:
+    """The MinHash signature of each text-only sample's output (None for the rest): about a
+    millisecond a text, so many texts are signed in worker processes."""
+    paths = [str(_output(d, s) or "") if s["kind"] == Kind.TEXT else "" for s in samples]
+    if sum(map(bool, paths)) < IN_PROCESS_FILES or d.workers == 1:
+        return sign_chunk(paths)
+    from pipeline.core.executor import OrderedPool
+
+    chunks = [paths[i : i + CHUNK] for i in range(0, len(paths), CHUNK)]
+    pool = OrderedPool(sign_chunk, min(worker_count(d.workers), len(chunks)))
+    return [sig for part in pool.map(chunks, on_crash=lambda chunk, e: [None] * len(chunk)) for sig in part]
+
+
+def sign_chunk(paths: list[str]) -> list[bytes | None]:
+    """MinHash signatures of the UTF-8 texts at ``paths`` ("" or unreadable: None); a worker's unit."""
+    from pipeline.similarity.minhash import text_signature
+
+    out = []
+    for path in paths:
+        try:
+            out.append(text_signature(Path(path).read_text(encoding="utf-8")) if path else None)
+        except (OSError, UnicodeDecodeError):
+            out.append(None)
+    return out
+
+
+def _read_text(d: CleanDir, s: dict) -> str | None:
+    path = _output(d, s)
+    try:
+        return path.read_text(encoding="utf-8") if path else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _view(d: CleanDir, s: dict):
+    """The kept output's perceptual view (as `pipe clean` compares), None when it cannot be read."""
+    from pipeline.similarity.perceptual import load_view
+
+    path = _output(d, s)
+    return load_view(str(path), s["width"], s["height"], str(d.settings().get("resize_mode") or "pad")) if path else None
+
+
+
+
+def _text_similarity(d: CleanDir, a: dict, b: dict) -> float | None:
+    from pipeline.similarity.minhash import jaccard, shingles
+
+    ta, tb = _read_text(d, a), _read_text(d, b)
+    return None if ta is None or tb is None else jaccard(shingles(ta), shingles(tb))
+
+
 def expected_size(declared, p: Policy) -> int | None:
     return p.image_size if p.image_size is not None else declared
 
@@ -354,7 +488,7 @@ def check_decodes(d: CleanDir, p: Policy) -> CheckResult:
 CHECKS = (
     check_schema, check_manifest_matches_input, check_outputs_match_manifest, check_keys_unique,
     check_labels_in_range, check_quarantined_fraction, check_duplicate_fraction, check_min_samples_per_class,
-    check_class_imbalance, check_image_size, check_image_mode, check_text_encoding, check_decodes,
+    check_class_imbalance, check_duplicates, check_label_conflicts, check_image_size, check_image_mode, check_text_encoding, check_decodes,
 )
 
 

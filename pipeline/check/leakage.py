@@ -1,4 +1,5 @@
-"""Exact and near duplicates shared between two sets (train and val), without comparing all pairs.
+"""Exact and near duplicates shared between two sets (train and val), or inside one set (copies
+within a split, one content under two labels), without comparing all pairs.
 
 Images: 64-bit perceptual hashes. Two hashes within ``d`` bits of each other agree exactly on at
 least one of ``d + 1`` disjoint bit ranges (pigeonhole), so train hashes are indexed by each
@@ -13,7 +14,8 @@ equal signature values, an estimate of the Jaccard similarity, reaches the thres
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,6 +23,7 @@ from pipeline.similarity.minhash import BANDS, BINS, estimated_jaccard
 from pipeline.similarity.near_images import pigeonhole_bands, popcount
 
 ROWS = BINS // BANDS
+MAX_TRIES = 16  # candidates one sample is confirmed against at most (as `pipe clean` does)
 
 
 def near_image_pairs(train: Sequence[int | None], val: Sequence[int | None], d: int,
@@ -89,3 +92,130 @@ def exact_pairs(train: Iterable[str | None], val: Sequence[str | None]) -> list[
         if h is not None:
             first.setdefault(h, i)
     return [(j, first[h]) for j, h in enumerate(val) if h is not None and h in first]
+
+
+@dataclass
+class Copies:
+    """What `copies` found inside one set: sample index -> (index of the earlier copy, how alike)."""
+
+    same_group: dict[int, tuple[int, str]] = field(default_factory=dict)
+    """A copy of an earlier sample of its own group (split) and label: the same sample trained on twice."""
+    other_label: dict[int, tuple[int, str]] = field(default_factory=dict)
+    """A copy of an earlier sample under another label, in any group: one content, two answers."""
+    unconfirmed: int = 0
+    """Candidates the pixels or the real Jaccard said were not the same content."""
+
+
+def copies(exact: Sequence[str | None], hashes: Sequence[int | None], sigs: Sequence[bytes | None],
+           groups: Sequence[str], labels: Sequence[str | int | None], d: int, threshold: float,
+           same_picture: Callable[[int, int], tuple[bool, str]],
+           text_similarity: Callable[[int, int], float | None]) -> Copies:
+    """Exact and near copies among one set of samples, for the two findings that matter inside a set:
+    a copy in the same group (split) under the same label, and a copy under another label (in any
+    group; a sample without a label conflicts with none).
+
+    Exact copies are grouped by content hash; near candidates come from the same indexes as
+    `near_image_pairs` and `near_text_pairs` and are confirmed (``same_picture(i, j)``, the real
+    Jaccard ``text_similarity(i, j)``) only when they would be a finding.
+    """
+    found = Copies()
+
+    def conflict(i: int, j: int) -> bool:
+        return labels[i] is not None and labels[j] is not None and labels[i] != labels[j]
+
+    def note(j: int, i: int, how: str) -> None:
+        (found.other_label if conflict(i, j) else found.same_group).setdefault(j, (i, how))
+
+    tries: dict[int, int] = defaultdict(int)
+
+    def matters(i: int, j: int) -> bool:
+        """Worth confirming: it would be a finding not yet made, and ``j`` has tries left (a
+        picture with thousands of look-alikes must not cost thousands of decodes)."""
+        new = j not in found.other_label if conflict(i, j) else (groups[i] == groups[j] and j not in found.same_group)
+        if not new or tries[j] >= MAX_TRIES:
+            return False
+        tries[j] += 1
+        return True
+
+    _exact_copies(exact, groups, labels, found)
+    # near search among the first sample of each content only: a thousand exact copies of one
+    # text are already found above and would otherwise be a million candidate pairs
+    seen: set[str] = set()
+    first = [h is None or (h not in seen and not seen.add(h)) for h in exact]
+    hashes = [h if f else None for h, f in zip(hashes, first)]
+    sigs = [g if f else None for g, f in zip(sigs, first)]
+    for i, j, dist in _near_image_candidates(hashes, d):
+        if matters(i, j):
+            same, how = same_picture(i, j)
+            if same:
+                note(j, i, f"image, {dist} bits apart{how}")
+            else:
+                found.unconfirmed += 1
+    for i, j, estimate in _near_text_candidates(sigs, max(0.0, threshold - 0.1)):
+        if matters(i, j):
+            real = text_similarity(i, j)
+            sim = real if real is not None else estimate
+            if sim >= threshold:
+                note(j, i, f"text, {sim:.0%} alike")
+            else:
+                found.unconfirmed += 1
+    return found
+
+
+def _exact_copies(exact, groups, labels, found: Copies) -> None:
+    """Each sample against the first of its content in its group and under each other label
+    (linear however many copies one content has)."""
+    first_in: dict[str, dict[tuple, int]] = defaultdict(dict)  # content -> (group, label) -> first sample
+    first_as: dict[str, dict[object, int]] = defaultdict(dict)  # content -> label -> first sample
+    for j, h in enumerate(exact):
+        if h is None:
+            continue
+        i = first_in[h].setdefault((groups[j], labels[j]), j)
+        if i != j:
+            found.same_group.setdefault(j, (i, "exact"))
+        if labels[j] is not None:
+            other = next((i for lab, i in first_as[h].items() if lab != labels[j]), None)
+            if other is not None:
+                found.other_label.setdefault(j, (other, "exact"))
+            first_as[h].setdefault(labels[j], j)
+
+
+def _near_image_candidates(hashes: Sequence[int | None], d: int) -> list[tuple[int, int, int]]:
+    """(i, j, distance), i < j, for hashes within ``d`` bits of each other (identical ones included)."""
+    from pipeline.similarity.near_images import candidate_pairs
+
+    at = [i for i, h in enumerate(hashes) if h is not None]
+    if len(at) < 2:
+        return []
+    pairs = candidate_pairs(np.array([hashes[i] for i in at], dtype=np.uint64), d)
+    return sorted((at[a], at[b], int(dist)) for a, b, dist in pairs)
+
+
+def _near_text_candidates(sigs: Sequence[bytes | None], threshold: float) -> list[tuple[int, int, float]]:
+    """(i, j, estimated similarity), i < j, for MinHash signatures sharing a band and estimated alike enough."""
+    index: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    step = ROWS * 4
+    out = []
+    for j, s in enumerate(sigs):
+        if s is None:
+            continue
+        bands = [(b, s[b * step : (b + 1) * step]) for b in range(BANDS)]
+        for i in sorted({i for band in bands for i in index.get(band, ())}):
+            sim = estimated_jaccard(s, sigs[i])
+            if sim >= threshold:
+                out.append((i, j, sim))
+        for band in bands:
+            index[band].append(j)
+    return out
+
+
+def same_views(va, vb) -> tuple[bool, str]:
+    """Whether two perceptual views show the same picture (`perceptual.same_picture`), with how
+    alike. A view that could not be made stays a finding: a check does not pass on what it could
+    not look at."""
+    from pipeline.similarity.perceptual import same_picture
+
+    if va is None or vb is None:
+        return True, ""
+    same, how = same_picture(va, vb)
+    return same, f", {how}"

@@ -28,7 +28,7 @@ CHECK_NAMES = (
     "schema", "manifest_matches_input", "outputs_match_manifest", "shard_checksums", "shard_counts",
     "keys_unique", "member_types", "labels_in_range", "quarantined_fraction", "duplicate_fraction",
     "min_samples_per_class", "class_imbalance", "val_has_every_class", "leakage",
-    "image_size", "image_mode", "text_encoding", "decodes",
+    "duplicates", "label_conflicts", "image_size", "image_mode", "text_encoding", "decodes",
 )
 # Imbalance is often a property of the world, not a bug: reported, not blocking, unless asked.
 DEFAULT_SEVERITY = {name: ERROR for name in CHECK_NAMES} | {"class_imbalance": WARNING}
@@ -55,6 +55,11 @@ class Policy:
     """The exact class names expected (sorted or not); unset: whatever the data holds."""
     max_leaked_samples: int = 0
     """How many val samples may have an exact or near duplicate in train."""
+    max_duplicate_samples: int = 0
+    """How many kept samples (clean dir) or samples of one split (shard dir) may be an exact or
+    near copy of another one there."""
+    max_label_conflicts: int = 0
+    """How many samples may be an exact or near copy of a sample under another label."""
     near_duplicate_phash_distance: int = 4
     """Two images whose 64-bit perceptual hashes differ in at most this many bits are the same picture."""
     near_duplicate_text_similarity: float = 0.8

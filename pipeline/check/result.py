@@ -70,3 +70,14 @@ def verdict(name: str, offenders: list[str], total: int, what: str, good: str, *
         return ok(name, good, checked=total, **numbers)
     return fail(name, f"{len(offenders)} of {total} {what}: {offenders[0]}", offenders,
                 checked=total, violations=len(offenders), **numbers)
+
+
+def at_most(name: str, offenders: list[str], limit: int, total: int, what: str, good: str, **numbers) -> CheckResult:
+    """Pass while ``offenders`` are at most the policy's ``limit`` (listed as examples all the same);
+    else fail naming how many of ``total`` and the first one."""
+    nums = dict(samples=total, found=len(offenders), limit=limit, **numbers)
+    if len(offenders) > limit:
+        return fail(name, f"{len(offenders)} of {total} {what}: {offenders[0]}", offenders, **nums)
+    result = ok(name, f"{len(offenders)} of {total} {good} (limit {limit})", **nums)
+    result.examples = offenders[:MAX_EXAMPLES]
+    return result

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.check import classes as class_checks
-from pipeline.check.leakage import exact_pairs, near_image_pairs, near_text_pairs
-from pipeline.check.result import CheckResult, fail, ok, skip, verdict
+from pipeline.check.leakage import copies, exact_pairs, near_image_pairs, near_text_pairs, same_views
+from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
 from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
@@ -37,6 +37,8 @@ class ShardDir:
     scans: list[ShardScan] = field(default_factory=list)
     """One per entry, in index order."""
     classes: tuple[str, ...] = ()
+    copies: tuple | None = None
+    """(samples, `leakage.Copies`) once `_copies` has searched every sample for copies."""
 
     def split(self, name: str) -> list[tuple[dict, ShardScan]]:
         return [(e, s) for e, s in zip(self.entries, self.scans) if e.get("split") == name]
@@ -284,18 +286,66 @@ def check_leakage(d: ShardDir, p: Policy) -> CheckResult:
     return result
 
 
+def check_duplicates(d: ShardDir, p: Policy) -> CheckResult:
+    """Exact or near copies inside one split: the same sample trained on (or validated) twice
+    weighs double, whatever caption or key it came with."""
+    name = "duplicates"
+    if r := _unusable(d, name):
+        return r
+    pool, found = _copies(d, p)
+    lines = [f"{pool['where'][j]} ~ {pool['where'][i]} ({how})" for j, (i, how) in sorted(found.same_group.items())]
+    return at_most(name, lines, p.max_duplicate_samples, len(pool["where"]),
+                    "samples are exact or near copies of another sample of their split",
+                    "samples are an exact or near copy of another sample of their split",
+                    candidates_not_confirmed=found.unconfirmed)
+
+
+def check_label_conflicts(d: ShardDir, p: Policy) -> CheckResult:
+    """One content under two classes, in one split or across them: the model is taught both answers."""
+    name = "label_conflicts"
+    if r := _unusable(d, name):
+        return r
+    pool, found = _copies(d, p)
+    cls = pool["cls"]
+    lines = [f"{pool['where'][j]} ({_class_name(d, cls[j])}) ~ {pool['where'][i]} ({_class_name(d, cls[i])}) ({how})"
+             for j, (i, how) in sorted(found.other_label.items())]
+    return at_most(name, lines, p.max_label_conflicts, len(pool["where"]),
+                    "samples are copies of a sample of another class",
+                    "samples are an exact or near copy of a sample of another class",
+                    candidates_not_confirmed=found.unconfirmed)
+
+
+def _class_name(d: ShardDir, c: int | None) -> str:
+    return d.classes[c] if c is not None and 0 <= c < len(d.classes) else "no class"
+
+
+def _copies(d: ShardDir, p: Policy):
+    """Every sample of every split searched once for copies (shared by duplicates and label_conflicts)."""
+    if d.copies is None:
+        pool = {"where": [], "exact": [], "hash": [], "sig": [], "loc": [], "split": [], "cls": []}
+        for e, s in zip(d.entries, d.scans):
+            part = _pool_of([s])
+            for k in ("where", "exact", "hash", "sig", "loc"):
+                pool[k] += part[k]
+            pool["split"] += [str(e.get("split"))] * len(part["where"])
+            pool["cls"] += list(s.cls[: len(part["where"])])
+        from functools import lru_cache
+
+        loc = pool["loc"]
+        view = lru_cache(maxsize=1024)(lambda k: _view(d.root / loc[k][0], loc[k][1], loc[k][2]))  # a picture with many look-alikes is decoded once
+        found = copies(pool["exact"], pool["hash"], pool["sig"], pool["split"], pool["cls"],
+                       p.near_duplicate_phash_distance, p.near_duplicate_text_similarity,
+                       lambda i, j: same_views(view(j), view(i)), lambda i, j: _text_similarity(d, loc[j], loc[i]))
+        d.copies = (pool, found)
+    return d.copies
+
+
 def _same_picture(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, int]) -> tuple[bool, str]:
     """Whether two samples' images (shard, start, end) show the same picture, on pixels, as
     `pipe clean` confirms its near duplicates (`perceptual.same_picture`): a perceptual hash
     within a few bits is a candidate, not a verdict. An image that cannot be read back stays a
     leak (the check does not pass on what it could not look at)."""
-    from pipeline.similarity.perceptual import same_picture
-
-    va, vb = _view(d.root / a[0], a[1], a[2]), _view(d.root / b[0], b[1], b[2])
-    if va is None or vb is None:
-        return True, ""
-    same, how = same_picture(va, vb)
-    return same, f", {how}"
+    return same_views(_view(d.root / a[0], a[1], a[2]), _view(d.root / b[0], b[1], b[2]))
 
 
 def _text_similarity(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, int]) -> float | None:
@@ -341,8 +391,12 @@ def _members(path: Path, start: int, end: int) -> dict[str, bytes]:
 
 
 def _pool(d: ShardDir, split: str) -> dict[str, list]:
+    return _pool_of([s for _, s in d.split(split)])
+
+
+def _pool_of(scans: list[ShardScan]) -> dict[str, list]:
     out = {"where": [], "exact": [], "hash": [], "sig": [], "loc": []}
-    for _, s in d.split(split):
+    for s in scans:
         ends = [*s.offsets[1:], s.bytes]
         out["loc"] += [(s.name, start, end) for start, end in zip(s.offsets, ends)]
         out["where"] += [f"{s.name}:{k}" for k in s.keys]
@@ -389,7 +443,7 @@ def check_decodes(d: ShardDir, p: Policy) -> CheckResult:
 CHECKS = (
     check_schema, check_shard_checksums, check_shard_counts, check_keys_unique, check_member_types, check_labels_in_range,
     check_min_samples_per_class, check_class_imbalance, check_val_has_every_class, check_leakage,
-    check_image_size, check_image_mode, check_text_encoding, check_decodes,
+    check_duplicates, check_label_conflicts, check_image_size, check_image_mode, check_text_encoding, check_decodes,
 )
 
 

@@ -39,7 +39,7 @@ class CheckConfig:
     input: Path | None = None
     """The raw input folder a clean dir was made from, when it is not where report.json says."""
     workers: int = 0
-    """Processes that read shards and (with --deep) decode a clean dir's images; 0: one per core."""
+    """Processes that read shards, (with --deep) decode a clean dir's images and sign its many texts; 0: one per core."""
 
 
 @dataclass

@@ -8,13 +8,20 @@ sharing a key (an image, a text, or an image and its caption), kept or rejected 
    ``pair_rejected`` ("its image was quarantined: truncated").
 2. With ``--labels``, a sample none of whose files has a label is ``missing_label``; an image and
    caption labelled differently are a ``label_conflict``.
-3. Exact duplicates: same normalised content (decoded pixels, normalised text; both for a pair).
-4. Near duplicates, among what is left: images by perceptual hash (multi-index search,
-   `near_images`), confirmed on pixels (`perceptual.same_picture`); texts by MinHash LSH
-   (`minhash`), confirmed by the real Jaccard similarity; a pair needs both halves alike.
-   Each sample is compared with the *kept* copy of a group, never chained through others, so
-   a series of small edits cannot drift from one picture to a different one.
-5. The best copy is kept: the largest image (width x height), then the first path.
+3. Exact duplicates: same normalised content (decoded pixels for a sample with an image,
+   normalised text for a text alone). A caption never makes an image unique: an image and its
+   caption (a `.txt` or the labels file's text) are deduplicated as the image, and the pair's
+   status follows its image, so the same photo under two captions, or with a caption and
+   without, is one picture kept once. The duplicate's caption goes with its image
+   (``duplicate``, ``duplicate_of`` naming the kept copy's caption, or its image when the kept
+   copy has none): one picture with two captions is one sample with one caption, not two.
+4. Near duplicates, among what is left: images (captioned or not) by perceptual hash
+   (multi-index search, `near_images`), confirmed on pixels (`perceptual.same_picture`); texts
+   alone by MinHash LSH (`minhash`), confirmed by the real Jaccard similarity. Each sample is
+   compared with the *kept* copy of a group, never chained through others, so a series of
+   small edits cannot drift from one picture to a different one.
+5. The best copy is kept: the largest image (width x height), then one with a caption over one
+   without (the caption is what a captioned dataset is for), then the first path.
 6. Copies of one content under different labels are a ``label_conflict``, handled by policy:
    ``quarantine`` (every copy), ``majority`` (the most common label wins; a tie quarantines),
    ``first`` (the label of the first path wins). Each group is listed in report.json.
@@ -120,6 +127,7 @@ def decide(results: list[FileResult], s: DecideSettings = DecideSettings(), outp
     groups = _exact_duplicates(results, samples, rank)
     near = _near_duplicates(results, samples, rank, groups, s, outputs) if s.near_dedup else {}
     conflicts = _label_conflicts(results, samples, rank, groups, s.label_conflicts)
+    _caption_notes(results, samples)
     _to_files(results, samples, out)
     return Outcome(out, conflicts, near)
 
@@ -185,30 +193,23 @@ def _labels(results, samples, s: DecideSettings) -> None:
 
 
 def _ranks(results, samples) -> np.ndarray:
-    """Position of each sample in keep-preference order: largest image, then first path."""
+    """Position of each sample in keep-preference order: largest image, then captioned, then first path."""
     def area(smp):
         r = results[smp.image] if smp.image is not None else None
         return (r.width or 0) * (r.height or 0) if r else 0
-    order = sorted(range(len(samples)), key=lambda k: (-area(samples[k]), samples[k].files[0]))
+    order = sorted(range(len(samples)), key=lambda k: (-area(samples[k]), not _is_pair(samples[k], results), samples[k].files[0]))
     rank = np.empty(len(samples), dtype=np.int64)
     rank[order] = np.arange(len(samples))
     return rank
 
 
 def _signature(results, smp: Sample):
-    parts = []
-    for i in (smp.image, smp.text):
-        if i is None:
-            parts.append(None)
-        elif not results[i].content_hash:
-            return None
-        else:
-            parts.append(results[i].content_hash)
-    if smp.text is None and smp.image is not None and results[smp.image].caption is not None:
-        from pipeline.media.text.clean import text_hash
-
-        parts[1] = text_hash(results[smp.image].caption)
-    return tuple(parts) if any(parts) else None
+    """What makes two samples the same content: the image's decoded pixels when there is an
+    image (its caption does not count), else the text's normalised content; None when unknown."""
+    i = smp.image if smp.image is not None else smp.text
+    if i is None or not results[i].content_hash:
+        return None
+    return (results[i].kind, results[i].content_hash)
 
 
 # --- duplicates ---------------------------------------------------------------------------
@@ -239,7 +240,7 @@ def _near_duplicates(results, samples, rank, groups, s: DecideSettings, outputs:
     for members, finder in ((images, _image_candidates), (texts, _text_candidates)):
         if len(members) < 2:
             continue
-        # image-only and pairs are searched together but only ever compared within their kind
+        # images with and without a caption are one population: a caption never hides a copy
         pairs = finder(results, samples, members, s)
         stats["candidates"] += len(pairs)
         _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats)
@@ -278,7 +279,7 @@ def _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats) 
         tried = set()
         for cand, why in sorted(neighbours.get(k, ()), key=lambda c: rank[leader.get(c[0], c[0])]):
             target = leader.get(cand, cand)
-            if target in tried or len(tried) >= MAX_TRIES or _is_pair(samples[k], results) != _is_pair(samples[target], results):
+            if target in tried or len(tried) >= MAX_TRIES:
                 continue
             tried.add(target)
             same, detail = _confirm(results, samples[k], samples[target], s, outputs, stats)
@@ -293,10 +294,11 @@ def _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats) 
 
 
 def _confirm(results, a: Sample, b: Sample, s, outputs: Outputs | None, stats) -> tuple[bool, str]:
+    """Whether ``a`` is the same content as ``b``: the same picture on pixels for samples with an
+    image (whatever their captions), a real Jaccard similarity over the limit for texts alone."""
     if outputs is None:
         stats["unconfirmable"] += 1
         return False, ""
-    notes = []
     if a.image is not None:
         va, vb = outputs.view(results[a.image]), outputs.view(results[b.image])
         if va is None or vb is None:
@@ -304,34 +306,15 @@ def _confirm(results, a: Sample, b: Sample, s, outputs: Outputs | None, stats) -
             return False, ""
         from pipeline.similarity.perceptual import same_picture
 
-        same, detail = same_picture(vb, va)
-        if not same:
-            return False, ""
-        notes.append(detail)
-    if _is_pair(a, results) or a.image is None:
-        sig_a, sig_b = _signature(results, a), _signature(results, b)
-        if sig_a is None or sig_b is None or sig_a[1] != sig_b[1]:
-            from pipeline.similarity.minhash import jaccard
+        return same_picture(vb, va)
+    from pipeline.similarity.minhash import jaccard
 
-            sa, sb = _caption_shingles(results, a, outputs), _caption_shingles(results, b, outputs)
-            if sa is None or sb is None:
-                stats["unconfirmable"] += 1
-                return False, ""
-            j = jaccard(sa, sb)
-            if j < s.near_text_jaccard:
-                return False, ""
-            notes.append(f"{'caption ' if a.image is not None else ''}Jaccard similarity {j:.2f}")
-        else:
-            notes.append("same caption")
-    return True, "; ".join(notes)
-
-
-def _caption_shingles(results, smp: Sample, outputs: Outputs):
-    if smp.text is not None:
-        return outputs.shingles(results[smp.text])
-    from pipeline.similarity.minhash import shingles
-
-    return shingles(results[smp.image].caption)
+    sa, sb = outputs.shingles(results[a.text]), outputs.shingles(results[b.text])
+    if sa is None or sb is None:
+        stats["unconfirmable"] += 1
+        return False, ""
+    j = jaccard(sa, sb)
+    return j >= s.near_text_jaccard, f"Jaccard similarity {j:.2f}"
 
 
 # --- label conflicts ----------------------------------------------------------------------
@@ -386,6 +369,34 @@ def _winning_label(samples, members, counts: Counter, policy: str):
     if policy == "first":
         return samples[min(members, key=lambda k: samples[k].files[0])].label
     return _NO_WINNER
+
+
+# --- captions of duplicate images ------------------------------------------------------------
+
+def _caption_of(results, smp: Sample) -> str | None:
+    """The identity of a sample's caption (its normalised text's hash), None without one."""
+    if smp.text is not None:
+        return results[smp.text].content_hash or f"file:{smp.text}"
+    caption = results[smp.image].caption if smp.image is not None else None
+    if caption is None:
+        return None
+    from pipeline.media.text.clean import text_hash
+
+    return text_hash(caption)
+
+
+def _caption_notes(results, samples) -> None:
+    """Say so when a duplicate image's caption is not the kept copy's: the caption is dropped
+    with its image, and a user looking for it should learn why from the row."""
+    for smp in samples:
+        if smp.status != Status.DUPLICATE or smp.of is None or smp.image is None:
+            continue
+        mine, kept = _caption_of(results, smp), _caption_of(results, samples[smp.of])
+        if mine is None or mine == kept:
+            continue
+        note = ("image and caption dropped together; the kept copy has no caption" if kept is None
+                else "image and caption dropped together; the kept copy has another caption")
+        smp.detail = "; ".join(x for x in (smp.detail, note) if x)
 
 
 # --- back to files ------------------------------------------------------------------------

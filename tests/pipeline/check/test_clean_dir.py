@@ -250,3 +250,63 @@ def test_deep_decoding_in_worker_processes_finds_the_same(good, broken, monkeypa
     report = check(broken, good[2], deep=True, workers=2)
     assert failing(report) == {"decodes"}
     assert result(report, "image_size").numbers["checked"] == 12
+
+
+def _copy_image(clean: Path, src_source: str, dest_source: str, how: str) -> None:
+    """Make the kept image ``dest_source`` a copy of ``src_source``: its output, content hash and
+    perceptual hash (exact), or a re-encode of it with the same perceptual hash (near)."""
+    rows = manifest_rows(clean)
+    by = {r["source"]: r for r in rows}
+    src, dest = by[src_source], by[dest_source]
+    data = (clean / src["output"]).read_bytes()
+    if how == "near":
+        data = image_bytes(Image.open(io.BytesIO(data)), quality=60)
+    (clean / dest["output"]).write_bytes(data)
+    dest["phash"], dest["width"], dest["height"] = src["phash"], src["width"], src["height"]
+    dest["content_hash"] = src["content_hash"] if how == "exact" else "f" * 32
+    write_manifest(clean, rows)
+
+
+@pytest.mark.parametrize("how", ["exact", "near"])
+def test_duplicates_among_kept_samples_fail_a_caption_hides_none(good, broken, how):
+    """Issue 14.3: a kept copy of a captioned image (pipe clean used to keep them) fails the check."""
+    _copy_image(broken, "cats/cats00.jpg", "cats/cats01.jpg", how)  # cats00 has a caption
+    report = check(broken, good[2])
+    assert failing(report) == {"duplicates"}
+    r = result(report, "duplicates")
+    assert r.numbers["found"] == 1 and "cats/cats01.jpg ~ cats/cats00.jpg" in r.message
+    assert ("exact" if how == "exact" else "bits apart") in r.message
+
+
+@pytest.mark.parametrize("how", ["exact", "near"])
+def test_one_content_kept_under_two_labels_fails_label_conflicts(good, broken, how):
+    _copy_image(broken, "cats/cats00.jpg", "dogs/dogs00.jpg", how)
+    report = check(broken, good[2])
+    assert failing(report) == {"label_conflicts"}
+    assert "(dogs) ~ cats/cats00.jpg (cats)" in result(report, "label_conflicts").message
+
+
+def test_duplicates_within_the_policys_allowance_pass(good, broken, tmp_path):
+    _copy_image(broken, "dogs/dogs01.jpg", "dogs/dogs02.jpg", "exact")
+    policy = policy_file(tmp_path, good[2].read_text().replace("[severity]", "max_duplicate_samples = 1\n\n[severity]"))
+    r = result(check(broken, policy), "duplicates")
+    assert r.status == "pass" and r.numbers["found"] == 1 and r.examples
+
+
+@pytest.mark.parametrize("in_workers", [False, True])
+def test_near_duplicate_texts_kept_twice_fail_duplicates(tmp_path, monkeypatch, in_workers):
+    """Texts alone are compared as texts (a clean with --no-near-dedup keeps these), in worker
+    processes when there are many, with the same result."""
+    from pipeline.check import clean_dir
+    from tests.clean_dirs import Spec, make_clean_dir
+
+    a = "A black cat sitting on a red sofa in the living room, looking at the camera."
+    specs = [Spec("t0", "cats", image=False, text=a), Spec("t1", "cats", image=False, text=a[:-1] + "!"),
+             Spec("t2", "cats", image=False, text="A brown dog running across a green park after a ball.")]
+    clean = make_clean_dir(tmp_path / "clean", specs)
+    if in_workers:
+        monkeypatch.setattr(clean_dir, "IN_PROCESS_FILES", 1)
+        monkeypatch.setattr(clean_dir, "CHUNK", 1)
+    r = result(check(clean, policy_file(tmp_path), workers=2), "duplicates")
+    assert r.status == "fail" and r.numbers["found"] == 1
+    assert "cats/t1.txt ~ cats/t0.txt (text," in r.message

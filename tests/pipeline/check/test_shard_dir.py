@@ -50,6 +50,24 @@ def first_image(samples) -> tuple[int, str]:
     return i, "jpg"
 
 
+def first_train_image(broken: Path) -> tuple[bytes, bytes]:
+    """The first train image and its .cls."""
+    return next((m["jpg"], m["cls"]) for _, m in read_samples(broken / shard_names(broken, "train")[0]) if "jpg" in m)
+
+
+def replace_val_image(broken: Path, data: bytes, cls: bytes) -> None:
+    """Put ``data`` in the first val sample of class ``cls`` (into another class it would be a
+    label conflict as well as a leak)."""
+    for name in shard_names(broken, "val"):
+        if any(m.get("cls") == cls and "jpg" in m for _, m in read_samples(broken / name)):
+            def fn(samples):
+                i = next(i for i, (_, m) in enumerate(samples) if m.get("cls") == cls and "jpg" in m)
+                samples[i][1]["jpg"] = data
+                return samples
+            return rewrite_shard(broken, name, fn)
+    pytest.fail("every class has a val sample in the good dataset")
+
+
 def replace_image(broken: Path, data: bytes, split: str = "train") -> None:
     def fn(samples):
         i, ext = first_image(samples)
@@ -180,11 +198,11 @@ def test_val_has_every_class(good, broken):
 
 @pytest.mark.parametrize("how", ["exact", "reencoded"])
 def test_leakage(good, broken, how):
-    train_img = next(m["jpg"] for _, m in read_samples(broken / shard_names(broken, "train")[0]) if "jpg" in m)
+    train_img, cls = first_train_image(broken)
     if how == "reencoded":
         import io
         train_img = image_bytes(Image.open(io.BytesIO(train_img)), quality=60)
-    replace_image(broken, train_img, split="val")
+    replace_val_image(broken, train_img, cls)
     report = check(broken, good[1])
     assert failing(report) == {"leakage"}
     r = result(report, "leakage")
@@ -192,8 +210,7 @@ def test_leakage(good, broken, how):
 
 
 def test_leakage_within_the_policys_allowance_passes(good, broken, tmp_path):
-    train_img = next(m["jpg"] for _, m in read_samples(broken / shard_names(broken, "train")[0]) if "jpg" in m)
-    replace_image(broken, train_img, split="val")
+    replace_val_image(broken, *first_train_image(broken))
     policy = policy_file(tmp_path, good[1].read_text().replace("[severity]", "max_leaked_samples = 1\n\n[severity]"))
     r = result(check(broken, policy), "leakage")
     assert r.status == "pass" and r.numbers["leaked"] == 1 and r.examples
@@ -426,3 +443,47 @@ def test_a_json_member_nested_too_deeply_fails_schema(good, broken, pipe_proc):
     assert "nested too deeply" in result(report, "schema").message
     p = pipe_proc("check", broken, "--policy", good[1])
     assert p.returncode == 1 and "internal error" not in p.stderr + p.stdout
+
+
+def _copy_into_captioned(broken: Path, same_class: bool, reencode: bool = False) -> tuple[str, str]:
+    """Put into the captioned sample (a .txt beside its image) the image of another sample of its
+    split, of its class or of another; return (captioned key, copied key)."""
+    import io
+
+    index = json.loads((broken / "index.json").read_text())
+    split = next(e["split"] for e in index["shards"]
+                 if any("txt" in m for _, m in read_samples(broken / e["name"])))
+    samples = [(name, k, m) for name in shard_names(broken, split) for k, m in read_samples(broken / name)]
+    target = next(s for s in samples if "txt" in s[2])
+    source = next(s for s in samples if s is not target and "jpg" in s[2] and (s[2]["cls"] == target[2]["cls"]) == same_class)
+    data = source[2]["jpg"]
+    if reencode:
+        data = image_bytes(Image.open(io.BytesIO(data)), quality=80)  # within the policy's 4 bits
+
+    def fn(shard):
+        for k, m in shard:
+            if k == target[1]:
+                m["jpg"] = data
+        return shard
+
+    rewrite_shard(broken, target[0], fn)
+    return target[1], source[1]
+
+
+@pytest.mark.parametrize("reencode", [False, True])
+def test_copies_within_one_split_fail_duplicates_whatever_their_caption(good, broken, reencode):
+    """Issue 14.3: leakage looked only across splits; a copy inside train (here a captioned one) passed."""
+    captioned, copied = _copy_into_captioned(broken, same_class=True, reencode=reencode)
+    report = check(broken, good[1])
+    assert failing(report) == {"duplicates"}
+    r = result(report, "duplicates")
+    assert r.numbers["found"] == 1 and captioned in r.message and copied in r.message
+    assert ("bits apart" if reencode else "exact") in r.message
+
+
+def test_one_content_under_two_classes_fails_label_conflicts(good, broken):
+    captioned, copied = _copy_into_captioned(broken, same_class=False)
+    report = check(broken, good[1])
+    assert failing(report) == {"label_conflicts"}
+    r = result(report, "label_conflicts")
+    assert r.numbers["found"] == 1 and captioned in r.message and copied in r.message

@@ -79,20 +79,50 @@ def test_missing_label_only_with_a_labels_file():
     assert got["a.jpg"][0] == "kept"
 
 
-def test_exact_duplicate_pairs_need_both_halves_equal():
+def test_a_captioned_image_is_deduplicated_as_its_image_whatever_its_caption():
+    """Issue 14.3: a caption used to make its image unique, so byte copies with captions were all kept."""
     res = [img("a.jpg", h="same"), txt("a.txt", "a grey cat", key="a"),
            img("b.jpg", h="same"), txt("b.txt", "a grey cat", key="b"),
-           img("c.jpg", h="same"), txt("c.txt", "a black dog on a red sofa", key="c")]
-    got, _ = statuses(res, near_dedup=False)
+           img("c.jpg", h="same"), txt("c.txt", "a black dog on a red sofa", key="c"),
+           img("d.jpg", h="other"), txt("d.txt", "a grey cat", key="d")]
+    got, o = statuses(res, near_dedup=False)
     assert got["b.jpg"] == ("duplicate", "exact_duplicate", "a.jpg")
     assert got["b.txt"] == ("duplicate", "exact_duplicate", "a.txt")  # each half names its twin
-    assert got["c.jpg"][0] == got["c.txt"][0] == "kept"
+    assert got["c.jpg"] == ("duplicate", "exact_duplicate", "a.jpg")  # another caption: the same picture
+    assert got["c.txt"] == ("duplicate", "exact_duplicate", "a.txt")  # its caption goes with its image
+    assert "another caption" in o.decisions[5].detail and not o.decisions[3].detail
+    assert got["d.jpg"][0] == got["d.txt"][0] == "kept"  # the same caption on another picture: two samples
 
 
-def test_an_image_alone_is_not_a_duplicate_of_a_captioned_one():
-    res = [img("a.jpg", h="same"), txt("a.txt", key="a"), img("b.jpg", h="same")]
+def test_an_image_alone_and_a_captioned_copy_are_one_picture():
+    res = [img("a.jpg", h="same"), img("b.jpg", h="same"), txt("b.txt", key="b")]
     got, _ = statuses(res)
-    assert got["b.jpg"][0] == "kept"
+    # same size: the copy with a caption is kept, whatever the path order
+    assert got["b.jpg"][0] == got["b.txt"][0] == "kept"
+    assert got["a.jpg"] == ("duplicate", "exact_duplicate", "b.jpg")
+    res[0] = img("a.jpg", h="same", w=400, hh=300)  # a larger copy without caption wins
+    got, o = statuses(res)
+    assert got["a.jpg"][0] == "kept"
+    assert got["b.jpg"] == got["b.txt"] == ("duplicate", "exact_duplicate", "a.jpg")
+    assert "the kept copy has no caption" in o.decisions[2].detail
+
+
+def test_captions_from_the_labels_file_do_not_hide_copies_either():
+    res = [img("cat/a.jpg", h="same", label="cat"), img("cat/b.jpg", h="same", label="cat")]
+    res[0].caption, res[1].caption = "a grey cat", "a cat, grey and asleep"
+    got, o = statuses(res, labels_required=True)
+    assert got["cat/a.jpg"] == ("kept", None, None)
+    assert got["cat/b.jpg"] == ("duplicate", "exact_duplicate", "cat/a.jpg")
+    assert "another caption" in o.decisions[1].detail
+
+
+def test_a_captioned_picture_under_two_labels_is_a_label_conflict():
+    """The same photo in two class folders, each with its own caption, was kept twice."""
+    res = [img("cat/p.jpg", label="cat", h="x"), txt("cat/p.txt", "my cat", key="cat__p", label="cat"),
+           img("dog/p.jpg", label="dog", h="x"), txt("dog/p.txt", "not a dog", key="dog__p", label="dog")]
+    got, o = statuses(res)
+    assert {v[:2] for v in got.values()} == {("quarantined", "label_conflict")}
+    assert o.label_conflicts[0]["labels"] == {"cat": 1, "dog": 1}
 
 
 def test_best_copy_is_the_largest_then_the_first_path():
@@ -135,16 +165,24 @@ def test_near_duplicate_texts_by_jaccard():
     assert got["b.txt"][0] == "kept"
 
 
-def test_near_duplicate_pairs_need_similar_captions():
+def test_near_duplicate_images_are_duplicates_whatever_their_captions():
     a, b = "a grey cat asleep on a wooden chair", "a brown dog running across a green park"
     res = [img("p/a.jpg", h="1", phash=0), txt("p/a.txt", a, key="p__a"),
-           img("p/b.jpg", h="2", phash=1), txt("p/b.txt", b, key="p__b")]
-    got, _ = statuses(res, outputs=FakeOutputs({"p/a.txt": a, "p/b.txt": b}))
-    assert got["p/b.jpg"][0] == "kept"  # same picture, different caption: two samples
-    res[3] = txt("p/b.txt", a + ".", key="p__b")
-    got, _ = statuses(res, outputs=FakeOutputs({"p/a.txt": a, "p/b.txt": a + "."}))
-    assert got["p/b.jpg"] == ("duplicate", "near_duplicate", "p/a.jpg")
+           img("p/b.jpg", h="2", phash=1), txt("p/b.txt", b, key="p__b"),
+           img("p/c.jpg", h="3", phash=3)]
+    got, o = statuses(res, outputs=FakeOutputs({"p/a.txt": a, "p/b.txt": b}))
+    assert got["p/b.jpg"] == ("duplicate", "near_duplicate", "p/a.jpg")  # same picture, another caption
     assert got["p/b.txt"] == ("duplicate", "near_duplicate", "p/a.txt")
+    assert got["p/c.jpg"] == ("duplicate", "near_duplicate", "p/a.jpg")  # no caption: the same picture still
+    assert "another caption" in o.decisions[3].detail
+
+
+def test_near_duplicate_captioned_copies_under_two_labels_conflict():
+    res = [img("p/a.jpg", label="cat", h="1", phash=0), txt("p/a.txt", "cat", key="p__a", label="cat"),
+           img("p/b.jpg", label="dog", h="2", phash=1), txt("p/b.txt", "dog", key="p__b", label="dog")]
+    got, o = statuses(res, outputs=FakeOutputs({"p/a.txt": "cat", "p/b.txt": "dog"}))
+    assert {v[1] for v in got.values()} == {"label_conflict"}
+    assert len(o.label_conflicts) == 1
 
 
 CONFLICT = [img("cat/1.jpg", label="cat", h="x", w=10, hh=10), img("dog/2.jpg", label="dog", h="x", w=20, hh=20),

@@ -91,7 +91,7 @@ def test_text_column_is_a_caption(tmp_path):
     src = tmp_path / "raw"
     same = image_bytes(noise_rgb(200, 150, seed=4), "PNG")
     write(src / "a.png", same)
-    write(src / "b.png", same)  # same pixels, other caption: another sample
+    write(src / "b.png", same)  # same pixels, other caption: the same picture, a duplicate (issue 14.3)
     write(src / "c.png", same)  # same pixels and caption as a: a duplicate
     photo(src / "d.jpg", seed=8)
     write(src / "d.txt", "the caption file wins")
@@ -101,7 +101,9 @@ def test_text_column_is_a_caption(tmp_path):
                    'd.jpg,cat,ignored\ne.jpg,cat,"caf\ufffd"\n'.encode("utf-8"))
     report, rows = _run(src, tmp_path / "clean", labels)
     out = tmp_path / "clean"
-    assert rows["a.png"]["status"] == rows["b.png"]["status"] == "kept"
+    assert rows["a.png"]["status"] == "kept"
+    assert (rows["b.png"]["reason"], rows["b.png"]["duplicate_of"]) == ("exact_duplicate", "a.png")
+    assert "another caption" in rows["b.png"]["detail"] and not (out / "data" / "b.txt").exists()
     assert (out / "data" / "a.txt").read_text(encoding="utf-8") == "A cat,\nasleep"
     assert "caption from the labels file: data/a.txt" in rows["a.png"]["detail"]
     assert rows["c.png"]["reason"] == "exact_duplicate" and not (out / "data" / "c.txt").exists()

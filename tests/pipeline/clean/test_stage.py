@@ -218,3 +218,34 @@ def test_names_at_the_file_system_limit_never_crash_a_run(tmp_path):
         assert (out / "quarantine" / "unsupported_format" / "cats" / long_zip).read_bytes() == b"PK\x03\x04" + bytes(100)
         assert got[f"cats/{long_photo}"]["status"] == "kept"
         assert not list(out.rglob("*.tmp"))
+
+
+def test_captioned_copies_are_deduplicated_as_images(tmp_path):
+    """Issue 14.3, end to end: captions made every copy of a photo unique, so byte copies, re-encodes
+    and the same photo in two class folders were all kept."""
+    src = tmp_path / "raw"
+    arr = noise_rgb(320, 240, seed=3)
+    photo_bytes = image_bytes(arr, "JPEG", quality=95)
+    write(src / "cats" / "p.jpg", photo_bytes)
+    write(src / "cats" / "p.txt", "a grey cat")
+    write(src / "cats" / "p_copy.jpg", photo_bytes)  # a byte copy under another caption
+    write(src / "cats" / "p_copy.txt", "my cat on the sofa")
+    write(src / "cats" / "p_q60.jpg", image_bytes(arr, "JPEG", quality=60))  # re-encoded, no caption
+    write(src / "cats" / "other.jpg", image_bytes(noise_rgb(320, 240, seed=4), "JPEG"))
+    write(src / "cats" / "other.txt", "a grey cat")  # same caption, another picture: its own sample
+    twin = noise_rgb(320, 240, seed=5)
+    write(src / "cats" / "t.jpg", image_bytes(twin, "JPEG"))
+    write(src / "cats" / "t.txt", "a cat")
+    write(src / "dogs" / "t.jpg", image_bytes(twin, "JPEG"))  # the same photo filed as a dog
+    write(src / "dogs" / "t.txt", "a dog")
+    out = tmp_path / "clean"
+    run(src, out)
+    got = {s: (r["status"], r["reason"], r["duplicate_of"]) for s, r in rows(out).items()}
+    assert got["cats/p.jpg"][0] == got["cats/p.txt"][0] == "kept"
+    assert got["cats/p_copy.jpg"] == ("duplicate", "exact_duplicate", "cats/p.jpg")
+    assert got["cats/p_copy.txt"] == ("duplicate", "exact_duplicate", "cats/p.txt")
+    assert got["cats/p_q60.jpg"] == ("duplicate", "near_duplicate", "cats/p.jpg")
+    assert got["cats/other.jpg"][0] == got["cats/other.txt"][0] == "kept"
+    for s in ("cats/t.jpg", "cats/t.txt", "dogs/t.jpg", "dogs/t.txt"):
+        assert got[s][:2] == ("quarantined", "label_conflict"), s
+    assert not (out / "data" / "cats" / "p_copy.txt").exists()
