@@ -193,3 +193,28 @@ def test_two_ranks_records_merge_without_loss_or_duplicates():
     assert len(rows) == len(set(rows)) == 2 * train_count == 96
     val = labels.load_val(run_dir)
     assert len(val.keys) == len(set(val.keys)) == 12
+
+
+def _signals(aum: list[float], accuracy: float) -> labels.TrainSignals:
+    n = len(aum)
+    return labels.TrainSignals(keys=[f"t{i}" for i in range(n)], label=np.zeros(n, dtype=np.int64), aum=np.array(aum),
+                               prob=np.full(n, 0.5), rival=np.ones(n, dtype=np.int64), epochs=3,
+                               last_epoch_accuracy=accuracy)
+
+
+def test_a_memorised_training_set_still_gets_a_ranking_and_a_warning():
+    """Every margin positive (the model learned every label, wrong ones too): a threshold at 0 would
+    flag nothing; the ranking still flags the estimated share, lowest AUM first, and warns."""
+    probs = np.array([[0.9, 0.1]] * 8 + [[0.1, 0.9]] * 2 + [[0.2, 0.8]] * 10)
+    val = labels.ValSignals(keys=[f"v{i}" for i in range(20)], label=np.array([0] * 10 + [1] * 10), probs=probs, epoch=2)
+    found = labels.analyse(_signals([5.0, 0.5, 4.0, 3.0, 6.0, 0.2, 7.0, 8.0, 9.0, 2.0], 1.0), val, ["a", "b"])
+    assert [r["key"] for r in found.rows if r["split"] == "train"] == ["t5"]  # 10% of 10, the lowest AUM
+    assert {r["key"] for r in found.rows if r["split"] == "val"} == {"v8", "v9"}
+    assert any("memorised" in w for w in found.warnings)
+    assert labels.analyse(_signals([1.0] * 10, 0.9), val, ["a", "b"]).warnings == []
+
+
+def test_without_val_predictions_the_rate_is_the_negative_margin_share_and_says_so():
+    found = labels.analyse(_signals([-1.0, -0.5, 2.0, 3.0], 0.5), None, ["a", "b"])
+    assert found.rate == 0.5 and sorted(r["key"] for r in found.rows) == ["t0", "t1"]
+    assert any("no validation predictions" in w for w in found.warnings)
