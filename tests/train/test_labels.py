@@ -218,3 +218,14 @@ def test_without_val_predictions_the_rate_is_the_negative_margin_share_and_says_
     found = labels.analyse(_signals([-1.0, -0.5, 2.0, 3.0], 0.5), None, ["a", "b"])
     assert found.rate == 0.5 and sorted(r["key"] for r in found.rows) == ["t0", "t1"]
     assert any("no validation predictions" in w for w in found.warnings)
+
+
+def test_pipe_labels_does_not_import_torch(clean_run):
+    import subprocess
+    import sys
+
+    from tests.conftest import pipe_env
+
+    code = ("import sys; from pathlib import Path; from train import labels; "
+            f"labels.run(Path({str(clean_run.output)!r})); assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
