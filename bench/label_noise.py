@@ -129,7 +129,6 @@ def key_sources(shard_dir: Path) -> dict[str, str]:
 
     index = json.loads((shard_dir / "index.json").read_text())
     keys = set()
-    from pipeline.formats import tarstream
     from pipeline.formats.sample import split_name
 
     for shard in index["shards"]:

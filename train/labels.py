@@ -262,9 +262,17 @@ class Findings:
     pairs: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
+    def interval(self) -> tuple[float, float]:
+        """A rough 95% interval of the rate (normal approximation over the samples it came from):
+        a small val split gives a wide one, and the flagged count is only as good as the rate."""
+        n = self.val_samples if self.rate_from.startswith("validation") else self.train_samples
+        half = 1.96 * (self.rate * (1 - self.rate) / n) ** 0.5 if n else 0.0
+        return max(0.0, self.rate - half), min(1.0, self.rate + half)
+
     def summary(self) -> dict:
         by_split = Counter(r["split"] for r in self.rows)
-        return {"estimated_noise_rate": round(self.rate, 6), "estimated_from": self.rate_from,
+        return {"estimated_noise_rate": round(self.rate, 6), "estimated_noise_rate_95": [round(x, 6) for x in self.interval()],
+                "estimated_from": self.rate_from,
                 "train_samples": self.train_samples, "val_samples": self.val_samples, "epochs_recorded": self.epochs,
                 "last_epoch_train_accuracy": self.train_accuracy,
                 "flagged": {"train": by_split.get("train", 0), "val": by_split.get("val", 0), "total": len(self.rows)},
@@ -379,7 +387,8 @@ def print_findings(findings: Findings, run_dir: Path) -> None:
     t = Table(title=f"pipe labels -> {run_dir / ISSUES}", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column(justify="right")
-    t.add_row("estimated noise rate", f"{findings.rate:.1%}")
+    lo, hi = findings.interval()
+    t.add_row("estimated noise rate", f"{findings.rate:.1%} (95%: {lo:.1%}-{hi:.1%})")
     t.add_row("from", findings.rate_from)
     t.add_row("train samples (epochs)", f"{findings.train_samples:,} ({findings.epochs})")
     t.add_row("val samples", f"{findings.val_samples:,}")

@@ -25,6 +25,7 @@ import torch
 from pipeline.core.files import atomic_write_bytes
 from train.labels import RECORDS, record_files, record_name
 
+
 class MarginRecorder:
     """One rank's recorder; the loop calls `train` per micro-batch, `val` per validation batch,
     `flush` at every checkpoint."""
