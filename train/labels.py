@@ -310,6 +310,11 @@ def analyse(train: TrainSignals | None, val: ValSignals | None, classes: list[st
             warnings.append(f"training accuracy in the last epoch is {train.last_epoch_accuracy:.1%}: the model "
                             "memorised its training set, so late margins say little about the labels; "
                             "the ranking leans on the early epochs (train fewer epochs for a sharper one)")
+    n_val = len(val.keys) if val is not None and len(val.keys) else 0
+    half = 1.96 * (rate * (1 - rate) / n_val) ** 0.5 if n_val else 0.0
+    if rate > 0 and half > rate / 3:
+        warnings.append(f"the noise rate comes from only {n_val} val samples ({rate:.1%} +- {half:.1%}): "
+                        "the number flagged is as uncertain; a larger val split (pipe shard --val-fraction) narrows it")
     rows.sort(key=lambda r: (-r["score"], r["split"], r["key"]))
     for rank, r in enumerate(rows, 1):
         r["rank"] = rank

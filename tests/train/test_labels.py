@@ -211,7 +211,9 @@ def test_a_memorised_training_set_still_gets_a_ranking_and_a_warning():
     assert [r["key"] for r in found.rows if r["split"] == "train"] == ["t5"]  # 10% of 10, the lowest AUM
     assert {r["key"] for r in found.rows if r["split"] == "val"} == {"v8", "v9"}
     assert any("memorised" in w for w in found.warnings)
-    assert labels.analyse(_signals([1.0] * 10, 0.9), val, ["a", "b"]).warnings == []
+    assert not any("memorised" in w for w in labels.analyse(_signals([1.0] * 10, 0.9), val, ["a", "b"]).warnings)
+    # 20 val samples: the rate (10%) is only known to +-13 points, and the user is told so
+    assert any("only 20 val samples (10.0% +- 13.1%)" in w for w in found.warnings)
 
 
 def test_without_val_predictions_the_rate_is_the_negative_margin_share_and_says_so():
