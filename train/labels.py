@@ -308,8 +308,8 @@ def analyse(train: TrainSignals | None, val: ValSignals | None, classes: list[st
                          "suggested": int(train.rival[i]), "score": float(1.0 - train.prob[i])})
         if train.last_epoch_accuracy >= MEMORISED:
             warnings.append(f"training accuracy in the last epoch is {train.last_epoch_accuracy:.1%}: the model "
-                            "memorised its training set, so late margins say little about the labels; "
-                            "the ranking leans on the early epochs (train fewer epochs for a sharper one)")
+                            "memorised its training set: its late margins are high for wrong labels too, so the "
+                            "ranking rests on the earlier epochs (fewer epochs would sharpen it)")
     n_val = len(val.keys) if val is not None and len(val.keys) else 0
     half = 1.96 * (rate * (1 - rate) / n_val) ** 0.5 if n_val else 0.0
     if rate > 0 and half > rate / 3:
