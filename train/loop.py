@@ -42,6 +42,7 @@ from train.distributed import group as distributed
 from train.distributed import preflight
 from train.distributed.group import Dist, no_sync, unwrap
 from train.models.builtin import build_model, forward, reader_fields, reader_image_size
+from train.components.margins import MarginRecorder
 from train.models.finetune import Freezer, FreezeSchedule, load_init
 
 # Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
@@ -320,6 +321,7 @@ class Trainer:
         self.state = self._restore(resume_from) if resume_from is not None else TrainState()
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
+        self.margins = MarginRecorder(self.run_dir, d.rank, d.world_size, start_step=self.state.step)  # for pipe labels
         self._say_setup(warmup)
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             self.out.say(TORCHRUN_STORE_WARNING)
@@ -420,6 +422,7 @@ class Trainer:
                     with autocast(self.precision, d.device):
                         logits = forward(model, self.model, batch)
                     loss = F.cross_entropy(logits.float(), batch["label"])
+                    self.margins.train(epoch, batch, logits)
                     # / accum: the summed micro-gradients become the gradient of the mean over the step
                     self.scaler.scale(loss / plan.accum).backward()
                 n = len(batch["label"])
@@ -452,6 +455,7 @@ class Trainer:
                 batch = _to_device(batch, d.device, self.channels_last)
                 with autocast(self.precision, d.device):
                     logits = forward(model, model, batch)
+                self.margins.val(self.state.epoch, batch, logits)
                 labels = batch["label"]
                 valid = batch.get("valid")
                 keep = valid.to(torch.float64) if valid is not None else torch.ones(len(labels), dtype=torch.float64, device=d.device)
@@ -513,6 +517,7 @@ class Trainer:
 
     def _save(self, best: bool = False, val: tuple | None = None) -> None:
         """Every rank calls this (the RNG states are gathered); rank 0 writes."""
+        self.margins.flush(self.state.step)  # before the gather: every rank's records precede last.pt
         rngs = distributed.all_gather_object(ckpt.rng_state(), self.d)
         if best:
             self.state.best_val_loss, self.state.best_val_acc = val[0], val[1]

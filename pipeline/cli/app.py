@@ -69,12 +69,14 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def _register() -> None:
     from pipeline.cli import check, clean, doctor, report, shard
     from train import command as train_command
+    from train import labels_command
 
     app.command("clean")(clean.clean)
     app.command("shard")(shard.shard)
     app.command("check")(check.check)
     app.command("report")(report.report)
     app.command("train")(train_command.train)
+    app.command("labels")(labels_command.labels)
     app.command("doctor")(doctor.doctor)
 
 

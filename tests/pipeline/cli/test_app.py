@@ -9,7 +9,7 @@ from tests.conftest import pipe_env
 def test_help_lists_every_command(cli):
     r = cli("--help")
     assert r.exit_code == 0
-    for command in ("clean", "shard", "check", "report", "train", "doctor"):
+    for command in ("clean", "shard", "check", "report", "train", "labels", "doctor"):
         assert command in r.stdout
 
 
