@@ -72,7 +72,8 @@ class CleanConfig:
     max_pixels: int = 178_956_970
     """Images with more pixels than this (from the header, before decoding) are decompression bombs."""
     background: str = "white"
-    """Colour transparent pixels are composited on, and the padding colour: white, black, grey or #rrggbb."""
+    """Colour transparent pixels are composited on, and the padding colour: white, black, grey or #rrggbb.
+    Artwork drawn in the transparency in a colour it would erase goes on the contrasting colour instead."""
     max_text_bytes: int | str = MAX_TEXT_BYTES
     """Text files larger than this (from their size, before reading) are quarantined as too_large;
     a number of bytes or a size such as 16MiB or 200MB (see `MAX_TEXT_BYTES`)."""

@@ -114,7 +114,9 @@ def test_odd_icc_markers_are_noted_and_the_image_kept():
     reason, o = verdict(garbage)
     assert reason is None and any("unusable ICC profile" in n for n in o.notes), o.notes
     prof = press_cmyk()
-    dup = _with_icc_chunks(nasty.jpeg_bytes(Image.new("CMYK", (64, 64), (255, 0, 0, 0))), [(1, 1, prof), (1, 1, b"x" * 40)])
+    cmyk = Image.new("CMYK", (64, 64), (255, 0, 0, 0))
+    cmyk.paste((0, 0, 0, 0), (0, 0, 32, 64))  # half white: one flat colour would be a blank_image
+    dup = _with_icc_chunks(nasty.jpeg_bytes(cmyk), [(1, 1, prof), (1, 1, b"x" * 40)])
     reason, o = verdict(dup, min_size=8)
     assert reason is None and any("duplicate ICC profile chunk" in n for n in o.notes), o.notes
 
