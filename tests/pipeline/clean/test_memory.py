@@ -14,6 +14,7 @@ any of them ever had comes from getrusage(RUSAGE_CHILDREN) of a small parent pro
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,7 @@ def test_a_1gb_text_is_too_large_at_once_and_never_read_into_memory(tmp_path):
     assert got["notes/small.txt"]["status"] == "kept"
     assert peak < GB and seen < GB, (peak, seen)
     assert seconds < 120  # was 3 minutes before ending unreadable; here hashing and copying 1 GB dominate
+    shutil.rmtree(tmp_path)  # pytest keeps the last runs' folders: not 1 GB of them
 
 
 def test_a_100mb_text_is_too_large_by_default_and_read_within_a_small_multiple_when_allowed(tmp_path):
@@ -121,6 +123,7 @@ def test_a_100mb_text_is_too_large_by_default_and_read_within_a_small_multiple_w
     # measured: about 3x the text in the worker (the bytes read, the decoded text, the UTF-8
     # written), against 34x before; 5x leaves room for an interpreter and its libraries
     assert peak < 5 * 100 * MB, peak / MB
+    shutil.rmtree(tmp_path)
 
 
 def test_the_limit_is_a_flag_and_a_config_key_with_units(tmp_path, cli):
