@@ -111,3 +111,23 @@ def brightened(im: Image.Image, factor: float = 1.08) -> Image.Image:
 
 EDITS = {"jpeg_q40": reencoded, "scaled_60": scaled, "cropped_2_centre": cropped,
          "cropped_2_corner": lambda im: cropped(im, centred=False), "brightened_8": brightened}
+
+
+def transparent_logo(colour, size=(300, 200), shape: int = 0) -> bytes:
+    """Artwork drawn in ``colour`` on a fully transparent background, anti-aliased edges and all."""
+    im = Image.new("RGBA", (size[0] * 2, size[1] * 2), (*colour, 0))
+    d = ImageDraw.Draw(im)
+    w, h = im.size
+    if shape == 0:
+        d.ellipse((w * 0.2, h * 0.2, w * 0.6, h * 0.8), fill=(*colour, 255))
+        d.rectangle((w * 0.65, h * 0.3, w * 0.9, h * 0.5), fill=(*colour, 255))
+    else:
+        d.polygon([(w * 0.1, h * 0.9), (w * 0.5, h * 0.1), (w * 0.9, h * 0.9)], fill=(*colour, 255))
+    im = im.resize(size, Image.Resampling.LANCZOS)  # soft, partly transparent edges
+    return png(im)
+
+
+def png(im: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()

@@ -133,10 +133,15 @@ def check_against(lab: Labels, candidates) -> dict:
     return notes
 
 
-def attach_captions(results, captions: dict[str, str]) -> dict:
+def attach_captions(results, captions: dict[str, str], max_bytes: int | None = None) -> dict:
     """Give each image the caption the labels file's text column has for it, normalised like a
-    caption file (or the reason it was rejected). A caption file beside the image wins."""
-    from pipeline.media.text.clean import clean_text
+    caption file (or the reason it was rejected). A caption file beside the image wins.
+
+    A caption longer than ``max_bytes`` (--max-text-bytes) in UTF-8 is too_large, as a caption
+    file of that size would be: judging it would cost the same memory."""
+    from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings, clean_text
+
+    settings = TextSettings(max_bytes=MAX_TEXT_BYTES if max_bytes is None else max_bytes)
 
     with_file = {r.key for r in results if r.kind == Kind.TEXT}
     ignored, rejected, given = [], [], 0
@@ -148,7 +153,7 @@ def attach_captions(results, captions: dict[str, str]) -> dict:
         if r.key in with_file:
             ignored.append(r.source)
             continue
-        o = clean_text(raw.encode("utf-8"))
+        o = _judge_caption(raw, settings)
         if o.reason:
             r.caption_reason = f"{o.reason} ({o.detail})"
             rejected.append(f"{r.source}: {o.reason}")
@@ -159,3 +164,15 @@ def attach_captions(results, captions: dict[str, str]) -> dict:
     _note(notes, "captions_ignored_for_a_caption_file", ignored)
     _note(notes, "captions_rejected", rejected)
     return notes
+
+
+def _judge_caption(raw: str, settings):
+    """A labels-file caption judged like a caption file, size limit included. More characters
+    than the limit allows bytes is too large in any encoding: refused before encoding it."""
+    from pipeline.formats.vocabulary import Reason
+    from pipeline.media.text.clean import TextOutcome, clean_text
+
+    if len(raw) > settings.max_bytes:
+        return TextOutcome(reason=Reason.TOO_LARGE,
+                           detail=f"{len(raw)} characters > --max-text-bytes {settings.max_bytes} bytes")
+    return clean_text(raw.encode("utf-8"), settings)

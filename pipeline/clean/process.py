@@ -54,7 +54,8 @@ def process(cand: Candidate, settings=None) -> FileResult:
         with open(cand.path, "rb") as f:
             st = os.fstat(f.fileno())
             r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
-            if cand.kind == Kind.OTHER:
+            too_large = cand.kind == Kind.TEXT and st.st_size > s.text.max_bytes
+            if cand.kind == Kind.OTHER or too_large:  # hashed in chunks, never read whole
                 r.sha256 = _hash_stream(f)
                 data = b""
             else:
@@ -65,6 +66,9 @@ def process(cand: Candidate, settings=None) -> FileResult:
         return r
     if r.bytes == 0:
         r.reason, r.detail = Reason.ZERO_BYTES, "the file is empty"
+        return r
+    if too_large:
+        r.reason, r.detail = Reason.TOO_LARGE, f"{r.bytes} bytes > --max-text-bytes {s.text.max_bytes} (not read)"
         return r
     if cand.kind == Kind.OTHER:
         r.reason, r.detail = Reason.UNSUPPORTED_FORMAT, f"{cand.fmt}: not an image or a text"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.clean.discover import Candidate, discover
+from pipeline.core.config import parse_byte_size
 from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.executor import OrderedPool
@@ -34,7 +35,7 @@ from pipeline.clean.journal import STATE_DIR, Journal
 from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
 from pipeline.clean.records import FileResult
 from pipeline.clean.report import ReportBuilder
-from pipeline.media.text.clean import TextSettings
+from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings
 
 RESIZE_MODES = ("pad", "crop", "stretch")
 FORMATS = ("jpg", "png", "webp")
@@ -71,7 +72,11 @@ class CleanConfig:
     max_pixels: int = 178_956_970
     """Images with more pixels than this (from the header, before decoding) are decompression bombs."""
     background: str = "white"
-    """Colour transparent pixels are composited on, and the padding colour: white, black, grey or #rrggbb."""
+    """Colour transparent pixels are composited on, and the padding colour: white, black, grey or #rrggbb.
+    Artwork drawn in the transparency in a colour it would erase goes on the contrasting colour instead."""
+    max_text_bytes: int | str = MAX_TEXT_BYTES
+    """Text files larger than this (from their size, before reading) are quarantined as too_large;
+    a number of bytes or a size such as 16MiB or 200MB (see `MAX_TEXT_BYTES`)."""
     labels: Path | None = None
     """A labels.csv or labels.jsonl (path,label[,text]) instead of class folders."""
     label_conflicts: str = "quarantine"
@@ -90,7 +95,8 @@ class CleanConfig:
     """Replace an existing CLEAN_DIR made from other input or settings instead of refusing."""
 
     # settings that change what a worker writes for a file; a resumed run must match them
-    OUTPUT_SETTINGS = ("size", "resize_mode", "format", "quality", "min_size", "max_pixels", "background")
+    OUTPUT_SETTINGS = ("size", "resize_mode", "format", "quality", "min_size", "max_pixels", "background",
+                       "max_text_bytes")
 
     def fingerprint(self) -> dict:
         return {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}
@@ -138,6 +144,7 @@ def validate(cfg: CleanConfig) -> CleanConfig:
         if not ok:
             raise UsageError(message)
     parse_colour(cfg.background)
+    cfg.max_text_bytes = parse_byte_size(cfg.max_text_bytes, "--max-text-bytes")
     if cfg.labels is not None and not cfg.labels.is_file():
         raise UsageError(f"labels file not found: {cfg.labels}")
     return cfg
@@ -250,7 +257,7 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
         if lab is not None:
             from pipeline.clean.labels import attach_captions
 
-            label_notes.update(attach_captions(results, lab.captions))
+            label_notes.update(attach_captions(results, lab.captions, cfg.max_text_bytes))
         timings["process_s"] = time.perf_counter() - t
     finally:
         if pool is not None:
@@ -302,7 +309,7 @@ def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
         output=str(cfg.output),
         image=ImageSettings(cfg.size, cfg.resize_mode, cfg.format, cfg.quality, cfg.min_size, cfg.max_pixels,
                             parse_colour(cfg.background)),
-        text=TextSettings(),
+        text=TextSettings(max_bytes=cfg.max_text_bytes),
     )
     return OrderedPool(process, workers, initializer=init_worker, initargs=(settings,))
 

@@ -22,7 +22,11 @@ def clean(
     quality: Annotated[int, typer.Option(help="JPEG/WebP quality, 1-100.")] = 90,
     min_size: Annotated[int, typer.Option(help="Quarantine images whose short side is below this (px).")] = 32,
     max_pixels: Annotated[int, typer.Option(help="Decompression-bomb limit, from the header, before decoding.")] = 178_956_970,
-    background: Annotated[str, typer.Option(help="Colour under transparency and padding: white, black, grey, #rrggbb.")] = "white",
+    background: Annotated[str, typer.Option(help="Colour under transparency and padding: white, black, grey, #rrggbb. Artwork it would erase (white on transparency under white) goes on the contrasting colour instead.")] = "white",
+    max_text_bytes: Annotated[str, typer.Option(
+        help="Quarantine text files larger than this as too_large, from their size before reading (bytes, or 16MiB, "
+             "200MB...). 16 MiB is five long novels; above that a .txt is a log or a dump, and judging it takes a "
+             "few times its size in memory per worker.")] = "16MiB",
     labels: Annotated[Optional[Path], typer.Option(help="labels.csv|jsonl with path,label[,text] instead of class folders.")] = None,
     label_conflicts: Annotated[str, typer.Option(help="Same content, different labels: quarantine, majority or first.")] = "quarantine",
     near_dedup: Annotated[bool, typer.Option(help="Find near duplicates too (perceptual hash + pixels, MinHash + Jaccard).")] = True,

@@ -62,3 +62,29 @@ def explicit_params(ctx) -> set[str]:
     """Names of the parameters given on the command line (or by environment), not defaulted."""
     given = {"COMMANDLINE", "ENVIRONMENT", "PROMPT"}  # by name: typer may vendor click or not
     return {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", "") in given}
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def parse_byte_size(value: int | str, flag: str) -> int:
+    """A byte count as a number or with a unit: ``16MiB``, ``200MB``, ``1.5GB``, ``500k``.
+
+    kB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024, as disk and file-manager sizes are told.
+    Anything else is a usage error that names ``flag``."""
+    import re
+
+    if isinstance(value, bool):
+        raise UsageError(f"{flag} must be a byte count such as 16MiB or 200MB, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise UsageError(f"{flag} must be a byte count such as 16MiB or 200MB, got {value!r}")
+        n = int(float(m.group(1)) * _UNITS[unit])
+    if n < 1:
+        raise UsageError(f"{flag} must be at least 1 byte, got {value!r}")
+    return n

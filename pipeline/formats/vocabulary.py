@@ -61,6 +61,10 @@ class Reason(Word):
     DECOMPRESSION_BOMB = ("decompression_bomb",
                           "more pixels (or decompressed metadata) than --max-pixels allows, judged from the header")
     TOO_SMALL = "too_small", "smaller than --min-size on its short side"
+    BLANK_IMAGE = ("blank_image", "the cleaned image would show (almost) nothing: one flat colour, whatever the "
+                   "background under its transparency")
+    TOO_LARGE = ("too_large", "a text file (or a labels-file caption) larger than --max-text-bytes, judged from its "
+                 "size before reading it")
     UNDECODABLE_TEXT = "undecodable_text", "no encoding decodes the bytes strictly"
     BINARY_CONTENT = "binary_content", "text-like file whose bytes are binary (NUL bytes, control characters)"
     EMPTY_TEXT = "empty_text", "nothing left after normalisation"

@@ -80,11 +80,34 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     rgb = d.image
     out.content_hash = pixel_hash(rgb, d.pixels)
     final, picture = fit_and_picture(rgb, s.size, s.resize_mode, s.background)
+    blank = _blank(picture if picture is not None else final)
+    if blank:
+        out.reason, out.detail = Reason.BLANK_IMAGE, blank
+        return out
     # the hash squeezes the picture to 32x32: from the scaled picture it is the same hash at a
     # third of the cost of hashing the decoded one
     out.phash = phash(picture if picture is not None else rgb)
     out.data, out.ext = encode(final, s.format, s.quality), s.format
     return out
+
+
+def _blank(picture) -> str:
+    """Why the picture as output (before padding) has (almost) no information, or "".
+
+    A flat image teaches a model nothing, and every flat image of one colour is an exact
+    duplicate of every other, under whatever label: quarantined, never kept. Transparency has had
+    its chance first (`colour.to_rgb` puts artwork the background would erase on a contrasting
+    colour), so what is flat here is flat on any background."""
+    from PIL import ImageStat
+
+    from pipeline.media.image.colour import FLAT_STD, flat
+
+    if not flat(picture):
+        return ""
+    st = ImageStat.Stat(picture)
+    colour = "#" + "".join(f"{round(v):02x}" for v in st.mean)
+    return (f"the cleaned image is one flat colour ({colour}, no channel varies by {FLAT_STD:g} level or more): "
+            "nothing to learn from it")
 
 
 def pixel_hash(rgb, pixels=None) -> str:

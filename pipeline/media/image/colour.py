@@ -4,7 +4,10 @@
   CMYK image with its press profile are converted to sRGB by LittleCMS (Pillow's ImageCms).
   sRGB profiles are recognised and skipped; a profile that cannot be read is noted and ignored.
 * Transparency (alpha channels, palette and grey/RGB transparency keys) is composited on the
-  background colour: transparent pixels become the background, not black.
+  background colour: transparent pixels become the background, not black. When the picture is
+  drawn in the transparency in a colour the background would erase (white artwork on
+  transparency under ``--background white``), it goes on the contrasting colour (black) instead,
+  with a note: a blank square is nobody's intent.
 * High bit depths are scaled, not clipped: 16-bit values are divided by 257 (so a ramp stays a
   ramp); 32-bit integer and float images are scaled from their nominal range (0-65535, 0-1)
   or, when they leave it, from their own minimum and maximum.
@@ -53,8 +56,49 @@ def _composite(im: Image.Image, background, icc: bytes | None, notes: list[str])
     lo, hi = alpha.getextrema()
     if lo == 255:  # an alpha channel that is opaque everywhere
         return rgba.convert("RGB")
+    out = _on(rgba, background)
+    if flat(out) and not flat(alpha):
+        # the picture is in the alpha channel and the background erases it: white artwork on a
+        # transparent background, under --background white, would be a blank white square
+        other = _contrasting(rgba, alpha)
+        if other != tuple(background):
+            alt = _on(rgba, other)
+            if not flat(alt):
+                notes.append(f"composited on {_hex(other)} instead of --background {_hex(background)}: the image is "
+                             f"drawn in its transparency in a colour that would vanish on {_hex(background)}")
+                return alt
+    return out
+
+
+# A picture whose every channel varies less than this (standard deviation, in 8-bit levels)
+# is one flat colour to the eye and to a model: a white logo composited on white, a blank frame.
+FLAT_STD = 1.0
+
+
+def flat(im: Image.Image) -> bool:
+    """Every channel of ``im`` within about one level of its mean: (almost) no information.
+    From Pillow's histogram: one pass in C, no copy of the pixels."""
+    from PIL import ImageStat
+
+    return max(ImageStat.Stat(im).stddev) < FLAT_STD
+
+
+def _on(rgba: Image.Image, background) -> Image.Image:
     base = Image.new("RGBA", rgba.size, (*background, 255))
     return Image.alpha_composite(base, rgba).convert("RGB")
+
+
+def _contrasting(rgba: Image.Image, alpha: Image.Image) -> tuple[int, int, int]:
+    """Black under light artwork, white under dark: from the mean colour of the pixels that are
+    not transparent."""
+    from PIL import ImageStat
+
+    r, g, b = ImageStat.Stat(rgba.convert("RGB"), mask=alpha).mean
+    return (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b >= 128 else (255, 255, 255)
+
+
+def _hex(rgb) -> str:
+    return "#" + "".join(f"{int(v):02x}" for v in rgb)
 
 
 def _high_depth(im: Image.Image, notes: list[str]) -> Image.Image:

@@ -26,10 +26,20 @@ from pipeline.formats.vocabulary import Reason
 from pipeline.media.text.encodings import decode_bytes
 
 
+# Default --max-text-bytes. The longest texts that make sense as one sample are books: a long
+# novel is 1-3 MB of UTF-8 (War and Peace about 3.2 MB), captions and documents far less; 16 MiB
+# is five such novels. Above it a "text" is a log, a dump or a whole corpus in one file, and
+# judging it costs memory in proportion (the bytes, the decoded text and its normalised copies):
+# see `clean_text` for the multiple.
+MAX_TEXT_BYTES = 16 << 20
+
+
 @dataclass(frozen=True)
 class TextSettings:
     repair_mojibake: bool = True
     """Repair certain mojibake (and say so) instead of quarantining it as garbled_text."""
+    max_bytes: int = MAX_TEXT_BYTES
+    """Texts larger than this are too_large, judged from the size before reading (--max-text-bytes)."""
 
 
 @dataclass
@@ -51,12 +61,15 @@ _CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\ufeff]")
 
 
 def clean_text(data: bytes, s: TextSettings = TextSettings()) -> TextOutcome:
+    if len(data) > s.max_bytes:  # callers check the size before reading; this keeps the bound for any other
+        return TextOutcome(reason=Reason.TOO_LARGE, detail=f"{len(data)} bytes > --max-text-bytes {s.max_bytes}")
     d = decode_bytes(data)
     out = TextOutcome(encoding=d.encoding, confidence=d.confidence, notes=list(d.notes))
     if d.text is None:
         out.reason, out.detail = d.reason, d.detail
         return out
-    text, reason, detail = repair_garbled(d.text, s.repair_mojibake)
+    text, d.text = d.text, None  # one reference: each normalised copy frees the one before it
+    text, reason, detail = repair_garbled(text, s.repair_mojibake)
     if reason:
         out.reason, out.detail = reason, detail
         return out
@@ -65,7 +78,7 @@ def clean_text(data: bytes, s: TextSettings = TextSettings()) -> TextOutcome:
     text, removed = normalize(text)
     if removed:
         out.notes.append(f"removed {removed} control character{'s' if removed > 1 else ''}")
-    if not text.strip():
+    if not text or text.isspace():  # (text.strip() would copy it)
         out.reason, out.detail = Reason.EMPTY_TEXT, "nothing but whitespace after normalisation"
         return out
     out.text = text
@@ -86,9 +99,24 @@ def normalize(text: str) -> tuple[str, int]:
 
 
 def text_hash(text: str) -> str:
-    """Exact-duplicate key: the normalised text, ignoring trailing whitespace on lines and at the end."""
-    canonical = "\n".join(line.rstrip() for line in text.strip().split("\n"))
-    return xxhash.xxh3_128_hexdigest(canonical.encode("utf-8"))
+    """Exact-duplicate key: the normalised text, ignoring trailing whitespace on lines and at the end.
+
+    Hashed a piece of lines at a time: splitting a 16 MB text into one list of lines (50 bytes a
+    line) and encoding it whole would cost several times the text."""
+    text = text.strip()
+    h = xxhash.xxh3_128()
+    i = 0
+    while i < len(text):
+        j = text.find("\n", i + HASH_PIECE)
+        j = len(text) if j < 0 else j
+        h.update("\n".join(line.rstrip() for line in text[i:j].split("\n")).encode("utf-8"))
+        if j < len(text):
+            h.update(b"\n")
+        i = j + 1
+    return h.hexdigest()
+
+
+HASH_PIECE = 1 << 20  # characters
 
 
 def repair_garbled(text: str, repair: bool = True) -> tuple[str, Reason | None, str]:

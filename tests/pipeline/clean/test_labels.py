@@ -141,3 +141,21 @@ def test_labels_file_caption_reaches_the_shards(tmp_path):
         with tarfile.open(tar) as t:
             texts.update({m.name: t.extractfile(m).read().decode() for m in t.getmembers() if m.name.endswith(".txt")})
     assert texts["img3.txt"] == "caption number 3"
+
+
+def test_a_caption_in_the_labels_file_is_bounded_like_a_caption_file(tmp_path):
+    """--max-text-bytes holds for the text column too: a caption over it is too_large (its image
+    pair_rejected, as with any rejected caption), one at the limit is kept."""
+    src = tmp_path / "raw"
+    photo(src / "a.jpg", seed=1)
+    photo(src / "b.jpg", seed=2)
+    photo(src / "c.jpg", seed=3)
+    write(tmp_path / "labels.csv", "path,label,text\n"
+          f"a.jpg,cat,{'x' * 2000}\nb.jpg,cat,{'é' * 600}\nc.jpg,cat,{'x' * 1000}\n".encode("utf-8"))
+    out = tmp_path / "clean"
+    clean.run(CleanConfig(input=src, output=out, workers=1, labels=tmp_path / "labels.csv", max_text_bytes="1000"),
+              show_progress=False)
+    rows = {r["source"]: r for r in pq.read_table(out / "manifest.parquet").to_pylist()}
+    assert rows["a.jpg"]["reason"] == "pair_rejected" and "too_large" in rows["a.jpg"]["detail"]
+    assert rows["b.jpg"]["reason"] == "pair_rejected" and "1200 bytes > --max-text-bytes 1000" in rows["b.jpg"]["detail"]
+    assert rows["c.jpg"]["status"] == "kept" and (out / "data" / "c.txt").read_text() == "x" * 1000

@@ -249,3 +249,25 @@ def test_captioned_copies_are_deduplicated_as_images(tmp_path):
     for s in ("cats/t.jpg", "cats/t.txt", "dogs/t.jpg", "dogs/t.txt"):
         assert got[s][:2] == ("quarantined", "label_conflict"), s
     assert not (out / "data" / "cats" / "p_copy.txt").exists()
+
+
+def test_white_artwork_on_transparency_is_kept_visible_and_flat_images_are_blank(tmp_path):
+    """Two white logos on transparency under two labels were kept as two blank white squares
+    and called exact duplicates of each other; flat images are blank_image, never duplicates."""
+    from PIL import Image
+
+    from tests.image_samples import png, transparent_logo as logo
+
+    src = tmp_path / "raw"
+    write(src / "cats" / "logo.png", logo((255, 255, 255), shape=0))
+    write(src / "dogs" / "logo.png", logo((255, 255, 255), shape=1))
+    write(src / "cats" / "white.png", png(Image.new("RGB", (200, 200), (255, 255, 255))))
+    write(src / "dogs" / "white.png", png(Image.new("RGB", (300, 100), (255, 255, 255))))
+    photo(src / "dogs" / "photo.jpg", seed=1)
+    run(src, tmp_path / "out")
+    got = rows(tmp_path / "out")
+    assert got["cats/logo.png"]["status"] == got["dogs/logo.png"]["status"] == "kept", got
+    assert "composited on #000000" in got["cats/logo.png"]["detail"]
+    assert got["cats/white.png"]["reason"] == got["dogs/white.png"]["reason"] == "blank_image"
+    assert got["dogs/photo.jpg"]["status"] == "kept"
+    assert sorted(p.name for p in (tmp_path / "out" / "quarantine" / "blank_image").rglob("*.png")) == ["white.png"] * 2

@@ -64,11 +64,11 @@ def test_palette_with_transparency():
 
 
 def test_grey_and_rgb_transparency_keys():
-    grey = np.tile(np.array([0, 3], np.uint8), (32, 16))  # 2-bit grey: 0 and 3 (= 255)
+    grey = np.tile(np.array([1, 3], np.uint8), (32, 16))  # 2-bit grey: 1 (= 85) and 3 (= 255)
     out = rgb_of(nasty.png(grey, 0, 2, trns=struct.pack(">H", 3)), BLACK)
-    assert out[0, 0].tolist() == [0, 0, 0] and out[0, 1].tolist() == [0, 0, 0]  # the key at 2 bits matches
+    assert out[0, 0].tolist() == [85, 85, 85] and out[0, 1].tolist() == [0, 0, 0]  # the key at 2 bits matches
     out = rgb_of(nasty.png(grey, 0, 2, trns=struct.pack(">H", 3)), (9, 9, 9))
-    assert out[0, 1].tolist() == [9, 9, 9] and out[0, 0].tolist() == [0, 0, 0]
+    assert out[0, 1].tolist() == [9, 9, 9] and out[0, 0].tolist() == [85, 85, 85]
     rgb = np.zeros((32, 32, 3), np.uint8)
     rgb[:, :16] = (10, 20, 30)
     out = rgb_of(nasty.png(rgb, 2, 8, trns=struct.pack(">HHH", 10, 20, 30)))

@@ -2,6 +2,7 @@
 harmless header oddities are kept and noted, colour and orientation come out right."""
 
 import io
+import time
 
 import numpy as np
 import pytest
@@ -114,7 +115,9 @@ def test_odd_icc_markers_are_noted_and_the_image_kept():
     reason, o = verdict(garbage)
     assert reason is None and any("unusable ICC profile" in n for n in o.notes), o.notes
     prof = press_cmyk()
-    dup = _with_icc_chunks(nasty.jpeg_bytes(Image.new("CMYK", (64, 64), (255, 0, 0, 0))), [(1, 1, prof), (1, 1, b"x" * 40)])
+    cmyk = Image.new("CMYK", (64, 64), (255, 0, 0, 0))
+    cmyk.paste((0, 0, 0, 0), (0, 0, 32, 64))  # half white: one flat colour would be a blank_image
+    dup = _with_icc_chunks(nasty.jpeg_bytes(cmyk), [(1, 1, prof), (1, 1, b"x" * 40)])
     reason, o = verdict(dup, min_size=8)
     assert reason is None and any("duplicate ICC profile chunk" in n for n in o.notes), o.notes
 
@@ -196,3 +199,14 @@ def test_big_jpeg_is_shrunk_in_the_dct_domain():
     assert d.image.size == (1024, 768)  # decoded at 1/2: still 2x the 512x384 it becomes
     d = decode(data, Target(size=1024, mode="pad"))
     assert d.image.size == (2048, 1536)  # a 1/2 decode would leave no headroom: full size
+
+
+@pytest.mark.parametrize("filler", [b"\x00", b"\xff"])
+def test_a_header_lost_in_junk_is_judged_in_moments_not_minutes(filler):
+    """SOI and then 64 MB of junk (or of fill bytes): markers are searched for in C. Stepping
+    through the bytes in Python took 5 minutes for 1 GB, longer than --file-timeout."""
+    data = b"\xff\xd8" + filler * (64 << 20)
+    t = time.perf_counter()
+    reason, o = verdict(data)
+    assert reason == "truncated" and "ends inside the JPEG header" in o.detail
+    assert time.perf_counter() - t < 3
