@@ -33,6 +33,7 @@ from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
 from pipeline.formats.sample import SampleParts, shard_key
 from pipeline.formats.manifest_row import NAMES, ManifestRow
+from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.vocabulary import Kind, Status
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker, tmp_name
@@ -94,6 +95,7 @@ class Sample:
     image_ext: str | None = None
     text: str | None = None
     phash: int | None = None
+    pixels: ImagePixels | None = None  # as pipe clean recorded them; None: decode the image to know
     meta: dict = dataclasses.field(default_factory=dict)
     cls: int = -1
     tar_bytes: int = 0
@@ -212,6 +214,7 @@ def _sample(key: str, rows: list[ManifestRow], clean_dir: Path) -> Sample | None
             raise UsageError(f"{clean_dir / s.image}: not a .jpg, .png or .webp image")
         s.image_ext = ext
         s.phash = int(r.phash, 16) if r.phash else None
+        s.pixels = recorded_pixels(r)
         s.meta["sources"]["image"] = r.source
         s.meta["image"] = {"width": r.width, "height": r.height}
         if r.caption and not texts:  # a caption from the labels file: no row of its own
@@ -222,6 +225,22 @@ def _sample(key: str, rows: list[ManifestRow], clean_dir: Path) -> Sample | None
         s.meta["sources"]["text"] = r.source
         s.meta["text"] = {"encoding": r.encoding, "encoding_confidence": r.encoding_confidence}
     return s
+
+
+def recorded_pixels(row: ManifestRow) -> ImagePixels | None:
+    """The image's size and pixel sums as pipe clean recorded them, or None when the manifest
+    has none (a pipe before these columns) or they are not plausible numbers (a hand-made
+    manifest): then the image is decoded and measured here, as it always was."""
+    w, h, sums, squares = row.output_width, row.output_height, row.pixel_sums, row.pixel_squares
+    if not (_count(w) and _count(h) and isinstance(sums, list) and isinstance(squares, list)):
+        return None
+    if len(sums) != 3 or len(squares) != 3 or not all(map(_count, sums + squares)):
+        return None
+    return ImagePixels(w, h, tuple(sums), tuple(squares))
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _checked_output(clean_dir: Path, row: ManifestRow) -> str:
@@ -245,21 +264,17 @@ def _unique_keys(samples: list[Sample]) -> None:
 # ---------------------------------------------------------------- 3. measure
 
 
-def measure_image(path: str) -> tuple:
-    """(width, height, pixels, channel sums, channel sums of squares) or ("error", message)."""
-    import numpy as np
-
-    from pipeline.formats.sample import DecodeError, decode_image
+def measure_image(path: str) -> ImagePixels | tuple[str, str]:
+    """The decoded image's size and pixel sums, or ("error", message)."""
+    from pipeline.formats.pixels import measure
+    from pipeline.formats.sample import DecodeError
 
     ext = IMAGE_EXT.get(Path(path).suffix.lower(), "")
     try:
         with open(path, "rb") as f:
-            arr = decode_image(f.read(), ext)
+            return measure(f.read(), ext)
     except (OSError, DecodeError) as e:
         return ("error", str(e))
-    h, w = arr.shape[:2]
-    flat = arr.reshape(-1, 3).astype(np.uint64)
-    return (w, h, h * w, flat.sum(axis=0).tolist(), (flat * flat).sum(axis=0).tolist())
 
 
 def _measure_crashed(path: str, exc: BaseException) -> tuple:
@@ -267,11 +282,35 @@ def _measure_crashed(path: str, exc: BaseException) -> tuple:
 
 
 def measure(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool) -> tuple[shard_index.PixelStats, int | None]:
-    """Decode every image; exact train pixel stats and the one image size (errors are UsageError)."""
+    """Exact train pixel stats and the one image size (errors are UsageError), from the numbers
+    pipe clean recorded in the manifest; only images it recorded none for are decoded."""
+    stats, sizes = shard_index.PixelStats(), Counter()
+    for s, val in zip(samples, is_val):
+        if s.pixels is not None:
+            _count_image(s.pixels, val, stats, sizes)
+    _decode_unmeasured(cfg, samples, is_val, show_progress, stats, sizes)
+    if len(sizes) > 1 or any(w != h for w, h in sizes):
+        seen = ", ".join(f"{w}x{h} ({n} images)" for (w, h), n in sizes.most_common(3))
+        raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
+    size = next(iter(sizes))[0] if sizes else None
+    return stats, size
+
+
+def _count_image(px: ImagePixels, val: bool, stats: shard_index.PixelStats, sizes: Counter) -> None:
+    sizes[(px.width, px.height)] += 1
+    if not val:
+        stats.add(px.count, px.sums, px.squares)
+
+
+def _decode_unmeasured(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool,
+                       stats: shard_index.PixelStats, sizes: Counter) -> None:
+    """Decode (in worker processes when there are many) the images the manifest has no numbers for."""
     from pipeline.core.cores import worker_count
     from pipeline.core.executor import OrderedPool
 
-    todo = [(s, v) for s, v in zip(samples, is_val) if s.image is not None]
+    todo = [(s, v) for s, v in zip(samples, is_val) if s.image is not None and s.pixels is None]
+    if not todo:
+        return
     paths = [str(cfg.input / s.image) for s, _ in todo]
     workers = min(worker_count(cfg.workers), max(1, len(paths) // 64))
     if len(paths) < IN_PROCESS_BELOW or workers <= 1:
@@ -280,25 +319,16 @@ def measure(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_pr
     else:
         pool = OrderedPool(measure_image, workers)
         results = pool.map(paths, on_crash=_measure_crashed)
-    stats, sizes = shard_index.PixelStats(), Counter()
     try:
         with progress("measure images", len(paths), show_progress) as advance:
             for (s, val), res in zip(todo, results):
-                if res[0] == "error":
+                if not isinstance(res, ImagePixels):
                     raise UsageError(f"{cfg.input / s.image} does not decode ({res[1]}): was CLEAN_DIR changed? re-run pipe clean")
-                w, h, n, sums, squares = res
-                sizes[(w, h)] += 1
-                if not val:
-                    stats.add(n, sums, squares)
+                _count_image(res, val, stats, sizes)
                 advance(True)
     finally:
         if pool is not None:
             pool.close()
-    if len(sizes) > 1 or any(w != h for w, h in sizes):
-        seen = ", ".join(f"{w}x{h} ({n} images)" for (w, h), n in sizes.most_common(3))
-        raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
-    size = next(iter(sizes))[0] if sizes else None
-    return stats, size
 
 
 # ---------------------------------------------------------------- 4. pack
