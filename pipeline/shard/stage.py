@@ -4,13 +4,16 @@
    sample). Samples without a label cannot be trained on as a class: they are left out, counted
    in index.json (`excluded.unlabeled`) and named in the summary, never dropped silently.
 2. split: per class, seeded, near duplicates (by `phash`) kept on one side (`split.py`).
-3. measure: every image is decoded once (in worker processes): its size must match the others,
-   and the train images' exact pixel sums give the mean and std readers normalise with.
+3. measure: every image's size must match the others, and the train images' exact pixel sums
+   give the mean and std readers normalise with. pipe clean recorded both in the manifest
+   (`pipeline.formats.pixels`); only images it has none for (a manifest of an older pipe) are
+   decoded, once, in worker processes.
 4. pack: each split shuffled (seeded) then cut into shards by `--max-count` and `--max-size`
    (bytes on disk, tar headers and padding included; only a single sample larger than the limit
    makes a shard larger).
 5. write: each shard under a temporary name, fsynced, renamed; stale shards of an earlier run
-   removed; `index.json` last, so no reader ever sees a half-written dataset.
+   removed; `index.json` last, so no reader ever sees a half-written dataset. Shards that an
+   interrupted run of the same plan finished are kept (`resume.py`).
 
 Same CLEAN_DIR, same settings -> byte-identical shards and index.
 """
@@ -99,6 +102,7 @@ class Sample:
     meta: dict = dataclasses.field(default_factory=dict)
     cls: int = -1
     tar_bytes: int = 0
+    stamp: list[int] = dataclasses.field(default_factory=list)  # size and mtime of its files, for the resume plan
 
 
 def validate(cfg: ShardConfig) -> None:
@@ -145,8 +149,9 @@ def refuse_foreign(out: Path) -> None:
 
 
 def claim_output(cfg: ShardConfig) -> None:
-    """Resume (rewrite the same bytes into) a SHARD_DIR whose marker says pipe shard made it from
-    the same input and settings; replace one made with others only with --overwrite."""
+    """Resume a SHARD_DIR whose marker says pipe shard made it from the same input and settings
+    (shards it finished are kept, the rest written: `resume.py`); replace one made with others
+    only with --overwrite."""
     out = cfg.output
     refuse_foreign(out)
     if not occupied(out) or cfg.overwrite:
@@ -335,12 +340,16 @@ def _decode_unmeasured(cfg: ShardConfig, samples: list[Sample], is_val: list[boo
 
 
 def sample_tar_bytes(s: Sample, clean_dir: Path) -> int:
+    """Bytes the sample takes in a shard. Notes its files' sizes and modification times on the
+    sample too (`stamp`, from the same stat): a resumed run keeps a shard only if they are unchanged."""
     parts = SampleParts(s.key, s.cls, s.meta, image=None, text=None)
     n = sum(tarstream.member_size(len(data)) for _, data in parts.members())
-    if s.image is not None:
-        n += tarstream.member_size((clean_dir / s.image).stat().st_size)
-    if s.text is not None:
-        n += tarstream.member_size((clean_dir / s.text).stat().st_size)
+    s.stamp = []
+    for rel in (s.image, s.text):
+        if rel is not None:
+            st = (clean_dir / rel).stat()
+            n += tarstream.member_size(st.st_size)
+            s.stamp += [st.st_size, st.st_mtime_ns]
     return n
 
 
@@ -461,7 +470,7 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
     timings["measure_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    entries = _write_all(cfg, samples, res.is_val, show_progress)
+    entries, resumed = _write_all(cfg, samples, res.is_val, show_progress)
     timings["write_s"] = time.perf_counter() - t
 
     by_split = {sp: [s for s, v in zip(samples, res.is_val) if v == (sp == "val")] for sp in SPLITS}
@@ -503,38 +512,71 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
             "train": len(by_split["train"]), "val": len(by_split["val"]),
             "train_shards": doc["counts"]["train"]["shards"], "val_shards": doc["counts"]["val"]["shards"],
             "bytes": sum(e.bytes for e in entries), "unlabelled": len(unlabelled),
-            "near_duplicate_groups": res.groups, "warnings": warnings,
+            "near_duplicate_groups": res.groups, "reused_shards": resumed, "warnings": warnings,
             "timings": {k: round(v, 3) for k, v in timings.items()}}
 
 
-def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool) -> list[shard_index.ShardEntry]:
+def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool],
+               show_progress: bool) -> tuple[list[shard_index.ShardEntry], int]:
+    """Write every shard (keeping those an interrupted run of the same plan finished, `resume.py`);
+    return their entries and how many were kept."""
+    from pipeline.shard.resume import WrittenShards, plan_digest
+
+    out = cfg.output
+    _prepare_output(cfg)
+    journal = WrittenShards(out)
+    done: list[tuple[shard_index.ShardEntry, str]] = []
+    resumed = 0
+    try:
+        with progress("write shards", len(samples), show_progress) as advance:
+            for path, part in _plan(cfg, samples, is_val):
+                plan = plan_digest(path.name, cfg.input, part)
+                entry = journal.reusable(path, plan)
+                resumed += entry is not None
+                if entry is None:
+                    try:
+                        entry = write_shard(path, part, cfg.input)
+                        journal.add(entry, plan)
+                    except OSError as err:
+                        raise StageFailed(f"could not write {path}: {err}") from None
+                done.append((entry, plan))
+                for _ in part:
+                    advance(True)
+    finally:
+        journal.close()
+    try:
+        written = {e.name for e, _ in done}
+        for p in out.iterdir():  # shards of an earlier run with more shards
+            if SHARD_NAME.match(p.name) and p.name not in written:
+                p.unlink()
+        journal.finish(done)
+    except OSError as err:
+        raise StageFailed(f"could not finish writing {out}: {err}") from None
+    return [e for e, _ in done], resumed
+
+
+def _prepare_output(cfg: ShardConfig) -> None:
+    """No index.json until this run is complete, the marker written, temporaries of a killed run gone."""
     out = cfg.output
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / shard_index.INDEX_NAME).unlink(missing_ok=True)  # no index until this run is complete
+        (out / shard_index.INDEX_NAME).unlink(missing_ok=True)
         atomic_write_text(out / STATE_DIR / "state.json", json.dumps(cfg.marker(), indent=2, sort_keys=True))
         for p in out.iterdir():
             if p.name.startswith(".") and p.name.endswith(".tmp"):
                 p.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
-    entries: list[shard_index.ShardEntry] = []
-    with progress("write shards", len(samples), show_progress) as advance:
-        for sp, stream in ((sp, i + 2) for i, sp in enumerate(SPLITS)):
-            part = [s for s, v in zip(samples, is_val) if v == (sp == "val")]
-            order = rng_for(cfg.seed, stream).permutation(len(part))
-            part = [part[int(i)] for i in order]
-            for s in part:
-                s.tar_bytes = sample_tar_bytes(s, cfg.input)
-            for n, (b, e) in enumerate(pack([s.tar_bytes for s in part], cfg.max_count, cfg.max_size)):
-                try:
-                    entries.append(write_shard(out / f"{sp}-{n:06d}.tar", part[b:e], cfg.input))
-                except OSError as err:
-                    raise StageFailed(f"could not write {out / f'{sp}-{n:06d}.tar'}: {err}") from None
-                for _ in range(e - b):
-                    advance(True)
-    written = {e.name for e in entries}
-    for p in out.iterdir():  # shards of an earlier run with more shards
-        if SHARD_NAME.match(p.name) and p.name not in written:
-            p.unlink()
-    return entries
+
+
+def _plan(cfg: ShardConfig, samples: list[Sample], is_val: list[bool]):
+    """(shard path, its samples in order) for every shard, train first: each split shuffled with
+    its own seeded stream, then cut by --max-count and --max-size. Deterministic."""
+    for sp, stream in ((sp, i + 2) for i, sp in enumerate(SPLITS)):
+        part = [s for s, v in zip(samples, is_val) if v == (sp == "val")]
+        order = rng_for(cfg.seed, stream).permutation(len(part))
+        part = [part[int(i)] for i in order]
+        for s in part:
+            s.tar_bytes = sample_tar_bytes(s, cfg.input)
+        for n, (b, e) in enumerate(pack([s.tar_bytes for s in part], cfg.max_count, cfg.max_size)):
+            yield cfg.output / f"{sp}-{n:06d}.tar", part[b:e]
