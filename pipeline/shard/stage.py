@@ -48,6 +48,11 @@ SPLITS = ("train", "val")
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
 IMAGE_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
+ROW_BATCH = 10_000  # manifest rows turned into Python objects at a time (only kept ones are kept)
+# the manifest columns pipe shard uses (the others, such as detail, are never turned into Python objects)
+READ_COLUMNS = (NAMES.source, NAMES.key, NAMES.kind, NAMES.label, NAMES.status, NAMES.output, NAMES.caption,
+                NAMES.width, NAMES.height, NAMES.encoding, NAMES.encoding_confidence, NAMES.phash,
+                NAMES.output_width, NAMES.output_height, NAMES.pixel_sums, NAMES.pixel_squares)
 
 
 @dataclass
@@ -175,13 +180,19 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
     path = clean_dir / "manifest.parquet"
     raw = path.read_bytes()
     try:
-        table = pq.read_table(path)
+        # ParquetFile, not read_table: that imports pyarrow.dataset and with it pandas (seconds)
+        manifest = pq.ParquetFile(path)
+        names = set(manifest.schema_arrow.names)
+        missing = {NAMES.key, NAMES.kind, NAMES.label, NAMES.status, NAMES.output, NAMES.source} - names
+        if missing:
+            raise UsageError(f"{path} lacks the columns {', '.join(sorted(missing))}: is it a pipe clean manifest?")
+        rows = [ManifestRow.from_dict(r)
+                for batch in manifest.iter_batches(ROW_BATCH, columns=[c for c in READ_COLUMNS if c in names])
+                for r in batch.to_pylist() if r[NAMES.status] == Status.KEPT]
+    except UsageError:
+        raise
     except Exception as e:  # noqa: BLE001 - any Arrow failure means the same thing to the user
         raise UsageError(f"{path} is not a readable Parquet file: {e}") from None
-    missing = {NAMES.key, NAMES.kind, NAMES.label, NAMES.status, NAMES.output, NAMES.source} - set(table.column_names)
-    if missing:
-        raise UsageError(f"{path} lacks the columns {', '.join(sorted(missing))}: is it a pipe clean manifest?")
-    rows = [ManifestRow.from_dict(r) for r in table.to_pylist() if r[NAMES.status] == Status.KEPT]
     by_key: dict[str, list[ManifestRow]] = {}
     for r in rows:
         by_key.setdefault(r.key, []).append(r)
