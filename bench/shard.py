@@ -83,14 +83,17 @@ def timed(cmd: list[str], out: Path) -> tuple[float, int]:
     """(wall seconds, the child's own peak RSS in bytes) of one process writing into a fresh ``out``."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env())
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise SystemExit(f"{cmd[:4]} failed ({p.returncode}): {p.stderr.read().decode()[-2000:]}")
-    p.stderr.close()
+    exe = shutil.which(cmd[0]) or cmd[0]
+    with open(out.parent / f"{out.name}.stderr", "wb") as err:
+        t = time.perf_counter()
+        # posix_spawn, not fork: a forked child's peak RSS would start at this (bigger) process's
+        pid = os.posix_spawn(exe, cmd, _env(), file_actions=[(os.POSIX_SPAWN_DUP2, err.fileno(), 2),
+                                                            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+        _, status, usage = os.wait4(pid, 0)
+        wall = time.perf_counter() - t
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} failed ({code}): {(out.parent / f'{out.name}.stderr').read_text()[-2000:]}")
     return wall, usage.ru_maxrss * 1024
 
 

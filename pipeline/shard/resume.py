@@ -29,10 +29,10 @@ def plan_digest(name: str, clean_dir: Path, samples: list) -> str:
     CLEAN_DIR, the shard's name and, per sample in order, its key, class, metadata and files
     (path, size and modification time, so a file pipe clean rewrote since counts as changed)."""
     h = hashlib.sha256(f"{__version__}\0{clean_dir.resolve()}\0{name}\n".encode())
-    for s in samples:
-        h.update(json.dumps([s.key, s.cls, s.meta, s.image_ext, s.image, s.text, s.stamp],
-                            sort_keys=True, ensure_ascii=False).encode())
-        h.update(b"\n")
+    for s in samples:  # s.meta: the .json member's bytes
+        fields = (s.key, s.cls, s.image_ext, s.image, s.text, s.image_stat, s.text_stat)
+        h.update(f"{len(s.meta)}\0{fields!r}\n".encode("utf-8", "surrogateescape"))
+        h.update(s.meta)
     return h.hexdigest()
 
 

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from pathlib import Path
 from pipeline import __version__
 from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
-from pipeline.formats.sample import SampleParts, shard_key
+from pipeline.formats.sample import SampleParts, encode_meta, shard_key
 from pipeline.formats.manifest_row import NAMES, ManifestRow
 from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.vocabulary import Kind, Status
@@ -104,10 +105,13 @@ class Sample:
     text: str | None = None
     phash: int | None = None
     pixels: ImagePixels | None = None  # as pipe clean recorded them; None: decode the image to know
-    meta: dict = dataclasses.field(default_factory=dict)
+    # the .json member: a dict while loading, then its JSON bytes once the keys are final (encoded
+    # once, not per use, and a fraction of the dict's memory on a million samples)
+    meta: dict | bytes = dataclasses.field(default_factory=dict)
     cls: int = -1
     tar_bytes: int = 0
-    stamp: list[int] = dataclasses.field(default_factory=list)  # size and mtime of its files, for the resume plan
+    image_stat: tuple[int, int] | None = None  # size and mtime_ns of the image file, from the one stat at load
+    text_stat: tuple[int, int] | None = None
 
 
 def validate(cfg: ShardConfig) -> None:
@@ -204,6 +208,8 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
         else:
             samples.append(s)
     _unique_keys(samples)
+    for s in samples:
+        s.meta = encode_meta(s.meta)
     samples.sort(key=lambda s: s.key)
     return samples, unlabelled, hashlib.sha256(raw).hexdigest()
 
@@ -224,8 +230,8 @@ def _sample(key: str, rows: list[ManifestRow], clean_dir: Path) -> Sample | None
     if key != s.key:
         s.meta["manifest_key"] = key
     for r in images:
-        s.image = _checked_output(clean_dir, r)
-        ext = IMAGE_EXT.get(Path(s.image).suffix.lower())
+        s.image, s.image_stat = _checked_output(clean_dir, r)
+        ext = IMAGE_EXT.get(os.path.splitext(s.image)[1].lower())
         if ext is None:
             raise UsageError(f"{clean_dir / s.image}: not a .jpg, .png or .webp image")
         s.image_ext = ext
@@ -234,10 +240,10 @@ def _sample(key: str, rows: list[ManifestRow], clean_dir: Path) -> Sample | None
         s.meta["sources"]["image"] = r.source
         s.meta["image"] = {"width": r.width, "height": r.height}
         if r.caption and not texts:  # a caption from the labels file: no row of its own
-            s.text = _checked_output(clean_dir, dataclasses.replace(r, output=r.caption))
+            s.text, s.text_stat = _checked_output(clean_dir, dataclasses.replace(r, output=r.caption))
             s.meta["sources"]["text"] = f"{r.source} (labels file caption)"
     for r in texts:
-        s.text = _checked_output(clean_dir, r)
+        s.text, s.text_stat = _checked_output(clean_dir, r)
         s.meta["sources"]["text"] = r.source
         s.meta["text"] = {"encoding": r.encoding, "encoding_confidence": r.encoding_confidence}
     return s
@@ -256,17 +262,22 @@ def recorded_pixels(row: ManifestRow) -> ImagePixels | None:
 
 
 def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return type(v) is int and v >= 0  # not a bool, not a float
 
 
-def _checked_output(clean_dir: Path, row: ManifestRow) -> str:
+def _checked_output(clean_dir: Path, row: ManifestRow) -> tuple[str, tuple[int, int]]:
+    """The row's output path, if it is a file inside CLEAN_DIR, and its size and mtime_ns (the
+    only stat of it in the run; string operations, not pathlib: this runs for every kept file)."""
     rel = row.output or ""
-    p = clean_dir / rel
-    if not rel or ".." in Path(rel).parts or Path(rel).is_absolute():
+    if not rel or ".." in rel.split("/") or rel.startswith("/"):
         raise UsageError(f"manifest row for {row.source!r} is kept but has no usable output path ({rel!r})")
-    if not p.is_file():
-        raise UsageError(f"{p} is listed as kept in the manifest but is missing: was CLEAN_DIR changed? re-run pipe clean")
-    return rel
+    try:
+        st = os.stat(os.path.join(clean_dir, rel))
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{clean_dir / rel} is listed as kept in the manifest but is missing: was CLEAN_DIR changed? re-run pipe clean")
+    return rel, (st.st_size, st.st_mtime_ns)
 
 
 def _unique_keys(samples: list[Sample]) -> None:
@@ -350,17 +361,13 @@ def _decode_unmeasured(cfg: ShardConfig, samples: list[Sample], is_val: list[boo
 # ---------------------------------------------------------------- 4. pack
 
 
-def sample_tar_bytes(s: Sample, clean_dir: Path) -> int:
-    """Bytes the sample takes in a shard. Notes its files' sizes and modification times on the
-    sample too (`stamp`, from the same stat): a resumed run keeps a shard only if they are unchanged."""
+def sample_tar_bytes(s: Sample) -> int:
+    """Bytes the sample takes in a shard (its files' sizes as found at load)."""
     parts = SampleParts(s.key, s.cls, s.meta, image=None, text=None)
     n = sum(tarstream.member_size(len(data)) for _, data in parts.members())
-    s.stamp = []
-    for rel in (s.image, s.text):
-        if rel is not None:
-            st = (clean_dir / rel).stat()
-            n += tarstream.member_size(st.st_size)
-            s.stamp += [st.st_size, st.st_mtime_ns]
+    for st in (s.image_stat, s.text_stat):
+        if st is not None:
+            n += tarstream.member_size(st[0])
     return n
 
 
@@ -396,24 +403,22 @@ def write_shard(path: Path, samples: list[Sample], clean_dir: Path) -> shard_ind
 
 
 def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) -> shard_index.ShardEntry:
-    digest, offsets, pos = hashlib.sha256(), [], 0
+    digest, offsets, pos, root = hashlib.sha256(), [], 0, os.fspath(clean_dir)
     with open(tmp, "wb") as f:
         for s in samples:
             offsets.append(pos)
             parts = SampleParts(s.key, s.cls, s.meta, image_ext=s.image_ext)
             if s.image is not None:
-                parts.image = (clean_dir / s.image).read_bytes()
+                parts.image = _read(root, s.image)
             if s.text is not None:
-                parts.text = (clean_dir / s.text).read_bytes()
+                parts.text = _read(root, s.text)
                 _check_utf8(parts.text, clean_dir / s.text)
-            start = pos
-            for name, data in parts.members():
-                chunk = tarstream.member(name, data)
-                f.write(chunk)
-                digest.update(chunk)
-                pos += len(chunk)
-            if pos - start != s.tar_bytes:
+            chunk = b"".join(tarstream.member(name, data) for name, data in parts.members())  # one write per sample
+            if len(chunk) != s.tar_bytes:
                 raise StageFailed(f"{clean_dir} changed while sharding (sample {s.key}); run pipe shard again")
+            f.write(chunk)
+            digest.update(chunk)
+            pos += len(chunk)
         f.write(tarstream.END_OF_ARCHIVE)
         digest.update(tarstream.END_OF_ARCHIVE)
         pos += len(tarstream.END_OF_ARCHIVE)
@@ -422,6 +427,11 @@ def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) 
     os.replace(tmp, path)
     split_name = path.name.split("-", 1)[0]
     return shard_index.ShardEntry(path.name, split_name, len(samples), pos, digest.hexdigest(), offsets)
+
+
+def _read(root: str, rel: str) -> bytes:
+    with open(os.path.join(root, rel), "rb") as f:
+        return f.read()
 
 
 def _check_utf8(data: bytes, path: Path) -> None:
@@ -588,6 +598,6 @@ def _plan(cfg: ShardConfig, samples: list[Sample], is_val: list[bool]):
         order = rng_for(cfg.seed, stream).permutation(len(part))
         part = [part[int(i)] for i in order]
         for s in part:
-            s.tar_bytes = sample_tar_bytes(s, cfg.input)
+            s.tar_bytes = sample_tar_bytes(s)
         for n, (b, e) in enumerate(pack([s.tar_bytes for s in part], cfg.max_count, cfg.max_size)):
             yield cfg.output / f"{sp}-{n:06d}.tar", part[b:e]
