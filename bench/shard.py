@@ -16,9 +16,10 @@ fresh folder:
 * tar: `tar -cf OUT/data.tar -C CLEAN_DIR data` (GNU tar, no fsync): the same files, one archive.
 
 Printed, with the load average when measured: the wall time of each (best of --repeat), the
-ratio ours / tar (target: at most 3x), and each child's own peak memory (ru_maxrss from wait4)
-at every size (target: flat from 10k to 100k samples). The machine is shared: only ratios
-within one run count.
+ratio ours / tar (target: at most 3x), their CPU time (user + sys: what load disturbs least;
+pipe shard's wall time also holds an fsync per shard, tar's none), and each child's own peak
+memory (ru_maxrss from wait4) at every size (target: flat from 10k to 100k samples). The
+machine is shared: only ratios within one run count.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def _env() -> dict:
     return env
 
 
-def timed(cmd: list[str], out: Path) -> tuple[float, int]:
-    """(wall seconds, the child's own peak RSS in bytes) of one process writing into a fresh ``out``."""
+def timed(cmd: list[str], out: Path) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, the child's own peak RSS in bytes) of one process writing into a fresh ``out``."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     exe = shutil.which(cmd[0]) or cmd[0]
@@ -94,7 +95,7 @@ def timed(cmd: list[str], out: Path) -> tuple[float, int]:
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} failed ({code}): {(out.parent / f'{out.name}.stderr').read_text()[-2000:]}")
-    return wall, usage.ru_maxrss * 1024
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
 
 
 def bench(n: int, size: int, repeat: int) -> dict:
@@ -112,8 +113,9 @@ def bench(n: int, size: int, repeat: int) -> dict:
         ours.append(timed(ours_cmd, OUT / "ours"))
     shards_bytes = sum(p.stat().st_size for p in (OUT / "ours").glob("*.tar"))
     return {"n": n, "gen_s": gen_s, "clean_s": clean_s, "data_mb": data_bytes / 1e6, "shards_mb": shards_bytes / 1e6,
-            "ours_s": min(w for w, _ in ours), "tar_s": min(w for w, _ in tar),
-            "ours_rss": max(m for _, m in ours), "tar_rss": max(m for _, m in tar), "load": os.getloadavg()}
+            "ours_s": min(w for w, _, _ in ours), "tar_s": min(w for w, _, _ in tar),
+            "ours_cpu": min(c for _, c, _ in ours), "tar_cpu": min(c for _, c, _ in tar),
+            "ours_rss": max(m for _, _, m in ours), "tar_rss": max(m for _, _, m in tar), "load": os.getloadavg()}
 
 
 def main() -> None:
@@ -130,7 +132,8 @@ def main() -> None:
         rows.append(r)
         print(f"{n:>7} samples ({r['data_mb']:.0f} MB of data/, shards {r['shards_mb']:.0f} MB; generated in {r['gen_s']:.0f} s, "
               f"pipe clean {r['clean_s']:.0f} s): pipe shard {r['ours_s']:.2f} s, tar {r['tar_s']:.2f} s, "
-              f"ratio {r['ours_s'] / r['tar_s']:.2f}x (target <= 3x); peak RSS pipe shard {r['ours_rss'] / 2**20:.0f} MiB, "
+              f"ratio {r['ours_s'] / r['tar_s']:.2f}x (target <= 3x); CPU (user+sys) pipe shard {r['ours_cpu']:.2f} s, "
+              f"tar {r['tar_cpu']:.2f} s; peak RSS pipe shard {r['ours_rss'] / 2**20:.0f} MiB, "
               f"tar {r['tar_rss'] / 2**20:.0f} MiB; load {' '.join(f'{x:.1f}' for x in r['load'])}", flush=True)
     if len(rows) > 1:
         a, b = rows[0], rows[-1]
