@@ -409,9 +409,9 @@ def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) 
             offsets.append(pos)
             parts = SampleParts(s.key, s.cls, s.meta, image_ext=s.image_ext)
             if s.image is not None:
-                parts.image = _read(root, s.image)
+                parts.image = _read(root, s.image, s.image_stat[0])
             if s.text is not None:
-                parts.text = _read(root, s.text)
+                parts.text = _read(root, s.text, s.text_stat[0])
                 _check_utf8(parts.text, clean_dir / s.text)
             chunk = b"".join(tarstream.member(name, data) for name, data in parts.members())  # one write per sample
             if len(chunk) != s.tar_bytes:
@@ -429,9 +429,23 @@ def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) 
     return shard_index.ShardEntry(path.name, split_name, len(samples), pos, digest.hexdigest(), offsets)
 
 
-def _read(root: str, rel: str) -> bytes:
-    with open(os.path.join(root, rel), "rb") as f:
-        return f.read()
+def _read(root: str, rel: str, size: int) -> bytes:
+    """The file's bytes, in one read call for a file of the size found at load (a buffered
+    ``read()`` makes four system calls a file; small files are most of a shard's cost). One byte
+    more is asked for, so a file that grew since shows: any other size stops the run."""
+    fd = os.open(os.path.join(root, rel), os.O_RDONLY)
+    try:
+        chunks, want = [], size + 1
+        while want > 0 and (chunk := os.read(fd, want)):
+            chunks.append(chunk)
+            want -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)  # one chunk: that very object, no copy
+    if len(data) != size:
+        raise StageFailed(f"{root} changed while sharding ({rel} was {size} bytes, now {'more' if len(data) > size else len(data)}); "
+                          "run pipe shard again")
+    return data
 
 
 def _check_utf8(data: bytes, path: Path) -> None:

@@ -102,3 +102,20 @@ def test_the_interrupted_message_says_resume_and_the_rerun_does(tmp_path, clean,
     r = cli("shard", clean, "-o", out, *flags)
     assert r.exit_code == 0, r.stderr
     assert "kept from an earlier run" in r.stdout and "2 shards" in r.stdout
+
+
+@pytest.mark.parametrize("change", [b"grown", None])
+def test_a_clean_file_that_changes_size_while_sharding_stops_the_run(tmp_path, clean, monkeypatch, change):
+    from pipeline.core.errors import StageFailed
+
+    measure = stage.measure
+
+    def measure_then_change_a_file(cfg, samples, is_val, show_progress):  # between load and write
+        text = next(s for s in samples if s.text is not None)
+        path = clean / text.text
+        path.write_bytes(path.read_bytes() + change if change else path.read_bytes()[:-1])
+        return measure(cfg, samples, is_val, show_progress)
+
+    monkeypatch.setattr(stage, "measure", measure_then_change_a_file)
+    with pytest.raises(StageFailed, match="changed while sharding"):
+        run(clean, tmp_path / "out")
