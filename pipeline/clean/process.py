@@ -85,7 +85,25 @@ def process(cand: Candidate, settings=None) -> FileResult:
         r.output = output_path(r.source, r.key, ext)
         atomic_write_bytes(Path(s.output) / r.output, payload)
         r.output_bytes = len(payload)
+        if cand.kind == Kind.IMAGE:
+            _measure_output(r, payload, ext)
     return r
+
+
+def _measure_output(r: FileResult, payload: bytes, ext: str) -> None:
+    """Record the written image's size and pixel sums as a reader decodes it (a lossy format
+    is decoded again: its pixels are not those it was encoded from), so pipe shard need not
+    decode it. Our own output failing to decode leaves them None: pipe shard then decodes
+    the file itself and says what is wrong with it."""
+    from pipeline.formats.pixels import measure
+    from pipeline.formats.sample import DecodeError
+
+    try:
+        px = measure(payload, ext)
+    except DecodeError:
+        return
+    r.output_width, r.output_height = px.width, px.height
+    r.pixel_sums, r.pixel_squares = list(px.sums), list(px.squares)
 
 
 def _hash_stream(f) -> str:

@@ -42,6 +42,13 @@ class FileResult:
     # file), or why it was rejected. Set by the main process on every run, from the labels file.
     caption: str | None = None
     caption_reason: str | None = None
+    # The output image as a reader decodes it (`pipeline.formats.pixels`), for pipe shard's
+    # mean/std and size check without decoding every image again. None in a journal line of an
+    # older pipe (such a line is redone, see `stage._reusable`) and for anything but a written image.
+    output_width: int | None = None
+    output_height: int | None = None
+    pixel_sums: list[int] | None = None  # per channel (R, G, B): sum of the 0-255 values
+    pixel_squares: list[int] | None = None  # per channel: sum of the squared values
 
     def to_json(self) -> str:
         # the fields are flat (notes: a list of str), so no deep copy (dataclasses.asdict: 5x slower)

@@ -29,7 +29,7 @@ from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.executor import OrderedPool
 from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atomic_write_text, occupied, output_lock, read_marker, sweep_tmp
-from pipeline.formats.vocabulary import Reason, Status
+from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
 from pipeline.clean.journal import STATE_DIR, Journal
 from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
@@ -204,6 +204,8 @@ def _remove_owned(out: Path) -> None:
 def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
     if old is None or c.problem or old.key != c.key or old.kind != c.kind or old.reason == Reason.TIMEOUT:
         return False
+    if old.output and old.kind == Kind.IMAGE and old.pixel_sums is None:
+        return False  # written by a pipe that did not measure its outputs: redo, so the manifest has the sums
     try:
         st = os.stat(c.path)
     except OSError:

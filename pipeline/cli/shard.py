@@ -32,7 +32,8 @@ def shard(
 
     Samples are split per class into train/val (near duplicates on one side), shuffled with
     --seed and cut by --max-count/--max-size. Kept samples without a label are left out and
-    counted. The same CLEAN_DIR and settings give byte-identical shards.
+    counted. The same CLEAN_DIR and settings give byte-identical shards; rerun into the same
+    SHARD_DIR, shards an interrupted run finished are kept.
     """
     from pipeline.shard import stage
     from pipeline.core import ui
@@ -51,6 +52,8 @@ def shard(
             ("near-duplicate groups", summary["near_duplicate_groups"]),
             ("size", f"{summary['bytes'] / 1e6:.1f} MB"),
             ("time", f"{sum(summary['timings'].values()):.1f} s")]
+    if summary["reused_shards"]:
+        rows.append(("kept from an earlier run", f"{_shards(summary['reused_shards'])} (same plan, sha256 checked)"))
     ui.summary_table(f"pipe shard -> {cfg.output}", rows)
     for w in summary["warnings"]:
         sys.stderr.write(f"warning: {w}\n")

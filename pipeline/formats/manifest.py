@@ -46,7 +46,7 @@ _skip_pandas_probe()
 
 # Arrow type of each field's Python type (an optional field is a nullable column, as they all are)
 _ARROW = {"str": pa.string(), "Kind": pa.string(), "Status": pa.string(), "Reason": pa.string(),
-          "int": pa.int64(), "float": pa.float64()}
+          "int": pa.int64(), "float": pa.float64(), "list[int]": pa.list_(pa.int64())}
 COLUMNS = pa.schema([(f.name, _ARROW[str(f.type).removesuffix(" | None")]) for f in dataclasses.fields(ManifestRow)])
 ROW_GROUP = 10_000
 
@@ -61,7 +61,14 @@ def row(r: FileResult, d: Decision, caption: str = "") -> ManifestRow:
         width=r.width, height=r.height, encoding=r.encoding,
         encoding_confidence=r.encoding_confidence, content_hash=r.content_hash,
         phash=None if r.phash is None else f"{r.phash:016x}",
+        **(_pixels(r) if kept else {}),
     )
+
+
+def _pixels(r: FileResult) -> dict:
+    """The output image's measurements (pipe shard's mean/std), for a kept row: they describe its output."""
+    return {"output_width": r.output_width, "output_height": r.output_height,
+            "pixel_sums": r.pixel_sums, "pixel_squares": r.pixel_squares}
 
 
 class ManifestWriter:

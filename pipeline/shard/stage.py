@@ -4,13 +4,16 @@
    sample). Samples without a label cannot be trained on as a class: they are left out, counted
    in index.json (`excluded.unlabeled`) and named in the summary, never dropped silently.
 2. split: per class, seeded, near duplicates (by `phash`) kept on one side (`split.py`).
-3. measure: every image is decoded once (in worker processes): its size must match the others,
-   and the train images' exact pixel sums give the mean and std readers normalise with.
+3. measure: every image's size must match the others, and the train images' exact pixel sums
+   give the mean and std readers normalise with. pipe clean recorded both in the manifest
+   (`pipeline.formats.pixels`); only images it has none for (a manifest of an older pipe) are
+   decoded, once, in worker processes.
 4. pack: each split shuffled (seeded) then cut into shards by `--max-count` and `--max-size`
    (bytes on disk, tar headers and padding included; only a single sample larger than the limit
    makes a shard larger).
 5. write: each shard under a temporary name, fsynced, renamed; stale shards of an earlier run
-   removed; `index.json` last, so no reader ever sees a half-written dataset.
+   removed; `index.json` last, so no reader ever sees a half-written dataset. Shards that an
+   interrupted run of the same plan finished are kept (`resume.py`).
 
 Same CLEAN_DIR, same settings -> byte-identical shards and index.
 """
@@ -23,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -31,8 +35,9 @@ from pathlib import Path
 from pipeline import __version__
 from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
-from pipeline.formats.sample import SampleParts, shard_key
+from pipeline.formats.sample import SampleParts, encode_meta, shard_key
 from pipeline.formats.manifest_row import NAMES, ManifestRow
+from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.vocabulary import Kind, Status
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker, tmp_name
@@ -44,6 +49,11 @@ SPLITS = ("train", "val")
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
 IMAGE_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
+ROW_BATCH = 10_000  # manifest rows turned into Python objects at a time (only kept ones are kept)
+# the manifest columns pipe shard uses (the others, such as detail, are never turned into Python objects)
+READ_COLUMNS = (NAMES.source, NAMES.key, NAMES.kind, NAMES.label, NAMES.status, NAMES.output, NAMES.caption,
+                NAMES.width, NAMES.height, NAMES.encoding, NAMES.encoding_confidence, NAMES.phash,
+                NAMES.output_width, NAMES.output_height, NAMES.pixel_sums, NAMES.pixel_squares)
 
 
 @dataclass
@@ -94,9 +104,14 @@ class Sample:
     image_ext: str | None = None
     text: str | None = None
     phash: int | None = None
-    meta: dict = dataclasses.field(default_factory=dict)
+    pixels: ImagePixels | None = None  # as pipe clean recorded them; None: decode the image to know
+    # the .json member: a dict while loading, then its JSON bytes once the keys are final (encoded
+    # once, not per use, and a fraction of the dict's memory on a million samples)
+    meta: dict | bytes = dataclasses.field(default_factory=dict)
     cls: int = -1
     tar_bytes: int = 0
+    image_stat: tuple[int, int] | None = None  # size and mtime_ns of the image file, from the one stat at load
+    text_stat: tuple[int, int] | None = None
 
 
 def validate(cfg: ShardConfig) -> None:
@@ -143,8 +158,9 @@ def refuse_foreign(out: Path) -> None:
 
 
 def claim_output(cfg: ShardConfig) -> None:
-    """Resume (rewrite the same bytes into) a SHARD_DIR whose marker says pipe shard made it from
-    the same input and settings; replace one made with others only with --overwrite."""
+    """Resume a SHARD_DIR whose marker says pipe shard made it from the same input and settings
+    (shards it finished are kept, the rest written: `resume.py`); replace one made with others
+    only with --overwrite."""
     out = cfg.output
     refuse_foreign(out)
     if not occupied(out) or cfg.overwrite:
@@ -168,13 +184,19 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
     path = clean_dir / "manifest.parquet"
     raw = path.read_bytes()
     try:
-        table = pq.read_table(path)
+        # ParquetFile, not read_table: that imports pyarrow.dataset and with it pandas (seconds)
+        manifest = pq.ParquetFile(path)
+        names = set(manifest.schema_arrow.names)
+        missing = {NAMES.key, NAMES.kind, NAMES.label, NAMES.status, NAMES.output, NAMES.source} - names
+        if missing:
+            raise UsageError(f"{path} lacks the columns {', '.join(sorted(missing))}: is it a pipe clean manifest?")
+        rows = [ManifestRow.from_dict(r)
+                for batch in manifest.iter_batches(ROW_BATCH, columns=[c for c in READ_COLUMNS if c in names])
+                for r in batch.to_pylist() if r[NAMES.status] == Status.KEPT]
+    except UsageError:
+        raise
     except Exception as e:  # noqa: BLE001 - any Arrow failure means the same thing to the user
         raise UsageError(f"{path} is not a readable Parquet file: {e}") from None
-    missing = {NAMES.key, NAMES.kind, NAMES.label, NAMES.status, NAMES.output, NAMES.source} - set(table.column_names)
-    if missing:
-        raise UsageError(f"{path} lacks the columns {', '.join(sorted(missing))}: is it a pipe clean manifest?")
-    rows = [ManifestRow.from_dict(r) for r in table.to_pylist() if r[NAMES.status] == Status.KEPT]
     by_key: dict[str, list[ManifestRow]] = {}
     for r in rows:
         by_key.setdefault(r.key, []).append(r)
@@ -186,6 +208,8 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
         else:
             samples.append(s)
     _unique_keys(samples)
+    for s in samples:
+        s.meta = encode_meta(s.meta)
     samples.sort(key=lambda s: s.key)
     return samples, unlabelled, hashlib.sha256(raw).hexdigest()
 
@@ -206,32 +230,54 @@ def _sample(key: str, rows: list[ManifestRow], clean_dir: Path) -> Sample | None
     if key != s.key:
         s.meta["manifest_key"] = key
     for r in images:
-        s.image = _checked_output(clean_dir, r)
-        ext = IMAGE_EXT.get(Path(s.image).suffix.lower())
+        s.image, s.image_stat = _checked_output(clean_dir, r)
+        ext = IMAGE_EXT.get(os.path.splitext(s.image)[1].lower())
         if ext is None:
             raise UsageError(f"{clean_dir / s.image}: not a .jpg, .png or .webp image")
         s.image_ext = ext
         s.phash = int(r.phash, 16) if r.phash else None
+        s.pixels = recorded_pixels(r)
         s.meta["sources"]["image"] = r.source
         s.meta["image"] = {"width": r.width, "height": r.height}
         if r.caption and not texts:  # a caption from the labels file: no row of its own
-            s.text = _checked_output(clean_dir, dataclasses.replace(r, output=r.caption))
+            s.text, s.text_stat = _checked_output(clean_dir, dataclasses.replace(r, output=r.caption))
             s.meta["sources"]["text"] = f"{r.source} (labels file caption)"
     for r in texts:
-        s.text = _checked_output(clean_dir, r)
+        s.text, s.text_stat = _checked_output(clean_dir, r)
         s.meta["sources"]["text"] = r.source
         s.meta["text"] = {"encoding": r.encoding, "encoding_confidence": r.encoding_confidence}
     return s
 
 
-def _checked_output(clean_dir: Path, row: ManifestRow) -> str:
+def recorded_pixels(row: ManifestRow) -> ImagePixels | None:
+    """The image's size and pixel sums as pipe clean recorded them, or None when the manifest
+    has none (a pipe before these columns) or they are not plausible numbers (a hand-made
+    manifest): then the image is decoded and measured here, as it always was."""
+    w, h, sums, squares = row.output_width, row.output_height, row.pixel_sums, row.pixel_squares
+    if not (_count(w) and _count(h) and isinstance(sums, list) and isinstance(squares, list)):
+        return None
+    if len(sums) != 3 or len(squares) != 3 or not all(map(_count, sums + squares)):
+        return None
+    return ImagePixels(w, h, tuple(sums), tuple(squares))
+
+
+def _count(v) -> bool:
+    return type(v) is int and v >= 0  # not a bool, not a float
+
+
+def _checked_output(clean_dir: Path, row: ManifestRow) -> tuple[str, tuple[int, int]]:
+    """The row's output path, if it is a file inside CLEAN_DIR, and its size and mtime_ns (the
+    only stat of it in the run; string operations, not pathlib: this runs for every kept file)."""
     rel = row.output or ""
-    p = clean_dir / rel
-    if not rel or ".." in Path(rel).parts or Path(rel).is_absolute():
+    if not rel or ".." in rel.split("/") or rel.startswith("/"):
         raise UsageError(f"manifest row for {row.source!r} is kept but has no usable output path ({rel!r})")
-    if not p.is_file():
-        raise UsageError(f"{p} is listed as kept in the manifest but is missing: was CLEAN_DIR changed? re-run pipe clean")
-    return rel
+    try:
+        st = os.stat(os.path.join(clean_dir, rel))
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{clean_dir / rel} is listed as kept in the manifest but is missing: was CLEAN_DIR changed? re-run pipe clean")
+    return rel, (st.st_size, st.st_mtime_ns)
 
 
 def _unique_keys(samples: list[Sample]) -> None:
@@ -245,21 +291,17 @@ def _unique_keys(samples: list[Sample]) -> None:
 # ---------------------------------------------------------------- 3. measure
 
 
-def measure_image(path: str) -> tuple:
-    """(width, height, pixels, channel sums, channel sums of squares) or ("error", message)."""
-    import numpy as np
-
-    from pipeline.formats.sample import DecodeError, decode_image
+def measure_image(path: str) -> ImagePixels | tuple[str, str]:
+    """The decoded image's size and pixel sums, or ("error", message)."""
+    from pipeline.formats.pixels import measure
+    from pipeline.formats.sample import DecodeError
 
     ext = IMAGE_EXT.get(Path(path).suffix.lower(), "")
     try:
         with open(path, "rb") as f:
-            arr = decode_image(f.read(), ext)
+            return measure(f.read(), ext)
     except (OSError, DecodeError) as e:
         return ("error", str(e))
-    h, w = arr.shape[:2]
-    flat = arr.reshape(-1, 3).astype(np.uint64)
-    return (w, h, h * w, flat.sum(axis=0).tolist(), (flat * flat).sum(axis=0).tolist())
 
 
 def _measure_crashed(path: str, exc: BaseException) -> tuple:
@@ -267,11 +309,35 @@ def _measure_crashed(path: str, exc: BaseException) -> tuple:
 
 
 def measure(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool) -> tuple[shard_index.PixelStats, int | None]:
-    """Decode every image; exact train pixel stats and the one image size (errors are UsageError)."""
+    """Exact train pixel stats and the one image size (errors are UsageError), from the numbers
+    pipe clean recorded in the manifest; only images it recorded none for are decoded."""
+    stats, sizes = shard_index.PixelStats(), Counter()
+    for s, val in zip(samples, is_val):
+        if s.pixels is not None:
+            _count_image(s.pixels, val, stats, sizes)
+    _decode_unmeasured(cfg, samples, is_val, show_progress, stats, sizes)
+    if len(sizes) > 1 or any(w != h for w, h in sizes):
+        seen = ", ".join(f"{w}x{h} ({n} images)" for (w, h), n in sizes.most_common(3))
+        raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
+    size = next(iter(sizes))[0] if sizes else None
+    return stats, size
+
+
+def _count_image(px: ImagePixels, val: bool, stats: shard_index.PixelStats, sizes: Counter) -> None:
+    sizes[(px.width, px.height)] += 1
+    if not val:
+        stats.add(px.count, px.sums, px.squares)
+
+
+def _decode_unmeasured(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool,
+                       stats: shard_index.PixelStats, sizes: Counter) -> None:
+    """Decode (in worker processes when there are many) the images the manifest has no numbers for."""
     from pipeline.core.cores import worker_count
     from pipeline.core.executor import OrderedPool
 
-    todo = [(s, v) for s, v in zip(samples, is_val) if s.image is not None]
+    todo = [(s, v) for s, v in zip(samples, is_val) if s.image is not None and s.pixels is None]
+    if not todo:
+        return
     paths = [str(cfg.input / s.image) for s, _ in todo]
     workers = min(worker_count(cfg.workers), max(1, len(paths) // 64))
     if len(paths) < IN_PROCESS_BELOW or workers <= 1:
@@ -280,37 +346,28 @@ def measure(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_pr
     else:
         pool = OrderedPool(measure_image, workers)
         results = pool.map(paths, on_crash=_measure_crashed)
-    stats, sizes = shard_index.PixelStats(), Counter()
     try:
         with progress("measure images", len(paths), show_progress) as advance:
             for (s, val), res in zip(todo, results):
-                if res[0] == "error":
+                if not isinstance(res, ImagePixels):
                     raise UsageError(f"{cfg.input / s.image} does not decode ({res[1]}): was CLEAN_DIR changed? re-run pipe clean")
-                w, h, n, sums, squares = res
-                sizes[(w, h)] += 1
-                if not val:
-                    stats.add(n, sums, squares)
+                _count_image(res, val, stats, sizes)
                 advance(True)
     finally:
         if pool is not None:
             pool.close()
-    if len(sizes) > 1 or any(w != h for w, h in sizes):
-        seen = ", ".join(f"{w}x{h} ({n} images)" for (w, h), n in sizes.most_common(3))
-        raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
-    size = next(iter(sizes))[0] if sizes else None
-    return stats, size
 
 
 # ---------------------------------------------------------------- 4. pack
 
 
-def sample_tar_bytes(s: Sample, clean_dir: Path) -> int:
+def sample_tar_bytes(s: Sample) -> int:
+    """Bytes the sample takes in a shard (its files' sizes as found at load)."""
     parts = SampleParts(s.key, s.cls, s.meta, image=None, text=None)
     n = sum(tarstream.member_size(len(data)) for _, data in parts.members())
-    if s.image is not None:
-        n += tarstream.member_size((clean_dir / s.image).stat().st_size)
-    if s.text is not None:
-        n += tarstream.member_size((clean_dir / s.text).stat().st_size)
+    for st in (s.image_stat, s.text_stat):
+        if st is not None:
+            n += tarstream.member_size(st[0])
     return n
 
 
@@ -346,24 +403,22 @@ def write_shard(path: Path, samples: list[Sample], clean_dir: Path) -> shard_ind
 
 
 def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) -> shard_index.ShardEntry:
-    digest, offsets, pos = hashlib.sha256(), [], 0
+    digest, offsets, pos, root = hashlib.sha256(), [], 0, os.fspath(clean_dir)
     with open(tmp, "wb") as f:
         for s in samples:
             offsets.append(pos)
             parts = SampleParts(s.key, s.cls, s.meta, image_ext=s.image_ext)
             if s.image is not None:
-                parts.image = (clean_dir / s.image).read_bytes()
+                parts.image = _read(root, s.image, s.image_stat[0])
             if s.text is not None:
-                parts.text = (clean_dir / s.text).read_bytes()
+                parts.text = _read(root, s.text, s.text_stat[0])
                 _check_utf8(parts.text, clean_dir / s.text)
-            start = pos
-            for name, data in parts.members():
-                chunk = tarstream.member(name, data)
-                f.write(chunk)
-                digest.update(chunk)
-                pos += len(chunk)
-            if pos - start != s.tar_bytes:
+            chunk = b"".join(tarstream.member(name, data) for name, data in parts.members())  # one write per sample
+            if len(chunk) != s.tar_bytes:
                 raise StageFailed(f"{clean_dir} changed while sharding (sample {s.key}); run pipe shard again")
+            f.write(chunk)
+            digest.update(chunk)
+            pos += len(chunk)
         f.write(tarstream.END_OF_ARCHIVE)
         digest.update(tarstream.END_OF_ARCHIVE)
         pos += len(tarstream.END_OF_ARCHIVE)
@@ -372,6 +427,25 @@ def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) 
     os.replace(tmp, path)
     split_name = path.name.split("-", 1)[0]
     return shard_index.ShardEntry(path.name, split_name, len(samples), pos, digest.hexdigest(), offsets)
+
+
+def _read(root: str, rel: str, size: int) -> bytes:
+    """The file's bytes, in one read call for a file of the size found at load (a buffered
+    ``read()`` makes four system calls a file; small files are most of a shard's cost). One byte
+    more is asked for, so a file that grew since shows: any other size stops the run."""
+    fd = os.open(os.path.join(root, rel), os.O_RDONLY)
+    try:
+        chunks, want = [], size + 1
+        while want > 0 and (chunk := os.read(fd, want)):
+            chunks.append(chunk)
+            want -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)  # one chunk: that very object, no copy
+    if len(data) != size:
+        raise StageFailed(f"{root} changed while sharding ({rel} was {size} bytes, now {'more' if len(data) > size else len(data)}); "
+                          "run pipe shard again")
+    return data
 
 
 def _check_utf8(data: bytes, path: Path) -> None:
@@ -431,7 +505,7 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
     timings["measure_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    entries = _write_all(cfg, samples, res.is_val, show_progress)
+    entries, resumed = _write_all(cfg, samples, res.is_val, show_progress)
     timings["write_s"] = time.perf_counter() - t
 
     by_split = {sp: [s for s, v in zip(samples, res.is_val) if v == (sp == "val")] for sp in SPLITS}
@@ -473,38 +547,71 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
             "train": len(by_split["train"]), "val": len(by_split["val"]),
             "train_shards": doc["counts"]["train"]["shards"], "val_shards": doc["counts"]["val"]["shards"],
             "bytes": sum(e.bytes for e in entries), "unlabelled": len(unlabelled),
-            "near_duplicate_groups": res.groups, "warnings": warnings,
+            "near_duplicate_groups": res.groups, "reused_shards": resumed, "warnings": warnings,
             "timings": {k: round(v, 3) for k, v in timings.items()}}
 
 
-def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool) -> list[shard_index.ShardEntry]:
+def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool],
+               show_progress: bool) -> tuple[list[shard_index.ShardEntry], int]:
+    """Write every shard (keeping those an interrupted run of the same plan finished, `resume.py`);
+    return their entries and how many were kept."""
+    from pipeline.shard.resume import WrittenShards, plan_digest
+
+    out = cfg.output
+    _prepare_output(cfg)
+    journal = WrittenShards(out)
+    done: list[tuple[shard_index.ShardEntry, str]] = []
+    resumed = 0
+    try:
+        with progress("write shards", len(samples), show_progress) as advance:
+            for path, part in _plan(cfg, samples, is_val):
+                plan = plan_digest(path.name, cfg.input, part)
+                entry = journal.reusable(path, plan)
+                resumed += entry is not None
+                if entry is None:
+                    try:
+                        entry = write_shard(path, part, cfg.input)
+                        journal.add(entry, plan)
+                    except OSError as err:
+                        raise StageFailed(f"could not write {path}: {err}") from None
+                done.append((entry, plan))
+                for _ in part:
+                    advance(True)
+    finally:
+        journal.close()
+    try:
+        written = {e.name for e, _ in done}
+        for p in out.iterdir():  # shards of an earlier run with more shards
+            if SHARD_NAME.match(p.name) and p.name not in written:
+                p.unlink()
+        journal.finish(done)
+    except OSError as err:
+        raise StageFailed(f"could not finish writing {out}: {err}") from None
+    return [e for e, _ in done], resumed
+
+
+def _prepare_output(cfg: ShardConfig) -> None:
+    """No index.json until this run is complete, the marker written, temporaries of a killed run gone."""
     out = cfg.output
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / shard_index.INDEX_NAME).unlink(missing_ok=True)  # no index until this run is complete
+        (out / shard_index.INDEX_NAME).unlink(missing_ok=True)
         atomic_write_text(out / STATE_DIR / "state.json", json.dumps(cfg.marker(), indent=2, sort_keys=True))
         for p in out.iterdir():
             if p.name.startswith(".") and p.name.endswith(".tmp"):
                 p.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
-    entries: list[shard_index.ShardEntry] = []
-    with progress("write shards", len(samples), show_progress) as advance:
-        for sp, stream in ((sp, i + 2) for i, sp in enumerate(SPLITS)):
-            part = [s for s, v in zip(samples, is_val) if v == (sp == "val")]
-            order = rng_for(cfg.seed, stream).permutation(len(part))
-            part = [part[int(i)] for i in order]
-            for s in part:
-                s.tar_bytes = sample_tar_bytes(s, cfg.input)
-            for n, (b, e) in enumerate(pack([s.tar_bytes for s in part], cfg.max_count, cfg.max_size)):
-                try:
-                    entries.append(write_shard(out / f"{sp}-{n:06d}.tar", part[b:e], cfg.input))
-                except OSError as err:
-                    raise StageFailed(f"could not write {out / f'{sp}-{n:06d}.tar'}: {err}") from None
-                for _ in range(e - b):
-                    advance(True)
-    written = {e.name for e in entries}
-    for p in out.iterdir():  # shards of an earlier run with more shards
-        if SHARD_NAME.match(p.name) and p.name not in written:
-            p.unlink()
-    return entries
+
+
+def _plan(cfg: ShardConfig, samples: list[Sample], is_val: list[bool]):
+    """(shard path, its samples in order) for every shard, train first: each split shuffled with
+    its own seeded stream, then cut by --max-count and --max-size. Deterministic."""
+    for sp, stream in ((sp, i + 2) for i, sp in enumerate(SPLITS)):
+        part = [s for s, v in zip(samples, is_val) if v == (sp == "val")]
+        order = rng_for(cfg.seed, stream).permutation(len(part))
+        part = [part[int(i)] for i in order]
+        for s in part:
+            s.tar_bytes = sample_tar_bytes(s)
+        for n, (b, e) in enumerate(pack([s.tar_bytes for s in part], cfg.max_count, cfg.max_size)):
+            yield cfg.output / f"{sp}-{n:06d}.tar", part[b:e]

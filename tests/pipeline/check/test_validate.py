@@ -13,7 +13,8 @@ ROW = {
     "source": "cats/a.jpg", "key": "cats__a", "kind": "image", "label": "cats", "status": "kept", "reason": None,
     "detail": "", "duplicate_of": None, "output": "data/cats/cats__a.jpg", "caption": "", "bytes": 1234, "sha256": "a" * 64,
     "width": 640, "height": 480, "encoding": None, "encoding_confidence": None, "content_hash": "f" * 32,
-    "phash": "0123456789abcdef",
+    "phash": "0123456789abcdef", "output_width": 64, "output_height": 64, "pixel_sums": [1, 2, 3],
+    "pixel_squares": [4, 5, 6],
 }
 ODD_VALUES = [None, "", "x", "kept", "duplicate", "quarantined", "exact_duplicate", "zero_bytes", 0, -1, 7, 1.5, True,
               "a" * 64, "0123456789abcdef", "cats/a b.jpg", [], {}]

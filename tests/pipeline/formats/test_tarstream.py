@@ -57,3 +57,19 @@ def test_wrong_offset_and_truncation_are_refused():
         list(tarstream.iter_members(data[:first_data_end - 1]))
     with pytest.raises(tarstream.TarFormatError, match="ends inside a tar header, after member a.jpg"):
         list(tarstream.iter_members(data[: tarstream.member_size(len(MEMBERS[0][1])) + 100]))
+
+
+@pytest.mark.parametrize("name", ["a", "s00001.jpg", "cats__c0.json", "k" * 80 + ".json", "x" * 100])
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 123_456_789, 8**11 - 1])
+def test_headers_are_byte_for_byte_what_tarfile_writes(name, size):
+    """Shards already written must stay byte-identical: the fast header is tarfile's header."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
+    assert tarstream.header(name, size) == info.tobuf(format=tarfile.USTAR_FORMAT, encoding="ascii", errors="strict")
+
+
+def test_a_size_tar_cannot_hold_and_a_long_name_are_refused():
+    with pytest.raises(ValueError, match="overflow"):
+        tarstream.header("a.jpg", 8**11)
+    with pytest.raises(ValueError, match="longer than"):
+        tarstream.header("x" * 101, 1)

@@ -1,0 +1,69 @@
+"""pipe clean records, for each kept image, its output's size and exact pixel sums as a reader
+decodes the written file (after a lossy encode too), so pipe shard need not decode it again; a
+journal written by an older pipe (without those numbers) is redone rather than trusted."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.clean import stage as clean
+from pipeline.clean.stage import CleanConfig
+from pipeline.formats.sample import decode_image
+from tests.factories import photo, write
+
+NEW_FIELDS = ("output_width", "output_height", "pixel_sums", "pixel_squares")
+
+
+def run(src: Path, out: Path, **kw) -> dict:
+    return clean.run(CleanConfig(src, out, workers=1, size=40, **kw), show_progress=False)
+
+
+def rows(out: Path) -> dict[str, dict]:
+    return {r["source"]: r for r in pq.read_table(out / "manifest.parquet").to_pylist()}
+
+
+@pytest.fixture
+def raw(tmp_path) -> Path:
+    src = tmp_path / "raw"
+    for i in range(3):
+        photo(src / "cats" / f"c{i}.jpg", 90, 70, seed=i)
+    photo(src / "cats" / "c1_copy.jpg", 90, 70, seed=1)  # a duplicate: not kept, no numbers
+    write(src / "cats" / "c0.txt", "a grey cat")
+    return src
+
+
+@pytest.mark.parametrize("fmt", ["jpg", "webp", "png"])
+def test_kept_images_carry_the_sums_of_their_decoded_output(raw, tmp_path, fmt):
+    out = tmp_path / "clean"
+    run(raw, out, format=fmt)
+    got = rows(out)
+    for r in got.values():
+        if r["status"] != "kept" or r["kind"] != "image":
+            assert all(r[f] is None for f in NEW_FIELDS), r
+            continue
+        px = decode_image((out / r["output"]).read_bytes(), fmt).reshape(-1, 3).astype(np.uint64)
+        assert (r["output_width"], r["output_height"]) == (40, 40)
+        assert r["pixel_sums"] == px.sum(axis=0).tolist()
+        assert r["pixel_squares"] == (px * px).sum(axis=0).tolist()
+    assert sum(r["pixel_sums"] is not None for r in got.values()) == 3
+
+
+def test_a_journal_line_of_an_older_pipe_is_redone_not_trusted(raw, tmp_path):
+    out = tmp_path / "clean"
+    run(raw, out)
+    first = rows(out)
+    journal = out / ".pipe" / "journal.jsonl"
+    old_lines = []
+    for line in journal.read_text().splitlines():
+        rec = json.loads(line)
+        for f in NEW_FIELDS:
+            del rec[f]  # what a pipe before these fields wrote
+        old_lines.append(json.dumps(rec))
+    journal.write_text("".join(line + "\n" for line in old_lines))
+    report = run(raw, out)
+    images_written = sum(r["kind"] == "image" and r["status"] in ("kept", "duplicate") for r in first.values())
+    assert report["reused"] == report["files"] - images_written  # the texts' lines still serve
+    assert rows(out) == first
