@@ -58,7 +58,17 @@ def _summary(report: dict, cfg) -> None:
     from pipeline.formats.vocabulary import Status
 
     st = report["by_status"]
-    rows = [("files", report["files"]), *((s.value, st[s]) for s in Status)]
-    rows += [(f"  {reason}", n) for reason, n in report["by_reason"].items()]
+    rows = [("files", report["files"])]
+    for status in Status:
+        rows.append((status.value, st[status]))
+        rows += [(f"  {reason}", n) for reason, n in report["by_reason"].items() if _status_of(reason) == status]
     rows.append(("time", f"{sum(report['timings'].values()):.1f} s"))
     ui.summary_table(f"pipe clean -> {cfg.output}", rows)
+
+
+def _status_of(reason: str):
+    """The status a reason's files have: the two duplicate reasons are duplicates, every other
+    reason quarantines (decide.py gives no other combination)."""
+    from pipeline.formats.vocabulary import Reason, Status
+
+    return Status.DUPLICATE if reason in (Reason.EXACT_DUPLICATE, Reason.NEAR_DUPLICATE) else Status.QUARANTINED
