@@ -24,3 +24,16 @@ def test_duplicates_are_listed_under_duplicate_not_quarantined(cli, tmp_path):
     dup, quar = names.index("duplicate"), names.index("quarantined")
     assert names.index("  exact_duplicate") == dup + 1 < quar
     assert names.index("  truncated") == quar + 1
+
+
+def test_labels_file_problems_are_counted_on_the_console(cli, tmp_path):
+    raw = tmp_path / "raw"
+    photo(raw / "a.jpg", seed=1)
+    photo(raw / "b.jpg", seed=2)
+    labels = write(tmp_path / "labels.csv", "path,label\na.jpg,cat\na.jpg,dog\ngone.jpg,cat\nlost.jpg,dog\n")
+    r = cli("clean", raw, "-o", tmp_path / "out", "--labels", labels, "--workers", "1")
+    assert r.exit_code == 0, r.output
+    rows = dict(_rows(r.stdout))
+    assert rows["  rows naming missing files"] == "2"
+    assert rows["  re-labelled rows (first kept)"] == "1"
+    assert rows["  files no row names"] == "1"  # b.jpg
