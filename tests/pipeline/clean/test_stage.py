@@ -218,3 +218,15 @@ def test_names_at_the_file_system_limit_never_crash_a_run(tmp_path):
         assert (out / "quarantine" / "unsupported_format" / "cats" / long_zip).read_bytes() == b"PK\x03\x04" + bytes(100)
         assert got[f"cats/{long_photo}"]["status"] == "kept"
         assert not list(out.rglob("*.tmp"))
+
+
+def test_an_empty_caption_leaves_its_image_kept_without_a_caption(tmp_path):
+    src = tmp_path / "raw"
+    photo(src / "cats" / "a.jpg", seed=1)
+    write(src / "cats" / "a.txt", " \n\t\n")  # nothing after normalisation
+    photo(src / "cats" / "b.jpg", seed=2)
+    write(src / "cats" / "b.txt", b"")  # a zero-byte caption file
+    run(src, tmp_path / "out", workers=1)
+    got = {s: (r["status"], r["reason"]) for s, r in rows(tmp_path / "out").items()}
+    assert got == {"cats/a.jpg": ("kept", None), "cats/a.txt": ("quarantined", "empty_text"),
+                   "cats/b.jpg": ("kept", None), "cats/b.txt": ("quarantined", "zero_bytes")}
