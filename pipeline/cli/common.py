@@ -16,6 +16,7 @@ from pipeline.core.errors import StageFailed, UsageError
 START_OVER = "run the same command again to start over"
 AFTER_INTERRUPT = {
     "clean": "run the same command again to resume",  # its journal keeps every finished file
+    "train": "run the same command with --resume to continue from RUN_DIR/last.pt, the last checkpoint written",
 }
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -94,6 +95,7 @@ def _single_rank(entry: Callable[[Any], Any], arg: Any) -> Any:
 def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[int, Any]:
     import uuid
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
     from torch.distributed.launcher.api import elastic_launch
@@ -124,6 +126,12 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
         return elastic_launch(spec, _rank_entry)(entry, arg)
     except ChildFailedError as e:
         raise StageFailed(_describe_failures(e)) from None
+    except SignalException as e:
+        if e.sigval != signal.SIGINT:
+            raise
+        # Ctrl-C: the agent has already passed it on to the ranks and waited for them to end
+        # (then killed what was left); to the command this is an interrupt like any other
+        raise KeyboardInterrupt from None
     except Exception as e:
         if _is_rendezvous_failure(e):
             raise StageFailed(rendezvous_message(config, e)) from None
@@ -158,15 +166,39 @@ def rendezvous_message(config: LaunchConfig, e: BaseException) -> str:
 
 def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
     """What each launched rank runs: the entry, with its exception recorded for the agent and
-    said in one line on stderr (the agent itself only reports the first failure it notices)."""
+    said in one line on stderr (the agent itself only reports the first failure it notices).
+    After a Ctrl-C nothing is a failure: the launcher says "interrupted" once for all ranks."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    _interrupts.rank_pid = os.getpid()
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         return record(_as_rank)(entry, arg)
+    except KeyboardInterrupt:
+        raise
     except BaseException as e:
+        if _interrupts.seen:  # a dataloader worker or a peer that the same Ctrl-C stopped first
+            raise KeyboardInterrupt from None
         sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {one_line(e)}\n")
         sys.stderr.flush()
         raise
+
+
+class _interrupts:
+    rank_pid: int | None = None
+    seen = False
+
+
+def _interrupt_once(signum, frame) -> None:
+    """A rank's Ctrl-C. The terminal sends it to every rank and to their dataloader workers (forked
+    with this handler), and the launcher's agent passes it on again: a second one would break the
+    rank's teardown (closing its dataloader and process group) with a traceback in the middle of
+    it. The rank is interrupted once; its workers ignore it (the rank ends them as it closes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getpid() != _interrupts.rank_pid:
+        return
+    _interrupts.seen = True
+    raise KeyboardInterrupt
 
 
 def _as_rank(entry: Callable[[Any], Any], arg: Any) -> Any:

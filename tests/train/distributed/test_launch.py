@@ -3,10 +3,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import pipe_env
 from tests.gloo import free_port
 from tests.train_shards import make_shards
 
@@ -42,3 +49,50 @@ def test_a_node_that_cannot_reach_node_0(cli, shards, tmp_path):
     for words in (f"node 1 could not reach the rendezvous at 127.0.0.1:{port}", "node 0 is running",
                   f"nc -z 127.0.0.1 {port}", "firewall"):
         assert words in line, line
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------------------
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """Pids still running (not zombies) in a process group."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def test_ctrl_c_of_a_multi_rank_train_says_interrupted_and_ends_every_rank(shards, tmp_path):
+    """Like Ctrl-C in a terminal: SIGINT to the launcher, its ranks and their workers at once."""
+    p = subprocess.Popen([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(tmp_path / "run"),
+                          "--nproc-per-node", "2", "--workers", "0", "--batch-size", "4", "--epochs", "1000"],
+                         env=pipe_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any(ln.startswith("epoch 1/") for ln in lines) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert p.poll() is None, "".join(lines)
+        os.killpg(p.pid, signal.SIGINT)
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    reader.join(10)
+    err = "".join(lines)
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == ("interrupted: run the same command with --resume to continue from "
+                                            "RUN_DIR/last.pt, the last checkpoint written")
+    assert "internal error" not in err and "Traceback" not in err and "failed" not in err, err
+    deadline = time.monotonic() + 10
+    while _group_alive(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group_alive(p.pid) == []  # no rank left behind
