@@ -62,6 +62,15 @@ def validate(config: LaunchConfig) -> None:
             raise UsageError(message)
 
 
+def quiet_cpp_logs() -> None:
+    """Keep torch's C++ log lines off the console: c10d logs each rendezvous retry and failure with
+    its C++ stack (~100 lines before our one-line message). Read once, when torch loads: call it
+    before torch is imported (the ranks inherit it). PIPE_DEBUG=1 keeps them."""
+    if not os.environ.get("PIPE_DEBUG"):
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+
+
 def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[int, Any]:
     """Run ``entry(arg)`` on every rank; return {global rank: return value} of this node's ranks.
 
@@ -73,7 +82,67 @@ def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[
         return {int(os.environ["RANK"]): _as_rank(entry, arg)}
     if config.nproc_per_node == 1 and config.nnodes == 1:
         return {0: _single_rank(entry, arg)}
+    before_rendezvous(config)
     return _elastic(config, entry, arg)
+
+
+def before_rendezvous(config: LaunchConfig) -> None:
+    """What would otherwise end in a rendezvous timeout minutes later, found in a moment: an
+    address that does not resolve, and (on the node that hosts the store) a port already taken."""
+    addr = config.master_addr
+    try:
+        socket.getaddrinfo(addr, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise UsageError(f"--master-addr: could not resolve {addr} ({getattr(e, 'strerror', None) or e}); "
+                         "give node 0's address or a name this machine can resolve") from None
+    hosts_store = config.nnodes == 1 or config.node_rank == 0
+    if hosts_store and config.master_port:
+        check_port_free(config.master_port)
+
+
+def check_port_free(port: int) -> None:
+    """The rendezvous store listens on ``port`` on every interface of this node: is it free?
+    (SO_REUSEADDR, as the store uses: a port left in TIME_WAIT by a finished run counts as free.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            holder = port_holder(port)
+            by = f" by {holder}" if holder else f" ({e.strerror or e})"
+            raise UsageError(f"--master-port {port} is already in use on this machine{by}; choose another port "
+                             "(this node hosts the rendezvous there)") from None
+
+
+def port_holder(port: int) -> str | None:
+    """``pid 1234 (python)`` for the process that has a TCP socket on ``port``, when this user
+    may see it (Linux /proc); None otherwise."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port and int(f[2].rsplit(":", 1)[1], 16) == 0:
+                inodes.add(f"socket:[{f[9]}]")
+    for fd_dir in _proc_fd_dirs() if inodes else ():
+        try:
+            if any(os.readlink(os.path.join(fd_dir, fd)) in inodes for fd in os.listdir(fd_dir)):
+                pid = fd_dir.split("/")[2]
+                with open(f"/proc/{pid}/comm") as f:
+                    return f"pid {pid} ({f.read().strip()})"
+        except OSError:
+            continue
+    return None
+
+
+def _proc_fd_dirs() -> list[str]:
+    try:
+        return [f"/proc/{p}/fd" for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
 
 
 def _single_rank(entry: Callable[[Any], Any], arg: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -49,6 +50,40 @@ def test_a_node_that_cannot_reach_node_0(cli, shards, tmp_path):
     for words in (f"node 1 could not reach the rendezvous at 127.0.0.1:{port}", "node 0 is running",
                   f"nc -z 127.0.0.1 {port}", "firewall"):
         assert words in line, line
+
+
+
+def test_a_node_that_cannot_reach_node_0_says_so_in_one_line_without_cpp_stacks(shards, tmp_path, pipe_proc):
+    port = free_port()  # nobody listens there
+    r = pipe_proc("train", shards, "-o", tmp_path / "run", "--nnodes", "2", "--node-rank", "1", "--master-port", port,
+                  "--rdzv-timeout", "1", "--workers", "0", "--batch-size", "4")
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("pipe: failed: rendezvous failed:"), r.stderr
+
+
+def test_a_taken_port_is_named_at_once_with_what_holds_it(cli, shards, tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        started = time.monotonic()
+        r = cli("train", shards, "-o", tmp_path / "run", "--nproc-per-node", "2", "--master-port", port,
+                "--rdzv-timeout", "5", "--workers", "0", "--batch-size", "4")
+    assert time.monotonic() - started < 30
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (f"pipe: error: --master-port {port} is already in use on this machine by pid {os.getpid()} "
+                                f"({Path('/proc/self/comm').read_text().strip()}); choose another port (this node hosts "
+                                "the rendezvous there)")
+
+
+def test_an_address_that_does_not_resolve_is_named_at_once(cli, shards, tmp_path):
+    started = time.monotonic()
+    r = cli("train", shards, "-o", tmp_path / "run", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+            "node0.pipe-test.invalid", "--master-port", free_port(), "--rdzv-timeout", "5", "--workers", "0",
+            "--batch-size", "4")
+    assert time.monotonic() - started < 30
+    assert r.exit_code == 2
+    assert r.stderr.strip().startswith("pipe: error: --master-addr: could not resolve node0.pipe-test.invalid (")
 
 
 # -- Ctrl-C -------------------------------------------------------------------------------------------
