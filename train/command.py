@@ -79,8 +79,10 @@ def train(
     from train.config import TrainConfig
 
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config")}
+    from train.distributed.launch import launch, quiet_cpp_logs
+
+    quiet_cpp_logs()  # before check() or the entry's module loads torch
     cfg = check(resolve(TrainConfig, values, explicit_params(ctx), load_section(config, "train")))
-    from train.distributed.launch import launch
 
     if cfg.data_only:
         from train import data_only

@@ -134,18 +134,12 @@ def run_folder(path: Path, kind: str, policy: Policy, cfg: CheckConfig, show_pro
 
 @contextmanager
 def _shard_progress(path: Path, enabled: bool):
-    """A bar on stderr over the shards being read (the long part of checking a shard dir)."""
-    if not enabled:
-        yield lambda: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """A bar on stderr over the shards being read (the long part of checking a shard dir); plain
+    lines now and then when stderr is a log."""
+    from pipeline.core.ui import progress
 
-    from pipeline.core.ui import err_console
-
-    with Progress(TextColumn("[bold]check {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
-        task = bar.add_task(str(path), total=None)
-        yield lambda: bar.advance(task)
+    with progress(f"check {path}", None, enabled, counts=False, transient=True) as advance:
+        yield lambda: advance(True)
 
 
 def run_one(fn: Callable[[F, Policy], CheckResult], folder: F, policy: Policy) -> CheckResult:

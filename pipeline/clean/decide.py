@@ -134,12 +134,17 @@ def decide(results: list[FileResult], s: DecideSettings = DecideSettings(), outp
 
 # --- samples ------------------------------------------------------------------------------
 
+# a text file with one of these reasons is no caption: binary bytes beside an image, or an empty
+# caption (the image is good; it is kept without a caption, the text keeps its own reason)
+NO_CAPTION = (Reason.BINARY_CONTENT, Reason.EMPTY_TEXT, Reason.ZERO_BYTES)
+
+
 def _samples(results: list[FileResult]) -> list[Sample]:
     by_key: dict[str, Sample] = {}
     order: list[Sample] = []
     for i, r in enumerate(results):
-        if r.kind == Kind.TEXT and r.reason == Reason.BINARY_CONTENT:
-            order.append(Sample([i], text=i))  # binary bytes beside an image are no caption: alone
+        if r.kind == Kind.TEXT and r.reason in NO_CAPTION:
+            order.append(Sample([i], text=i))  # no caption: alone, and the image is kept without one
             continue
         smp = by_key.get(r.key)
         if smp is None:

@@ -62,7 +62,36 @@ def _summary(report: dict, cfg) -> None:
     from pipeline.formats.vocabulary import Status
 
     st = report["by_status"]
-    rows = [("files", report["files"]), *((s.value, st[s]) for s in Status)]
-    rows += [(f"  {reason}", n) for reason, n in report["by_reason"].items()]
+    rows = [("files", report["files"])]
+    for status in Status:
+        rows.append((status.value, st[status]))
+        rows += [(f"  {reason}", n) for reason, n in report["by_reason"].items() if _status_of(reason) == status]
+    rows += _label_rows(report.get("labels") or {})
     rows.append(("time", f"{sum(report['timings'].values()):.1f} s"))
     ui.summary_table(f"pipe clean -> {cfg.output}", rows)
+
+
+def _status_of(reason: str):
+    """The status a reason's files have: the two duplicate reasons are duplicates, every other
+    reason quarantines (decide.py gives no other combination)."""
+    from pipeline.formats.vocabulary import Reason, Status
+
+    return Status.DUPLICATE if reason in (Reason.EXACT_DUPLICATE, Reason.NEAR_DUPLICATE) else Status.QUARANTINED
+
+
+# what --labels did not fit, as report.json's "labels" names it -> how the console says it
+LABEL_NOTES = {
+    "rows_naming_missing_files": "rows naming missing files",
+    "files_without_label": "files no row names",
+    "rows_without_label": "rows without a label",
+    "conflicting_rows": "re-labelled rows (first kept)",
+    "captions_rejected": "captions rejected",
+    "captions_ignored_for_a_caption_file": "captions ignored (caption file wins)",
+}
+
+
+def _label_rows(notes: dict) -> list[tuple[str, object]]:
+    """The labels file's problems as counts, so they are seen without opening report.json
+    (which lists the first rows of each)."""
+    found = [(f"  {text}", notes[name]["count"]) for name, text in LABEL_NOTES.items() if name in notes]
+    return [("labels file (see report.json)", ""), *found] if found else []

@@ -11,6 +11,16 @@ import typer
 from pipeline.core.errors import StageFailed, UsageError
 
 
+# What an interrupted command says about running it again: the one place that knows which
+# commands pick up where they stopped. A command not listed here starts over, and says so.
+START_OVER = "run the same command again to start over"
+AFTER_INTERRUPT = {
+    "clean": "run the same command again to resume",  # its journal keeps every finished file
+    "shard": "run the same command again to resume",  # finished shards are kept (.pipe/shards.jsonl)
+    "train": "run the same command with --resume to continue from RUN_DIR/last.pt, the last checkpoint written",
+}
+
+
 def exits_cleanly(fn):
     """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, one line each."""
 
@@ -25,7 +35,7 @@ def exits_cleanly(fn):
             sys.stderr.write(f"pipe: failed: {e}\n")
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
-            sys.stderr.write("interrupted: run the same command again to resume\n")
+            sys.stderr.write(f"interrupted: {AFTER_INTERRUPT.get(fn.__name__, START_OVER)}\n")
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise

@@ -1,4 +1,5 @@
-"""What people see: a progress bar on stderr while work runs, a summary table at the end.
+"""What people see: a progress bar on stderr while work runs (plain lines now and then when
+stderr is a log, not a terminal), a summary table at the end.
 
 Machines get `--json` instead (the table is then not printed). Nothing here decides anything.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from contextlib import contextmanager
 
 # rich is imported on first use: `--json` runs never draw anything and skip its ~0.1 s import
@@ -36,35 +38,108 @@ class Counts:
     def text(self) -> str:
         return f"[green]{self.ok} ok[/] [red]{self.quarantined} quarantined[/] [dim]{self.reused} reused[/]"
 
+    def plain(self) -> str:
+        return f"{self.ok} ok, {self.quarantined} quarantined, {self.reused} reused"
+
 
 @contextmanager
-def progress(description: str, total: int, enabled: bool = True):
-    """Yield ``advance(ok: bool, reused: bool)``; the bar shows ok/quarantined/reused counts."""
-    counts = Counts()
+def progress(description: str, total: int | None, enabled: bool = True, counts: bool = True,
+             transient: bool | None = None):
+    """Yield ``advance(ok: bool, reused: bool)``; the bar shows ok/quarantined/reused counts
+    (``counts=False``: only how many). ``total`` None: not known in advance.
+
+    On a terminal: a live bar on stderr (``transient``: removed at the end; default: kept). Into a
+    log (CI, nohup, a pipe; rich draws no bar there): a plain line now and then, see `PlainLines`."""
+    tally = Counts()
     if not enabled:
         def advance(ok: bool, reused: bool = False) -> None:
             return None
 
         yield advance
         return
+    err_console = _console(True)
+    if not err_console.is_terminal:
+        lines = PlainLines(description, total, tally if counts else None)
+
+        def advance(ok: bool, reused: bool = False) -> None:
+            tally.ok += ok
+            tally.quarantined += not ok
+            tally.reused += reused
+            lines.advance()
+
+        yield advance
+        lines.finish()
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    err_console = _console(True)
     bar = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        console=err_console, transient=not err_console.is_terminal,
+        console=err_console, transient=bool(transient),
     )
     with bar:
-        task = bar.add_task(description, total=total, counts=counts.text())
+        task = bar.add_task(description, total=total, counts=tally.text() if counts else "")
 
         def advance(ok: bool, reused: bool = False) -> None:
-            counts.ok += ok
-            counts.quarantined += not ok
-            counts.reused += reused
-            bar.update(task, advance=1, counts=counts.text())
+            tally.ok += ok
+            tally.quarantined += not ok
+            tally.reused += reused
+            bar.update(task, advance=1, counts=tally.text() if counts else "")
 
         yield advance
+
+
+PLAIN_EVERY_S = 10.0  # at least this long between two lines in a log...
+PLAIN_STEP = 0.10  # ...and at least this much more of the work done,
+PLAIN_SILENT_MAX_S = 60.0  # but never longer than this without a line
+
+
+class PlainLines:
+    """Progress for a log: one plain line (no colours, no carriage returns) every 10 s or every
+    10% of the work, whichever is later, and at most a minute apart; then a last line when any
+    came before. A CI log of a long run was otherwise silent for many minutes, which looks like
+    a hang; a short run prints nothing."""
+
+    def __init__(self, description: str, total: int | None, tally: Counts | None):
+        self.description, self.total, self.tally = description, total, tally
+        self.start = self.last = time.monotonic()
+        self.done = self.last_done = 0
+        self.printed = False
+
+    def advance(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        waited = now - self.last
+        stepped = not self.total or self.done - self.last_done >= PLAIN_STEP * self.total
+        if waited >= PLAIN_SILENT_MAX_S or (waited >= PLAIN_EVERY_S and stepped):
+            self._line(now)
+
+    def finish(self) -> None:
+        if self.printed and self.done != self.last_done:
+            self._line(time.monotonic())
+
+    def _line(self, now: float) -> None:
+        elapsed = now - self.start
+        parts = [f"{self.done}/{self.total} ({100 * self.done // max(self.total, 1)}%)" if self.total is not None
+                 else f"{self.done} done"]
+        if self.tally is not None:
+            parts.append(self.tally.plain())
+        parts.append(f"{duration(elapsed)} elapsed")
+        if self.total and 0 < self.done < self.total:
+            parts.append(f"about {duration(elapsed * (self.total - self.done) / self.done)} left")
+        sys.stderr.write(f"{self.description}: {', '.join(parts)}\n")
+        sys.stderr.flush()
+        self.last, self.last_done, self.printed = now, self.done, True
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``1h02m``: short enough for a log line."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def print_json(doc) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -58,6 +59,15 @@ def validate(config: LaunchConfig) -> None:
             raise UsageError(message)
 
 
+def quiet_cpp_logs() -> None:
+    """Keep torch's C++ log lines off the console: c10d logs each rendezvous retry and failure with
+    its C++ stack (~100 lines before our one-line message). Read once, when torch loads: call it
+    before torch is imported (the ranks inherit it). PIPE_DEBUG=1 keeps them."""
+    if not os.environ.get("PIPE_DEBUG"):
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+
+
 def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[int, Any]:
     """Run ``entry(arg)`` on every rank; return {global rank: return value} of this node's ranks.
 
@@ -69,7 +79,67 @@ def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[
         return {int(os.environ["RANK"]): _as_rank(entry, arg)}
     if config.nproc_per_node == 1 and config.nnodes == 1:
         return {0: _single_rank(entry, arg)}
+    before_rendezvous(config)
     return _elastic(config, entry, arg)
+
+
+def before_rendezvous(config: LaunchConfig) -> None:
+    """What would otherwise end in a rendezvous timeout minutes later, found in a moment: an
+    address that does not resolve, and (on the node that hosts the store) a port already taken."""
+    addr = config.master_addr
+    try:
+        socket.getaddrinfo(addr, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise UsageError(f"--master-addr: could not resolve {addr} ({getattr(e, 'strerror', None) or e}); "
+                         "give node 0's address or a name this machine can resolve") from None
+    hosts_store = config.nnodes == 1 or config.node_rank == 0
+    if hosts_store and config.master_port:
+        check_port_free(config.master_port)
+
+
+def check_port_free(port: int) -> None:
+    """The rendezvous store listens on ``port`` on every interface of this node: is it free?
+    (SO_REUSEADDR, as the store uses: a port left in TIME_WAIT by a finished run counts as free.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            holder = port_holder(port)
+            by = f" by {holder}" if holder else f" ({e.strerror or e})"
+            raise UsageError(f"--master-port {port} is already in use on this machine{by}; choose another port "
+                             "(this node hosts the rendezvous there)") from None
+
+
+def port_holder(port: int) -> str | None:
+    """``pid 1234 (python)`` for the process that has a TCP socket on ``port``, when this user
+    may see it (Linux /proc); None otherwise."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port and int(f[2].rsplit(":", 1)[1], 16) == 0:
+                inodes.add(f"socket:[{f[9]}]")
+    for fd_dir in _proc_fd_dirs() if inodes else ():
+        try:
+            if any(os.readlink(os.path.join(fd_dir, fd)) in inodes for fd in os.listdir(fd_dir)):
+                pid = fd_dir.split("/")[2]
+                with open(f"/proc/{pid}/comm") as f:
+                    return f"pid {pid} ({f.read().strip()})"
+        except OSError:
+            continue
+    return None
+
+
+def _proc_fd_dirs() -> list[str]:
+    try:
+        return [f"/proc/{p}/fd" for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
 
 
 def _single_rank(entry: Callable[[Any], Any], arg: Any) -> Any:
@@ -91,6 +161,7 @@ def _single_rank(entry: Callable[[Any], Any], arg: Any) -> Any:
 def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[int, Any]:
     import uuid
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
     from torch.distributed.launcher.api import elastic_launch
@@ -121,6 +192,12 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
         return elastic_launch(spec, _rank_entry)(entry, arg)
     except ChildFailedError as e:
         raise StageFailed(_describe_failures(e)) from None
+    except SignalException as e:
+        if e.sigval != signal.SIGINT:
+            raise
+        # Ctrl-C: the agent has already passed it on to the ranks and waited for them to end
+        # (then killed what was left); to the command this is an interrupt like any other
+        raise KeyboardInterrupt from None
     except Exception as e:
         if _is_rendezvous_failure(e):
             raise StageFailed(rendezvous_message(config, e)) from None
@@ -155,15 +232,39 @@ def rendezvous_message(config: LaunchConfig, e: BaseException) -> str:
 
 def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
     """What each launched rank runs: the entry, with its exception recorded for the agent and
-    said in one line on stderr (the agent itself only reports the first failure it notices)."""
+    said in one line on stderr (the agent itself only reports the first failure it notices).
+    After a Ctrl-C nothing is a failure: the launcher says "interrupted" once for all ranks."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    _interrupts.rank_pid = os.getpid()
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         return record(_as_rank)(entry, arg)
+    except KeyboardInterrupt:
+        raise
     except BaseException as e:
+        if _interrupts.seen:  # a dataloader worker or a peer that the same Ctrl-C stopped first
+            raise KeyboardInterrupt from None
         sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {one_line(e)}\n")
         sys.stderr.flush()
         raise
+
+
+class _interrupts:
+    rank_pid: int | None = None
+    seen = False
+
+
+def _interrupt_once(signum, frame) -> None:
+    """A rank's Ctrl-C. The terminal sends it to every rank and to their dataloader workers (forked
+    with this handler), and the launcher's agent passes it on again: a second one would break the
+    rank's teardown (closing its dataloader and process group) with a traceback in the middle of
+    it. The rank is interrupted once; its workers ignore it (the rank ends them as it closes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getpid() != _interrupts.rank_pid:
+        return
+    _interrupts.seen = True
+    raise KeyboardInterrupt
 
 
 def _as_rank(entry: Callable[[Any], Any], arg: Any) -> Any:

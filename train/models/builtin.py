@@ -12,7 +12,8 @@ recomputing a block under gradient checkpointing cannot update running statistic
 ranks have no buffers to drift apart.
 
 The contract for ``--model package.module:factory`` (``factory(num_classes=N)``, plus
-``index=<index.json as a dict>`` when the factory accepts it):
+``index=<index.json as a dict>`` when the factory names an ``index`` parameter; ``**kwargs`` alone
+gets no ``index``):
 
 * ``model.inputs`` (optional): the batch fields ``forward`` takes as keyword arguments, e.g.
   ``("image",)`` or ``("text", "text_len")``. Without it, ``forward(images)`` is called positionally
@@ -204,19 +205,33 @@ def load_factory(spec: str):
     return factory
 
 
+def _call_factory(spec: str, factory, num_classes: int, index: dict | None):
+    """``factory(num_classes=N)``, plus ``index=`` only when the factory names an ``index``
+    parameter: a ``**kwargs`` factory (every torchvision and timm constructor) passes what it gets
+    on to a model class that has no such argument. A failure says what pipe passed, since the
+    user did not write that call."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C extension without a signature
+        params = {}
+    kwargs = {"num_classes": num_classes}
+    index_param = params.get("index")
+    if index_param is not None and index_param.kind in (index_param.POSITIONAL_OR_KEYWORD, index_param.KEYWORD_ONLY):
+        kwargs["index"] = index
+    call = ", ".join(["num_classes=" + str(num_classes)] + (["index=<SHARD_DIR/index.json as a dict>"] if "index" in kwargs else []))
+    try:
+        return factory(**kwargs)
+    except Exception as e:
+        raise UsageError(f"--model {spec}: pipe called {spec.partition(':')[2]}({call}) and it failed: "
+                         f"{type(e).__name__}: {e}") from None
+
+
 def build_model(spec: str, num_classes: int, *, index: dict | None = None, width: int = 32, resolution: int = 64,
                 max_text_len: int = 256, grad_checkpoint: bool = False) -> nn.Module:
     """The model named by --model, with gradient checkpointing switched on when asked."""
     if ":" in spec:
         factory = load_factory(spec)
-        params = inspect.signature(factory).parameters
-        kwargs = {"num_classes": num_classes}
-        if "index" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            kwargs["index"] = index
-        try:
-            model = factory(**kwargs)
-        except TypeError as e:
-            raise UsageError(f"--model {spec}: calling it as factory(num_classes=...) failed: {e}") from None
+        model = _call_factory(spec, factory, num_classes, index)
         if not isinstance(model, nn.Module):
             raise UsageError(f"--model {spec} returned {type(model).__name__}, not a torch.nn.Module")
     else:

@@ -271,3 +271,15 @@ def test_white_artwork_on_transparency_is_kept_visible_and_flat_images_are_blank
     assert got["cats/white.png"]["reason"] == got["dogs/white.png"]["reason"] == "blank_image"
     assert got["dogs/photo.jpg"]["status"] == "kept"
     assert sorted(p.name for p in (tmp_path / "out" / "quarantine" / "blank_image").rglob("*.png")) == ["white.png"] * 2
+
+
+def test_an_empty_caption_leaves_its_image_kept_without_a_caption(tmp_path):
+    src = tmp_path / "raw"
+    photo(src / "cats" / "a.jpg", seed=1)
+    write(src / "cats" / "a.txt", " \n\t\n")  # nothing after normalisation
+    photo(src / "cats" / "b.jpg", seed=2)
+    write(src / "cats" / "b.txt", b"")  # a zero-byte caption file
+    run(src, tmp_path / "out", workers=1)
+    got = {s: (r["status"], r["reason"]) for s, r in rows(tmp_path / "out").items()}
+    assert got == {"cats/a.jpg": ("kept", None), "cats/a.txt": ("quarantined", "empty_text"),
+                   "cats/b.jpg": ("kept", None), "cats/b.txt": ("quarantined", "zero_bytes")}

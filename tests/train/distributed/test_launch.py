@@ -3,10 +3,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import pipe_env
 from tests.gloo import free_port
 from tests.train_shards import make_shards
 
@@ -42,3 +50,84 @@ def test_a_node_that_cannot_reach_node_0(cli, shards, tmp_path):
     for words in (f"node 1 could not reach the rendezvous at 127.0.0.1:{port}", "node 0 is running",
                   f"nc -z 127.0.0.1 {port}", "firewall"):
         assert words in line, line
+
+
+
+def test_a_node_that_cannot_reach_node_0_says_so_in_one_line_without_cpp_stacks(shards, tmp_path, pipe_proc):
+    port = free_port()  # nobody listens there
+    r = pipe_proc("train", shards, "-o", tmp_path / "run", "--nnodes", "2", "--node-rank", "1", "--master-port", port,
+                  "--rdzv-timeout", "1", "--workers", "0", "--batch-size", "4")
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("pipe: failed: rendezvous failed:"), r.stderr
+
+
+def test_a_taken_port_is_named_at_once_with_what_holds_it(cli, shards, tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        started = time.monotonic()
+        r = cli("train", shards, "-o", tmp_path / "run", "--nproc-per-node", "2", "--master-port", port,
+                "--rdzv-timeout", "5", "--workers", "0", "--batch-size", "4")
+    assert time.monotonic() - started < 30
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (f"pipe: error: --master-port {port} is already in use on this machine by pid {os.getpid()} "
+                                f"({Path('/proc/self/comm').read_text().strip()}); choose another port (this node hosts "
+                                "the rendezvous there)")
+
+
+def test_an_address_that_does_not_resolve_is_named_at_once(cli, shards, tmp_path):
+    started = time.monotonic()
+    r = cli("train", shards, "-o", tmp_path / "run", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+            "node0.pipe-test.invalid", "--master-port", free_port(), "--rdzv-timeout", "5", "--workers", "0",
+            "--batch-size", "4")
+    assert time.monotonic() - started < 30
+    assert r.exit_code == 2
+    assert r.stderr.strip().startswith("pipe: error: --master-addr: could not resolve node0.pipe-test.invalid (")
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------------------
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """Pids still running (not zombies) in a process group."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def test_ctrl_c_of_a_multi_rank_train_says_interrupted_and_ends_every_rank(shards, tmp_path):
+    """Like Ctrl-C in a terminal: SIGINT to the launcher, its ranks and their workers at once."""
+    p = subprocess.Popen([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(tmp_path / "run"),
+                          "--nproc-per-node", "2", "--workers", "0", "--batch-size", "4", "--epochs", "1000"],
+                         env=pipe_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any(ln.startswith("epoch 1/") for ln in lines) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert p.poll() is None, "".join(lines)
+        os.killpg(p.pid, signal.SIGINT)
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    reader.join(10)
+    err = "".join(lines)
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == ("interrupted: run the same command with --resume to continue from "
+                                            "RUN_DIR/last.pt, the last checkpoint written")
+    assert "internal error" not in err and "Traceback" not in err and "failed" not in err, err
+    deadline = time.monotonic() + 10
+    while _group_alive(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group_alive(p.pid) == []  # no rank left behind

@@ -141,3 +141,24 @@ def test_a_bad_factory_is_a_usage_error(spec, words):
 def test_grad_checkpoint_on_a_model_without_support_is_a_usage_error():
     with pytest.raises(UsageError, match="set_grad_checkpointing"):
         build_model("tests.train.models.test_builtin:positional_factory", 3, grad_checkpoint=True)
+
+
+def kwargs_factory(num_classes: int, **kwargs):
+    """Like every torchvision and timm constructor: extra keywords go on to the model class."""
+    return Positional(num_classes, **kwargs)
+
+
+def index_factory_that_fails(num_classes: int, index: dict):
+    raise ValueError("no such backbone")
+
+
+def test_a_kwargs_factory_gets_no_index_it_did_not_ask_for():
+    model = build_model("tests.train.models.test_builtin:kwargs_factory", 5, index={"image_size": 8})
+    assert model.head.out_features == 5
+
+
+def test_a_failing_factory_is_told_what_pipe_passed():
+    with pytest.raises(UsageError) as e:
+        build_model("tests.train.models.test_builtin:index_factory_that_fails", 3, index={"image_size": 8})
+    message = str(e.value)
+    assert "index_factory_that_fails(num_classes=3, index=" in message and "no such backbone" in message
