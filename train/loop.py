@@ -319,7 +319,7 @@ class Trainer:
             self._probe_batch()
 
         # 3. data, optimizer, schedule
-        reader_input = ({"mean": self.input_norm.mean, "std": self.input_norm.std}
+        reader_input: dict[str, Any] = ({"mean": self.input_norm.mean, "std": self.input_norm.std}
                         if getattr(self.model, "input_norm", None) is not None else {})
         if getattr(self.model, "tokenize", None) is not None:
             reader_input["tokenize"] = self.model.tokenize

@@ -220,8 +220,9 @@ def head_of(model: nn.Module) -> tuple[str, nn.Module] | None:
 def reset_head(head: nn.Module) -> None:
     """Fresh weights for every layer of the head (a plain Linear, or a small MLP head)."""
     for m in head.modules():
-        if hasattr(m, "reset_parameters"):
-            m.reset_parameters()
+        reset = getattr(m, "reset_parameters", None)
+        if callable(reset):
+            reset()
 
 
 def num_outputs(head: nn.Module) -> int | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,8 @@ class Tokenize:
 
 class HFClassifier(nn.Module):
     """A transformers classification model in `pipe train`'s model contract (logits out)."""
+
+    model: Any  # a transformers PreTrainedModel (typed loosely: transformers is optional)
 
     def __init__(self, model: nn.Module, *, tokenize: Tokenize | None = None, input_norm: InputNorm | None = None):
         super().__init__()

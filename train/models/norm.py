@@ -27,8 +27,8 @@ class InputNorm:
     """Per-channel ``(pixel / 255 - mean) / std`` at ``size`` px (None: whatever size comes);
     ``source`` says where it was read, for the line printed at start."""
 
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
     size: int | None
     source: str
 
