@@ -255,3 +255,19 @@ def test_transformers_is_imported_only_for_hf_models():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_two_gloo_ranks_fine_tune_the_hf_model_and_agree_on_its_input(pipe_proc, bert_folder, caption_shards, tmp_path):
+    """Two ranks under the launcher: each builds the model from the folder and tokenizes its own
+    samples; the preflight's config hash (which covers the model's input) agrees, and the run learns.
+    (No dataloader workers: the one-rank run covers them, and each costs a process here.)"""
+    run = tmp_path / "run"
+    p = pipe_proc("train", caption_shards, "-o", run, "--model", f"hf:{bert_folder}", "--nproc-per-node", "2",
+                  "--epochs", "2", "--batch-size", "2", "--lr", "3e-3", "--workers", "0", "--max-text-len", "16",
+                  timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "backend gloo" in p.stderr and "ranks disagree" not in p.stderr
+    val = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    acc = [row["val_acc"] for row in val if row["kind"] == "val"][-1]
+    assert acc > 0.6, p.stderr[-3000:]
+    assert json.loads((run / "config.json").read_text())["world_size"] == 2
