@@ -55,12 +55,12 @@ def _sentence(rng: random.Random, label: int) -> str:
     return " ".join(words)
 
 
-def _pretrain(model, tokenizer, steps: int = 48, seed: int = 7) -> None:
+def _pretrain(model, tokenizer, steps: int = 200, seed: int = 7) -> None:
     """A few steps on sentences like the captions (other ones): a stand-in for pretraining, so that
     fine-tuning for two epochs has an encoder that already reads the words (a random tiny BERT
     needs several epochs before its loss moves at all)."""
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # 3e-3 left some seeds unable to tell cat from dog
     model.train()
     for _ in range(steps):
         labels = [rng.randrange(3) for _ in range(8)]
@@ -146,7 +146,7 @@ def test_a_tiny_bert_from_a_local_folder_fine_tunes_on_captions(cli, bert_folder
     assert f"input: 16 tokens per text (cut and padded), tokenizer BertTokenizer from hf:{bert_folder}" in err
     val = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     acc = [row["val_acc"] for row in val if row["kind"] == "val"][-1]
-    assert acc > 0.6, err  # three balanced classes: guessing scores 1/3
+    assert acc > 0.8, err  # three balanced classes: guessing scores 1/3
     saved = ckpt.load(run / "last.pt")
     assert saved["config"]["input"]["tokens"] == 16
 
@@ -193,6 +193,19 @@ def test_the_vit_is_fed_its_own_normalisation_not_the_datasets(cli, vit_folder, 
     assert f"input: 32 px, mean/std from hf:{vit_folder} preprocessor_config.json (ImageNet" in r.stderr
     recorded = json.loads((run / "config.json").read_text())["input"]
     assert recorded["mean"] == pytest.approx(IMAGENET[0]) and recorded["source"].endswith("preprocessor_config.json")
+
+
+def test_the_preflight_config_hash_covers_the_models_input(vit_folder):
+    """Ranks that would normalise differently (another preprocessor_config.json on one node) stop
+    at the preflight, though their flags are the same."""
+    from train.distributed import preflight
+
+    theirs = norm.InputNorm((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), 32, f"hf:{vit_folder} preprocessor_config.json")
+    from train.models.hf import read_input_norm
+
+    ours = read_input_norm(vit_folder, f"hf:{vit_folder}")
+    assert preflight.config_hash("abc", ours.as_dict()) != preflight.config_hash("abc", theirs.as_dict())
+    assert preflight.config_hash("abc", ours.as_dict()) == preflight.config_hash("abc", dict(ours.as_dict()))
 
 
 def test_freeze_counts_berts_embeddings_and_encoder_layers_from_the_input(bert_folder):
@@ -269,5 +282,5 @@ def test_two_gloo_ranks_fine_tune_the_hf_model_and_agree_on_its_input(pipe_proc,
     assert "backend gloo" in p.stderr and "ranks disagree" not in p.stderr
     val = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     acc = [row["val_acc"] for row in val if row["kind"] == "val"][-1]
-    assert acc > 0.6, p.stderr[-3000:]
+    assert acc > 0.8, p.stderr[-3000:]
     assert json.loads((run / "config.json").read_text())["world_size"] == 2
