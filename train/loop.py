@@ -62,7 +62,8 @@ class DataSource:
     ``set_epoch(epoch, consumed=0)``, ``state_dict(steps_done)`` (its position, for a checkpoint)
     and ``load_state_dict(state)`` (ValueError when that position cannot be continued exactly);
     the loader yields dicts: ``image`` [B,3,S,S] float normalised,
-    ``text`` [B,L] int64 byte ids, ``text_len`` [B], ``label`` [B], ``key`` list[str], and for
+    ``text`` [B,L] int64 byte ids, ``text_len`` [B] (or, for a model with a ``tokenize``, what it
+    returns: ``input_ids`` and ``attention_mask`` [B,L]), ``label`` [B], ``key`` list[str], and for
     validation ``valid`` [B] bool (False for the repeats that fill the last batches so that
     every rank runs the same number of steps; they are not counted).
     """
