@@ -163,17 +163,22 @@ def _check_modalities(cfg, index: dict) -> None:
     """A built-in model whose input the train split lacks entirely would train on zeros (a missing
     image is the mean colour, a missing text an empty one: fine for some samples, by design, but a
     whole missing modality makes that encoder dead weight and a text model a constant): refused.
-    A --model package.module:factory declares its inputs only once built; it is not checked here."""
+    A --model package.module:factory declares its inputs only once built; it is not checked here.
+    An hf: folder says by its files: a tokenizer (texts) or an image processor (images)."""
     from pipeline.core.errors import UsageError
 
     needs = {"image": ("image",), "text": ("text",), "image-text": ("image", "text")}.get(cfg.model, ())
+    if cfg.model.startswith("hf:"):  # a folder with a tokenizer reads texts, one with an image processor images
+        from train.models.hf_files import has_tokenizer
+
+        needs = ("text",) if has_tokenizer(cfg.model[3:]) else ("image",)
     train = index["counts"]["train"]
     have = {"image": train["images"] if index.get("image_size") is not None else 0, "text": train["texts"]}
     for field in needs:
         if have[field]:
             continue
         other = "text" if field == "image" else "image"
-        hint = f": use --model {other}" if have[other] else ""
+        hint = f": use --model {other}" if have[other] and not cfg.model.startswith("hf:") else ""
         member = "a .txt" if field == "text" else "an image"
         raise UsageError(f"--model {cfg.model} needs {field}s, but {cfg.shard_dir} has none "
                          f"(0 of {train['samples']} train samples have {member}){hint}")

@@ -261,6 +261,19 @@ def test_a_wrong_hf_folder_is_one_line_before_any_rank_starts(cli, tmp_path, mak
     assert r.exit_code == 2 and words in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_text_model_folder_on_shards_without_texts_stops_before_any_rank_starts(cli, bert_folder, tmp_path):
+    """A tokenizer in the folder means the model reads texts: on image-only shards it would train on
+    empty strings."""
+    from pipeline.shard import stage
+    from tests.clean_dirs import Spec, make_clean_dir
+
+    clean = make_clean_dir(tmp_path / "clean", [Spec(f"i{i:03d}", f"c{i % 2}", seed=i, size=16) for i in range(12)])
+    stage.run(stage.ShardConfig(clean, tmp_path / "shards", val_fraction=0.2), show_progress=False)
+    r = cli("train", tmp_path / "shards", "-o", tmp_path / "run", "--model", f"hf:{bert_folder}", "--workers", "0")
+    assert r.exit_code == 2 and f"--model hf:{bert_folder} needs texts" in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr
+
+
 def test_transformers_is_imported_only_for_hf_models():
     code = ("import sys; import pipeline.cli.app, train.command, train.config, train.loop; "
             "from train.models.builtin import build_model; build_model('text', 3); "
