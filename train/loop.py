@@ -41,8 +41,8 @@ from train.config import (BUILTIN_MODELS, BatchPlan, TrainConfig, check_epoch_fi
 from train.distributed import group as distributed
 from train.distributed import preflight
 from train.distributed.group import Dist, no_sync, unwrap
-from train.models.builtin import build_model, forward, reader_fields, reader_image_size
 from train.models import norm as input_norm
+from train.models.builtin import build_model, forward, reader_fields, reader_image_size
 from train.models.finetune import Freezer, FreezeSchedule, load_init
 
 # Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
@@ -320,8 +320,9 @@ class Trainer:
             self._probe_batch()
 
         # 3. data, optimizer, schedule
-        reader_input: dict[str, Any] = ({"mean": self.input_norm.mean, "std": self.input_norm.std}
-                        if getattr(self.model, "input_norm", None) is not None else {})
+        reader_input: dict[str, Any] = {}  # the model's own normalisation and tokenizer, when it has them
+        if getattr(self.model, "input_norm", None) is not None:
+            reader_input.update(mean=self.input_norm.mean, std=self.input_norm.std)
         if getattr(self.model, "tokenize", None) is not None:
             reader_input["tokenize"] = self.model.tokenize
         self.data = open_data(cfg, d, self.plan, reader_fields(self.model), self.index,
