@@ -40,17 +40,17 @@ def train(
     grad_checkpoint: Annotated[bool, typer.Option("--grad-checkpoint", help="Recompute activations in backward: less memory.", rich_help_panel=OPTIM)] = False,
     auto_micro_batch: Annotated[bool, typer.Option("--auto-micro-batch", help="On GPU out-of-memory, halve --batch-size and double --accum (global batch kept).", rich_help_panel=OPTIM)] = False,
     # -- model ------------------------------------------------------------------------------------
-    model: Annotated[str, typer.Option(help="image, text, image-text, or package.module:factory.", rich_help_panel=MODEL)] = "image",
+    model: Annotated[str, typer.Option(help="image, text, image-text, hf:PATH (a local Hugging Face folder), or package.module:factory.", rich_help_panel=MODEL)] = "image",
     width: Annotated[int, typer.Option(help="Channels of the built-in models' first stage.", rich_help_panel=MODEL)] = 32,
     resolution: Annotated[int, typer.Option(help="Side the built-in image model works at (larger inputs are resized down).", rich_help_panel=MODEL)] = 64,
-    init_from: Annotated[Optional[Path], typer.Option(help="Start from a pipe train checkpoint or a plain state dict.", rich_help_panel=MODEL)] = None,
+    init_from: Annotated[Optional[Path], typer.Option(help="Start from a pipe train checkpoint, a state dict (.pt/.pth), a .safetensors file or a Hugging Face folder.", rich_help_panel=MODEL)] = None,
     freeze: Annotated[float, typer.Option(help="Fraction of blocks, from the input, frozen at start (0.7 = first 70%).", rich_help_panel=MODEL)] = 0.0,
     unfreeze_at: Annotated[Optional[str], typer.Option(help="EPOCH[:FRACTION]: from this epoch (counted from 1) only FRACTION stays frozen.", rich_help_panel=MODEL)] = None,
     # -- data ---------------------------------------------------------------------------------------
     workers: Annotated[int, typer.Option(help="Dataloader workers per rank (0 = in the training process).", rich_help_panel=DATA)] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, the shard order and the shuffle.", rich_help_panel=DATA)] = 0,
     shuffle_buffer: Annotated[int, typer.Option(help="Samples each worker shuffles at a time.", rich_help_panel=DATA)] = 512,
-    max_text_len: Annotated[int, typer.Option(help="Bytes of text the models see per sample.", rich_help_panel=DATA)] = 256,
+    max_text_len: Annotated[int, typer.Option(help="Bytes of text the built-in models see per sample; tokens for hf: text models.", rich_help_panel=DATA)] = 256,
     data_only: Annotated[bool, typer.Option("--data-only", help="Run only the data pipeline and print samples/s per rank.", rich_help_panel=DATA)] = False,
     record_keys: Annotated[bool, typer.Option("--record-keys", help="Write RUN_DIR/keys/epoch{E}-rank{R}.txt (--data-only).", rich_help_panel=DATA)] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Check every shard's sha256 against index.json before training.", rich_help_panel=DATA)] = False,
@@ -165,17 +165,22 @@ def _check_modalities(cfg, index: dict) -> None:
     """A built-in model whose input the train split lacks entirely would train on zeros (a missing
     image is the mean colour, a missing text an empty one: fine for some samples, by design, but a
     whole missing modality makes that encoder dead weight and a text model a constant): refused.
-    A --model package.module:factory declares its inputs only once built; it is not checked here."""
+    A --model package.module:factory declares its inputs only once built; it is not checked here.
+    An hf: folder says by its files: a tokenizer (texts) or an image processor (images)."""
     from pipeline.core.errors import UsageError
 
     needs = {"image": ("image",), "text": ("text",), "image-text": ("image", "text")}.get(cfg.model, ())
+    if cfg.model.startswith("hf:"):  # a folder with a tokenizer reads texts, one with an image processor images
+        from train.models.hf_files import has_tokenizer
+
+        needs = ("text",) if has_tokenizer(cfg.model[3:]) else ("image",)
     train = index["counts"]["train"]
     have = {"image": train["images"] if index.get("image_size") is not None else 0, "text": train["texts"]}
     for field in needs:
         if have[field]:
             continue
         other = "text" if field == "image" else "image"
-        hint = f": use --model {other}" if have[other] else ""
+        hint = f": use --model {other}" if have[other] and not cfg.model.startswith("hf:") else ""
         member = "a .txt" if field == "text" else "an image"
         raise UsageError(f"--model {cfg.model} needs {field}s, but {cfg.shard_dir} has none "
                          f"(0 of {train['samples']} train samples have {member}){hint}")

@@ -96,13 +96,13 @@ class TrainConfig(LaunchConfig):
 
     # -- model and fine-tuning -----------------------------------------------------------------
     model: str = "image"
-    """image, text, image-text, or package.module:factory (called as factory(num_classes=N, ...))."""
+    """image, text, image-text, hf:PATH (a local Hugging Face folder), or package.module:factory (called as factory(num_classes=N))."""
     width: int = 32
     """Channels of the built-in models' first stage (later stages double it)."""
     resolution: int = 64
     """Side, in pixels, the built-in image model works at (inputs are area-resized to it when larger)."""
     init_from: Path | None = None
-    """Start from these weights: a checkpoint written by `pipe train` or a plain state dict."""
+    """Start from these weights: a `pipe train` checkpoint, a state dict (.pt/.pth), a .safetensors file or a Hugging Face folder."""
     freeze: float = 0.0
     """Fraction of the model's blocks, counted from the input, that start frozen (0.7 = the first 70%)."""
     unfreeze_at: str | None = None
@@ -112,7 +112,7 @@ class TrainConfig(LaunchConfig):
     workers: int = 2
     """Dataloader worker processes per rank (0: decode in the training process)."""
     max_text_len: int = 256
-    """Bytes of text the models see per sample (longer texts are cut)."""
+    """Bytes of text the built-in models see per sample, tokens for hf: text models (longer texts are cut; hf: pads to it)."""
     shuffle_buffer: int = 512
     """Samples each worker shuffles at a time (memory: this many undecoded samples per worker)."""
 
@@ -288,6 +288,15 @@ def check_epoch_fits(steps: int, plan: BatchPlan) -> None:
                          f"step needs (--accum {plan.accum}); lower --global-batch or --accum")
 
 
+def _check_hf_folder(path: str) -> None:
+    """--model hf:PATH names a local folder with a config, weights and a tokenizer or image processor."""
+    from train.models.hf_files import folder_problem
+
+    problem = folder_problem(path)
+    if problem:
+        raise UsageError(problem)
+
+
 def parse_unfreeze_at(value: str | None) -> tuple[int, float] | None:
     """``"2"`` -> (2, 0.0); ``"3:0.3"`` -> (3, 0.3): from epoch 3 on, the first 30% stay frozen."""
     if value is None or str(value).strip() == "":
@@ -329,7 +338,7 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         (cfg.grad_clip >= 0, f"grad_clip must be 0 or more, got {cfg.grad_clip}"),
         (cfg.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}"),
         (cfg.model in BUILTIN_MODELS or ":" in cfg.model,
-         f"--model must be one of {', '.join(BUILTIN_MODELS)} or package.module:factory, got {cfg.model!r}"),
+         f"--model must be one of {', '.join(BUILTIN_MODELS)}, hf:PATH or package.module:factory, got {cfg.model!r}"),
         (cfg.width >= 4, f"width must be at least 4, got {cfg.width}"),
         (cfg.resolution >= 8, f"resolution must be at least 8, got {cfg.resolution}"),
         (0.0 <= cfg.freeze <= 1.0, f"--freeze must be a fraction in [0, 1], got {cfg.freeze}"),
@@ -342,9 +351,13 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    if cfg.model.startswith("hf:"):
+        _check_hf_folder(cfg.model[3:])
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
-        what = "a folder, not a checkpoint file" if Path(cfg.init_from).is_dir() else "no such file"
-        raise UsageError(f"--init-from {cfg.init_from}: {what}")
+        if not Path(cfg.init_from).is_dir():
+            raise UsageError(f"--init-from {cfg.init_from}: no such file")
+        if not (Path(cfg.init_from) / "config.json").is_file():
+            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a Hugging Face model folder (no config.json)")
     schedule = parse_unfreeze_at(cfg.unfreeze_at)
     if schedule is not None and schedule[1] >= cfg.freeze:
         raise UsageError(f"--unfreeze-at {cfg.unfreeze_at} would leave {schedule[1]:.0%} frozen, "

@@ -41,6 +41,7 @@ from train.config import (BUILTIN_MODELS, BatchPlan, TrainConfig, check_epoch_fi
 from train.distributed import group as distributed
 from train.distributed import preflight
 from train.distributed.group import Dist, no_sync, unwrap
+from train.models import norm as input_norm
 from train.models.builtin import build_model, forward, reader_fields, reader_image_size
 from train.components.margins import MarginRecorder
 from train.models.finetune import Freezer, FreezeSchedule, load_init
@@ -62,7 +63,8 @@ class DataSource:
     ``set_epoch(epoch, consumed=0)``, ``state_dict(steps_done)`` (its position, for a checkpoint)
     and ``load_state_dict(state)`` (ValueError when that position cannot be continued exactly);
     the loader yields dicts: ``image`` [B,3,S,S] float normalised,
-    ``text`` [B,L] int64 byte ids, ``text_len`` [B], ``label`` [B], ``key`` list[str], and for
+    ``text`` [B,L] int64 byte ids, ``text_len`` [B] (or, for a model with a ``tokenize``, what it
+    returns: ``input_ids`` and ``attention_mask`` [B,L]), ``label`` [B], ``key`` list[str], and for
     validation ``valid`` [B] bool (False for the repeats that fill the last batches so that
     every rank runs the same number of steps; they are not counted).
     """
@@ -87,9 +89,11 @@ def read_index(shard_dir: Path) -> tuple[dict, str]:
 
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
-                image_size: int | None = None) -> DataSource:
+                image_size: int | None = None, mean=None, std=None, tokenize=None) -> DataSource:
     """The real readers over SHARD_DIR (`train.data.reader`); images decoded at ``image_size`` (the
-    model's input size) in the dataloader workers, not at the stored size."""
+    model's input size) in the dataloader workers, not at the stored size, and normalised with
+    ``mean``/``std`` when the model brings its own (else the index's); texts through the model's
+    ``tokenize`` when it has one, there too."""
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
 
     if "image" in fields and index.get("image_size") is None:
@@ -98,7 +102,7 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
     def reader(split: str):
         return ShardReader(cfg.shard_dir, split=split, rank=d.rank, world_size=d.world_size, batch_size=plan.batch_size,
                            seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, max_text_len=cfg.max_text_len,
-                           image_size=image_size)
+                           image_size=image_size, mean=mean, std=std, tokenize=tokenize)
 
     has_val = any(s.get("split") == "val" and s.get("count", 0) > 0 for s in index.get("shards", []))
     readers = [reader("train")] + ([reader("val")] if has_val else [])
@@ -181,6 +185,9 @@ def _synthetic_batch(model: nn.Module, index: dict, cfg: TrainConfig, size: int,
         "text": torch.randint(1, 257, (size, cfg.max_text_len), device=device),
         "text_len": torch.full((size,), cfg.max_text_len, device=device),
         "label": torch.zeros(size, dtype=torch.long, device=device),
+        # a tokenizer's ids: 1 is a valid id in every vocabulary; all positions attended (the worst case)
+        "input_ids": torch.ones(size, cfg.max_text_len, dtype=torch.long, device=device),
+        "attention_mask": torch.ones(size, cfg.max_text_len, dtype=torch.long, device=device),
     }
 
 
@@ -282,15 +289,21 @@ class Trainer:
         # 1. what, where, with which batch arithmetic; every rank agrees or nobody starts
         self.plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, d.world_size)
         self.index, self.fingerprint = read_index(cfg.shard_dir)
-        reports = preflight.run(d, self.fingerprint, cfg.fingerprint(), self.console if d.is_main else None)
-        self.hosts = [r["host"] for r in reports]
-        resume_from = _checkpoint_to_resume(cfg, self.run_dir, self.fingerprint, d, self.plan)
 
-        # 2. the model, identical on every rank (same seed; DDP also broadcasts rank 0's weights)
+        # 2. the model, identical on every rank (same seed; DDP also broadcasts rank 0's weights);
+        # built before the preflight, which compares the input it is fed (`train.models.norm`)
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, len(self.index["classes"]), index=self.index, width=cfg.width,
                                  resolution=cfg.resolution, max_text_len=cfg.max_text_len,
                                  grad_checkpoint=cfg.grad_checkpoint)
+        self.input_norm = input_norm.resolve(self.model, self.index)
+        config_hash = preflight.config_hash(cfg.fingerprint(), self._model_input())
+        reports = preflight.run(d, self.fingerprint, config_hash, self.console if d.is_main else None)
+        self.hosts = [r["host"] for r in reports]
+        resume_from = _checkpoint_to_resume(cfg, self.run_dir, self.fingerprint, d, self.plan)
+        built = getattr(self.model, "init_report", None)  # the weights an hf: folder brought
+        if built is not None and resume_from is None:
+            self.out.init_report(built)
         if cfg.init_from is not None and resume_from is None:
             self.out.init_report(load_init(self.model, cfg.init_from))
         self.freezer = Freezer(self.model)
@@ -308,8 +321,13 @@ class Trainer:
             self._probe_batch()
 
         # 3. data, optimizer, schedule
+        reader_input: dict[str, Any] = {}  # the model's own normalisation and tokenizer, when it has them
+        if getattr(self.model, "input_norm", None) is not None:
+            reader_input.update(mean=self.input_norm.mean, std=self.input_norm.std)
+        if getattr(self.model, "tokenize", None) is not None:
+            reader_input["tokenize"] = self.model.tokenize
         self.data = open_data(cfg, d, self.plan, reader_fields(self.model), self.index,
-                              image_size=reader_image_size(self.model, self.index.get("image_size")))
+                              image_size=reader_image_size(self.model, self.index.get("image_size")), **reader_input)
         check_epoch_fits(self.data.train.steps_per_epoch, self.plan)
         self.steps_per_epoch = self.data.train.steps_per_epoch // self.plan.accum
         per_epochs = cfg.epochs * self.steps_per_epoch
@@ -550,10 +568,22 @@ class Trainer:
     def _resolved(self) -> dict:
         return {**self.cfg.as_dict(), "batch_size": self.plan.batch_size, "accum": self.plan.accum,
                 "global_batch": self.plan.global_batch, "world_size": self.d.world_size,
-                "precision": self.precision, "backend": self.d.backend or "none"}
+                "precision": self.precision, "backend": self.d.backend or "none", "input": self._model_input()}
+
+    def _model_input(self) -> dict:
+        """What the model is fed: the normalisation and image size the reader applies, and the
+        tokens per text when the model tokenizes (for config.json and the preflight)."""
+        tokenize = getattr(self.model, "tokenize", None)
+        return {**self.input_norm.as_dict(), "image_size": reader_image_size(self.model, self.index.get("image_size")),
+                "tokens": getattr(tokenize, "max_len", None)}
 
     def _say_setup(self, warmup: int) -> None:
         reads_images = "image" in reader_fields(self.model)
+        if reads_images:
+            self.out.say(f"input: {self.input_norm.describe(self.data.train.image_size)}")
+        tokenize = getattr(self.model, "tokenize", None)
+        if tokenize is not None and hasattr(tokenize, "describe"):
+            self.out.say(f"input: {tokenize.describe()}")
         self.out.setup(self.cfg, self.plan, params=sum(p.numel() for p in self.model.parameters()),
                        precision=self.precision, backend=self.d.backend, steps_per_epoch=self.steps_per_epoch,
                        total_steps=self.total_steps, warmup=warmup,

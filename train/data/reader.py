@@ -57,9 +57,10 @@ class ShardReader(SampleReader, IterableDataset):
     """One rank's view of a split of a shard folder, as an iterable of collated batches.
 
     Each batch is a dict: ``image`` float32 [B,3,S,S] (S = ``image_size``: the index's unless
-    given; normalized with the index's mean/std) and
+    given; normalized with the index's mean/std unless ``mean``/``std`` are given) and
     ``has_image`` bool [B] when "image" is in ``fields``; ``text`` int64 [B,L] (byte value + 1,
-    0 = padding, L = ``max_text_len``) and ``text_len`` int64 [B] when "text" is; always
+    0 = padding, L = ``max_text_len``) and ``text_len`` int64 [B] when "text" is (with a
+    ``tokenize``: what it returns, e.g. ``input_ids`` and ``attention_mask``); always
     ``label`` int64 [B], ``valid`` bool [B] (False only for the repeats that top up the last
     validation batches) and ``key`` list[str].
     """
@@ -67,9 +68,13 @@ class ShardReader(SampleReader, IterableDataset):
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
                  fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
-                 image_size: int | None = None):
+                 image_size: int | None = None, mean=None, std=None, tokenize=None):
         """``image_size``: the side images are decoded at, e.g. the model's input size; at most
-        the stored size (enlarging adds nothing). None: the stored size (index.json's)."""
+        the stored size (enlarging adds nothing). None: the stored size (index.json's).
+        ``mean``/``std``: the normalisation the model was trained with (`train.models.norm`);
+        None: the index's. ``tokenize``: texts -> a dict of [B, L] tensors (the model's
+        tokenizer, e.g. ``input_ids`` and ``attention_mask``) put into the batch instead of byte
+        ids; it runs here, in the dataloader workers."""
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
@@ -84,8 +89,11 @@ class ShardReader(SampleReader, IterableDataset):
             raise ValueError(f"image_size {image_size} must be between 1 and the shards' image size "
                              f"{self.stored_size} (images are never enlarged)")
         self.image_size = image_size or self.stored_size
-        self.mean = torch.tensor(self.index["mean"] or [0.0, 0.0, 0.0], dtype=torch.float32).view(1, 3, 1, 1)
-        self.std = torch.tensor(self.index["std"] or [1.0, 1.0, 1.0], dtype=torch.float32).clamp_min(1e-6).view(1, 3, 1, 1)
+        mean = mean if mean is not None else (self.index["mean"] or [0.0, 0.0, 0.0])
+        std = std if std is not None else (self.index["std"] or [1.0, 1.0, 1.0])
+        self.mean = torch.tensor(list(mean), dtype=torch.float32).view(1, 3, 1, 1)
+        self.std = torch.tensor(list(std), dtype=torch.float32).clamp_min(1e-6).view(1, 3, 1, 1)
+        self.tokenize = tokenize
         # (x / 255 - mean) / std per image [3,S,S], folded into one multiply and one add per pixel
         self._scale, self._shift = (1.0 / (255.0 * self.std))[0], (-self.mean / self.std)[0]
         self.steps_per_epoch = self.plan(0).steps  # depends only on the sample count, world and batch
@@ -163,7 +171,9 @@ class ShardReader(SampleReader, IterableDataset):
                        "label": torch.tensor([self._label(s) for _, s in chunk], dtype=torch.int64)}
         if "image" in self.fields:
             batch["image"], batch["has_image"] = self._images([s for _, s in chunk])
-        if "text" in self.fields:
+        if "text" in self.fields and self.tokenize is not None:
+            batch.update(self.tokenize([_text(s) for _, s in chunk]))
+        elif "text" in self.fields:
             batch["text"], batch["text_len"] = self._texts([s for _, s in chunk])
         return batch
 
@@ -212,6 +222,12 @@ class ShardReader(SampleReader, IterableDataset):
             ids[i, : len(raw)] = raw.astype(np.int64) + 1
             lengths[i] = len(raw)
         return torch.from_numpy(ids), torch.from_numpy(lengths)
+
+
+def _text(s: RawSample) -> str:
+    """The sample's text for a tokenizer ("" without one). `pipe clean` stored it as UTF-8."""
+    data = s.fields.get("txt")
+    return bytes(data).decode("utf-8", errors="replace") if data is not None else ""
 
 
 def _error(s: RawSample, what: str) -> SampleDecodeError:

@@ -1,7 +1,8 @@
 """Before the first step: do all ranks run the same software on the same data with the same config?
 
 Every rank reports host, torch / CUDA / cuDNN / NCCL versions, device and free memory, the dataset
-fingerprint (hash of index.json) and the resolved config's hash. The reports are all-gathered,
+fingerprint (hash of index.json) and the resolved config's hash (with the input the model is fed:
+its normalisation and size, `config_hash`). The reports are all-gathered,
 so every rank reaches the same verdict from the same table: rank 0 prints it, and when a value
 that must agree does not, every rank stops (exit 1) with a message naming the ranks that differ.
 Mismatched torch or NCCL builds otherwise show up hours later as a hang or garbage gradients.
@@ -9,6 +10,8 @@ Mismatched torch or NCCL builds otherwise show up hours later as a hang or garba
 
 from __future__ import annotations
 
+import hashlib
+import json
 import socket
 from collections import Counter
 
@@ -24,6 +27,14 @@ COLUMNS = ("rank", "host", "torch", "cuda", "cudnn", "nccl", "device", "free_mem
 
 class PreflightFailed(StageFailed):
     """Ranks disagree on something that must be identical: exit 1 on every rank."""
+
+
+def config_hash(config_fingerprint: str, model_input: dict) -> str:
+    """The ``config`` value compared across ranks: the settings' hash (`TrainConfig.fingerprint`)
+    and what the model is fed (normalisation, image size, tokens; `train.models.norm`), which
+    comes from files on each node (a model folder's preprocessor_config.json) and so can differ."""
+    doc = json.dumps({"config": config_fingerprint, "input": model_input}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
 def _nccl_version() -> str:

@@ -11,6 +11,8 @@ other samples in its batch, so N micro-batches of b give the gradients of one ba
 recomputing a block under gradient checkpointing cannot update running statistics twice, and
 ranks have no buffers to drift apart.
 
+``--model hf:PATH`` builds a local Hugging Face folder's model (`train.models.hf`).
+
 The contract for ``--model package.module:factory`` (``factory(num_classes=N)``, plus
 ``index=<index.json as a dict>`` when the factory names an ``index`` parameter; ``**kwargs`` alone
 gets no ``index``):
@@ -25,6 +27,12 @@ gets no ``index``):
   count differs.
 * ``model.block_groups()`` (optional): lists of blocks from input to output that --freeze counts;
   without it, the model's top-level children except the head.
+* ``model.input_norm`` (optional): a `train.models.norm.InputNorm` (mean, std, size, source), the
+  normalisation the model was trained with; the reader applies it instead of the index's mean/std.
+* ``model.tokenize`` (optional): texts -> ``input_ids``/``attention_mask`` tensors, run in the
+  dataloader workers (its ``inputs`` name those fields); without it, texts are byte ids.
+* ``model.init_report`` (optional): a `train.models.finetune.InitReport` of the weights the model
+  loaded when built (``hf:PATH``), printed at start like --init-from's.
 * ``model.set_grad_checkpointing(True)`` (timm) or ``gradient_checkpointing_enable()`` (Hugging
   Face), for --grad-checkpoint.
 """
@@ -229,7 +237,11 @@ def _call_factory(spec: str, factory, num_classes: int, index: dict | None):
 def build_model(spec: str, num_classes: int, *, index: dict | None = None, width: int = 32, resolution: int = 64,
                 max_text_len: int = 256, grad_checkpoint: bool = False) -> nn.Module:
     """The model named by --model, with gradient checkpointing switched on when asked."""
-    if ":" in spec:
+    if spec.startswith("hf:"):  # a local Hugging Face folder (transformers imported only then)
+        from train.models.hf import build_hf
+
+        model = build_hf(spec[3:], num_classes, index=index, max_text_len=max_text_len)
+    elif ":" in spec:
         factory = load_factory(spec)
         model = _call_factory(spec, factory, num_classes, index)
         if not isinstance(model, nn.Module):
@@ -254,9 +266,10 @@ def model_inputs(model: nn.Module) -> tuple[str, ...] | None:
 
 
 def reader_fields(model: nn.Module) -> tuple[str, ...]:
-    """What the reader must decode for this model (``text_len`` comes with ``text``)."""
+    """What the reader must decode for this model (``text_len`` comes with ``text``; ``input_ids``
+    and ``attention_mask`` come from the text by the model's ``tokenize``)."""
     inputs = model_inputs(model) or ("image",)
-    return tuple(f for f in ("image", "text") if f in inputs)
+    return tuple(f for f in ("image", "text") if f in inputs or (f == "text" and "input_ids" in inputs))
 
 
 def reader_image_size(model: nn.Module, stored: int | None) -> int | None:

@@ -1,7 +1,9 @@
 """Fine-tuning: start from other weights (--init-from) and freeze/unfreeze blocks on a schedule.
 
-Loading is safe and honest: the file is read on the CPU with ``weights_only=True`` (no pickled
-code runs), each tensor is kept only where both its name and its shape match the model, and a
+Loading is safe and honest: the file is read on the CPU (``.pt``/``.pth`` with ``weights_only=True``,
+so no pickled code runs; ``.safetensors`` holds nothing but tensors; a Hugging Face folder's
+weights are either), names are compared without the prefixes wrappers add (`WRAPPER_PREFIXES`),
+each tensor is kept only where both its name and its shape match the model, and a
 report lists what was loaded, skipped for shape and missing. A classification head trained for
 another number of classes is re-initialised rather than half-loaded.
 
@@ -24,8 +26,10 @@ from torch import nn
 from pipeline.core.errors import UsageError
 from train.components.checkpoint import CHECKPOINT_FORMAT
 
-# Prefixes that wrappers add to parameter names: DDP/DataParallel, torch.compile.
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+# Prefixes that wrappers add to parameter names: DDP/DataParallel, a Lightning module or our
+# Hugging Face wrapper (``model.``), a detection/timm-style feature extractor, torch.compile.
+WRAPPER_PREFIXES = ("module.", "model.", "backbone.", "_orig_mod.")
+
 
 
 @dataclass
@@ -59,14 +63,19 @@ def _names(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def _strip_prefixes(state: dict) -> dict:
-    out = {}
-    for k, v in state.items():
+def strip_prefix(name: str) -> str:
+    """``name`` without any leading wrapper prefixes (``module.model.bert.x`` -> ``bert.x``)."""
+    while True:
         for p in WRAPPER_PREFIXES:
-            while k.startswith(p):
-                k = k[len(p):]
-        out[k] = v
-    return out
+            if name.startswith(p):
+                name = name[len(p):]
+                break
+        else:
+            return name
+
+
+def _strip_prefixes(state: dict) -> dict:
+    return {strip_prefix(k): v for k, v in state.items()}
 
 
 def _is_state_dict(obj) -> bool:
@@ -91,8 +100,50 @@ def _unpickler_reason(e: Exception) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise UsageError(f"--init-from {path}: reading .safetensors needs the safetensors package "
+                         "(pip install 'pipe-ml[models]')") from None
+    try:
+        return load_file(str(path), device="cpu")
+    except FileNotFoundError:
+        raise UsageError(f"--init-from {path}: no such file") from None
+    except Exception as e:  # safetensors raises its own SafetensorError for a damaged header
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UsageError(f"--init-from {path}: not a readable safetensors file ({type(e).__name__}: {first})") from None
+
+
+def _read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The weights of a Hugging Face model folder: one file, or the shards its index lists."""
+    import json
+
+    from train.models.hf_files import WEIGHTS, weights_file
+
+    name = weights_file(folder)
+    if name is None:
+        raise UsageError(f"--init-from {folder}: a folder, but no Hugging Face weights in it (looked for "
+                         f"{', '.join(WEIGHTS)})")
+    if name.endswith(".index.json"):
+        files = sorted(set(json.loads((folder / name).read_text())["weight_map"].values()))
+    else:
+        files = [name]
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        part = _read_safetensors(folder / f) if f.endswith(".safetensors") else read_state_dict(folder / f)[0]
+        state.update(part)
+    return _strip_prefixes(state), f"Hugging Face folder ({name})"
+
+
 def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
-    """The tensors in ``path`` and what kind of file it was; refuses files that hold code."""
+    """The tensors in ``path`` (a torch file, a ``.safetensors`` file or a Hugging Face folder) and
+    what kind it was; refuses files that hold code."""
+    path = Path(path)
+    if path.is_dir():
+        return _read_hf_folder(path)
+    if path.suffix == ".safetensors":
+        return _strip_prefixes(_read_safetensors(path)), "safetensors"
     try:
         # CPU first: a checkpoint saved on cuda:3 must load on a machine without that GPU, and
         # weights_only refuses pickles that would run arbitrary code on load.
@@ -101,8 +152,7 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         raise UsageError(f"--init-from {path}: no such file") from None
     except pickle.UnpicklingError as e:
         if not _looks_like_torch_file(path):
-            raise UsageError(f"--init-from {path}: not a readable torch file (neither a torch.save zip nor a pickle"
-                             f"{'; safetensors files are not read yet' if path.suffix == '.safetensors' else ''})") from None
+            raise UsageError(f"--init-from {path}: not a readable torch file (neither a torch.save zip nor a pickle)") from None
         raise UsageError(f"--init-from {path}: refused by weights_only=True ({_unpickler_reason(e)}): it holds Python "
                          "objects besides tensors; load it where you trust it and torch.save(model.state_dict())") from None
     except Exception as e:  # not a torch file at all: zip errors, truncation
@@ -120,33 +170,65 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
                      "'model' / 'state_dict')")
 
 
+def _our_names(model: nn.Module) -> dict[str, str]:
+    """The model's state-dict names by the name they are matched under (wrapper prefixes stripped);
+    exact names when stripping would make two of them one."""
+    names = list(model.state_dict())
+    stripped = {strip_prefix(n): n for n in names}
+    return stripped if len(stripped) == len(names) else {n: n for n in names}
+
+
 def load_init(model: nn.Module, path: Path) -> InitReport:
     """Copy every tensor of ``path`` whose name and shape match into ``model``; report the rest."""
     theirs, kind = read_state_dict(Path(path))
     ours = model.state_dict()
     report = InitReport(source=str(path), kind=kind)
     keep = {}
-    for name, tensor in ours.items():
-        if name not in theirs:
+    for key, name in _our_names(model).items():
+        tensor = ours[name]
+        if key not in theirs:
             report.missing.append(name)
-        elif tuple(theirs[name].shape) != tuple(tensor.shape):
-            report.skipped_shape.append((name, tuple(theirs[name].shape), tuple(tensor.shape)))
+        elif tuple(theirs[key].shape) != tuple(tensor.shape):
+            report.skipped_shape.append((name, tuple(theirs[key].shape), tuple(tensor.shape)))
         else:
-            keep[name] = theirs[name]
+            keep[name] = theirs[key]
             report.loaded.append(name)
-    report.unexpected = [k for k in theirs if k not in ours]
+    matched = set(_our_names(model))
+    report.unexpected = [k for k in theirs if k not in matched]
     if not keep:
         raise UsageError(f"--init-from {path}: none of its {len(theirs)} tensors matches the model's names and "
                          "shapes (was it written for another --model or --width?)")
     model.load_state_dict(keep, strict=False)  # copies (and casts) into the existing parameters
-    head = getattr(model, "head", None)
-    if isinstance(head, nn.Linear):
-        skipped = {name for name, _, _ in report.skipped_shape}
-        if "head.weight" in skipped or "head.bias" in skipped:
-            old = theirs["head.weight"] if "head.weight" in theirs else theirs["head.bias"]  # one was skipped, so is there
-            head.reset_parameters()  # a half-loaded head is worse than a fresh one
-            report.head_reinitialised = f"file has {old.shape[0]} classes, this dataset {head.out_features}"
+    head = head_of(model)
+    if head is not None:
+        prefix = head[0] + "."
+        skipped = [(name, theirs_shape) for name, theirs_shape, _ in report.skipped_shape if name.startswith(prefix)]
+        if skipped:
+            reset_head(head[1])  # a half-loaded head is worse than a fresh one
+            report.head_reinitialised = f"file has {skipped[0][1][0]} classes, this dataset {num_outputs(head[1])}"
     return report
+
+
+def head_of(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """(qualified name, module) of the model's classification head (``model.head``), or None."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Module):
+        return None
+    return next(((name, m) for name, m in model.named_modules() if m is head), None)
+
+
+def reset_head(head: nn.Module) -> None:
+    """Fresh weights for every layer of the head (a plain Linear, or a small MLP head)."""
+    for m in head.modules():
+        reset = getattr(m, "reset_parameters", None)
+        if callable(reset):
+            reset()
+
+
+def num_outputs(head: nn.Module) -> int | None:
+    """The classes a head predicts: its last Linear's out_features."""
+    linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
+    return linears[-1].out_features if linears else None
 
 
 # -- freezing ---------------------------------------------------------------------------------
