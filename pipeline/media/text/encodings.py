@@ -63,6 +63,12 @@ LOW_CONFIDENCE = 0.5
 MAX_GUESSES = 6
 # The quick pass keeps a guess only from this chardet confidence up (0.10 is chardet's "nothing fit").
 QUICK_MIN_CONFIDENCE = 0.2
+# A file our own reading would refuse is decoded in chardet's whole-file reading from this
+# calibrated confidence up (`_calibrated`: a rare code page needs 8 characters beyond ASCII).
+TAKE_REFUSED = 0.75
+# A rare code page (Mac, DOS, regional) is taken from this calibrated confidence up, else the
+# file is refused: below it, such readings of real texts were nearly all wrong.
+RARE_MIN_CONFIDENCE = 0.7
 # A runner-up rated this share of the quick pass's guess or more is a rival worth weighing.
 QUICK_RIVAL = 0.7
 # What the quick pass asks chardet about: its modern-web era (the encodings today's legacy files
@@ -328,11 +334,46 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
 
     if len(data) <= FLOOR_BYTES:
         out, penalty = _with_floor(chardet, data, lambda: _our_reading(chardet, data, window, utf8_error))
+        if penalty and out.text is not None:
+            out, penalty = _sibling(data, out, penalty)
     else:
         out, penalty = _our_reading(chardet, data, window, utf8_error), None
-    if out.text is not None:
-        out.confidence = _calibrated(out.text, data, out.encoding, penalty)
+    if out.text is None:
+        return out
+    out.confidence = _calibrated(out.text, data, out.encoding, penalty)
+    if _rare(out.encoding) and out.confidence < RARE_MIN_CONFIDENCE:
+        return Decoded(encoding=out.encoding, confidence=out.confidence, reason="undecodable_text",
+                       detail=f"no trustworthy reading: the likeliest is the rare code page {out.encoding}, and too "
+                              f"little of the text (confidence {out.confidence:.2f}) says it is right")
     return out
+
+
+# Code pages of one script, which put some of its letters at each other's bytes: a reading in
+# one that shows implausible letters may be clean in another.
+SIBLINGS = (("cp1250", "iso8859-2"), ("cp1252", "iso8859-15", "iso8859-3"), ("cp1257", "iso8859-13", "iso8859-4"),
+            ("cp1251", "koi8-r", "koi8-u", "iso8859-5", "mac-cyrillic", "cp866"), ("cp1253", "iso8859-7", "cp737"),
+            ("cp1254", "iso8859-9"))
+
+
+def _sibling(data: bytes, out: Decoded, penalty: int) -> tuple[Decoded, int]:
+    """A reading with implausible letters (Polish "pištek": cp1250 "piątek" read as ISO-8859-2),
+    when both we and chardet chose it, against the other code pages of its script: one that
+    reads the bytes with fewer implausible spots is taken."""
+    name = codecs.lookup(out.encoding).name
+    family = next((f for f in SIBLINGS if name in f), ())
+    best = (penalty, out)
+    for codec in family:
+        if codec == name:
+            continue
+        try:
+            text = data.decode(codec)
+        except UnicodeDecodeError:
+            continue
+        p = _penalty(text, data, codec)
+        if p < best[0]:
+            best = (p, Decoded(text, codec, notes=[f"decoded as {codec}: its letters are more plausible than "
+                                                   f"{out.encoding}'s, the code page chosen first"]))
+    return best[1], best[0]
 
 
 def _our_reading(chardet, data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded:
@@ -423,8 +464,8 @@ def _with_floor(chardet, data: bytes, our_reading) -> tuple[Decoded, int | None]
         return taken, 0  # ours could at best tie, and a tie is chardet's
     ours = our_reading()
     if ours.text is None:
-        if floor or (_rare(codec) and conf < QUICK_MIN_CONFIDENCE):
-            return ours, None  # implausible, or a rare code page chardet hardly believes in either
+        if floor or _calibrated(text, data, codec, floor) < TAKE_REFUSED:
+            return ours, None  # implausible, or a rare code page with too few letters to tell
         taken.notes.append(f"decoded as {codec}: chardet's reading of the whole file, in which nothing looks out "
                            f"of place (refused otherwise: {ours.detail})")
         return taken, floor
@@ -449,6 +490,9 @@ def _less_likely(codec: str, unsure: bool, ours: Decoded) -> bool:
     return unsure and ours.encoding in MULTIBYTE and _paired(ours.text)
 
 
+_HIGH_BYTES = bytes(range(0x80, 0x100))
+
+
 def _calibrated(text: str, data: bytes, codec: str, penalty: int | None = None) -> float:
     """How likely the reading is right, from how plausible it is and how much it rests on:
     measured on ~4,500 short and long real texts in 40 languages (bench/text_packages.py and
@@ -457,7 +501,8 @@ def _calibrated(text: str, data: bytes, codec: str, penalty: int | None = None) 
     10 or more; in a rare code page 25% and 90%; each implausible spot lowers the odds, less so
     in a long text."""
     head = text[:20_000]
-    n = len(head) - len(head.encode("ascii", "ignore"))  # characters beyond ASCII: the evidence
+    sample = data[:20_000]
+    n = len(sample) - len(sample.translate(None, _HIGH_BYTES))  # bytes beyond ASCII: the evidence
     doubt = 3.0 if _rare(codec) else 0.3
     if penalty is None:
         penalty = _penalty(head, data, codec)
