@@ -64,8 +64,8 @@ MAX_GUESSES = 6
 # The quick pass keeps a guess only from this chardet confidence up (0.10 is chardet's "nothing fit").
 QUICK_MIN_CONFIDENCE = 0.2
 # A file our own reading would refuse is decoded in chardet's whole-file reading from this
-# calibrated confidence up (`_calibrated`: a rare code page needs 8 characters beyond ASCII).
-TAKE_REFUSED = 0.75
+# calibrated confidence up (`_calibrated`: a rare code page needs 6 bytes beyond ASCII).
+TAKE_REFUSED = 0.7
 # A rare code page (Mac, DOS, regional) is taken from this calibrated confidence up, else the
 # file is refused: below it, such readings of real texts were nearly all wrong.
 RARE_MIN_CONFIDENCE = 0.7
@@ -516,16 +516,48 @@ def _penalty(text: str, data: bytes, codec: str) -> int:
     odd = _oddities(text, data, codec)
     if odd and _HANGUL.search(text):  # Korean writes Han and Hangul in one word ("期間등"): no oddity
         odd = max(0, odd - len(_HAN_HANGUL.findall(text, 0, 2000)))
-    odd -= len(_CJK_MIDDLE_DOT.findall(text, 0, 2000))  # "声声慢·寻寻觅觅": a title's separator
+    odd -= len(_CJK_MIDDLE_DOT.findall(text, 0, 2000))  # "声声慢·寻寻觅觅", "고용·임금": a separator
     ukrainian_g = text.count("ґ")
-    return (max(0, odd) + _foreign_letters(text) + len(_GLUED.findall(text)) + len(_CYRILLIC_CAMEL.findall(text))
+    return (max(0, odd) + _foreign_letters(text) + _rare_ideographs(text, codec) + len(_GLUED.findall(text)) + len(_CYRILLIC_CAMEL.findall(text))
             + _rare_letters(text) + (ukrainian_g if ukrainian_g > 1 and ukrainian_g > text.count("і") else 0))
+
+
+def _rare_ideographs(text: str, codec: str) -> int:
+    """Ideographs beyond the common set of the reading's language, past one in ten: Korean
+    text read as EUC-JIS-2004 is made of JIS level-2 kanji ("隴45霽(鑱鯏僊" for "第45條(休職期間"),
+    while real Japanese and Chinese text draws nearly all its characters from level 1 (JIS X
+    0208) or GB2312 level 1 (the 3,755 most frequent hanzi), bar a name or two."""
+    common = _COMMON_IDEOGRAPH.get(codecs.lookup(codec).name) if codec in MULTIBYTE or codec in _COMMON_IDEOGRAPH else None
+    if common is None:
+        return 0
+    han = _HAN.findall(text, 0, 4000)
+    rare = sum(1 for ch in han if not common(ch))
+    return max(0, rare - len(han) // 10)
+
+
+def _in_level_1(codec: str, lo: int, hi: int):
+    """Whether a character's first byte in ``codec`` falls in [lo, hi] (a frequency level)."""
+    def common(ch: str) -> bool:
+        try:
+            b = ch.encode(codec)
+        except UnicodeEncodeError:
+            return False
+        return lo <= b[0] <= hi
+    return functools.lru_cache(maxsize=8192)(common)
+
+
+_JIS_LEVEL_1 = _in_level_1("euc_jp", 0xB0, 0xCF)
+_GB_LEVEL_1 = _in_level_1("gb2312", 0xB0, 0xD7)
+_BIG5_FREQUENT = _in_level_1("big5", 0xA4, 0xC6)
+_COMMON_IDEOGRAPH = {"cp932": _JIS_LEVEL_1, "euc_jis_2004": _JIS_LEVEL_1, "shift_jis_2004": _JIS_LEVEL_1,
+                     "euc_jp": _JIS_LEVEL_1, "shift_jis": _JIS_LEVEL_1, "gb18030": _GB_LEVEL_1, "gbk": _GB_LEVEL_1,
+                     "gb2312": _GB_LEVEL_1, "big5hkscs": _BIG5_FREQUENT, "big5": _BIG5_FREQUENT, "cp950": _BIG5_FREQUENT}
 
 
 def _rare_letters(text: str) -> int:
     """`_RARE_LETTER`s of a mostly Latin text (in Russian, "В" and "У" are words)."""
     head = text[:2000]
-    if len(_LATIN_LETTER.findall(head)) * 2 < len(_LETTER_RE.findall(head)):
+    if len(_LATIN_LETTER.findall(head)) * 2 < len(_LETTER_RE.findall(head)) or _GREEK_OR_CYRILLIC_WORD.search(head):
         return 0
     return len(_RARE_LETTER.findall(text))
 
@@ -539,10 +571,13 @@ _GLUED = re.compile("[†‡•‰‹›€™…№¬√ƒ≈∆÷](?<![^\\W\\d
                     "|[\u2500-\u259f\u2320\u2321](?=[^\\W\\d_])|(?<=[^\\W\\d_])[\u2500-\u259f\u2320\u2321]")
 _HANGUL = re.compile("[\uac00-\ud7a3]")
 _HAN_HANGUL = re.compile("[\u4e00-\u9fff](?=[\uac00-\ud7a3])|[\uac00-\ud7a3](?=[\u4e00-\u9fff])")
-_CJK_MIDDLE_DOT = re.compile("\u00b7(?<=[\u4e00-\u9fff].)(?=[\u4e00-\u9fff])")
+_CJK_MIDDLE_DOT = re.compile("\u00b7(?<=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3].)(?=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3])")
 # A Cyrillic capital after lower-case letters of its word ("народжуютьсЯ": MacCyrillic "я" read
 # as cp1251): Cyrillic has no camelCase identifiers.
-_CYRILLIC_CAMEL = re.compile("[\u0400-\u042f](?<=[\u0430-\u045f]{2}.)")
+_CYRILLIC_CAMEL = re.compile("[\u0400-\u042f](?<=[\u0430-\u045f]{2}.)"
+                             # ...or a word's lower-case first letter before capitals ("пРИВЕТ": cp1251 read as KOI8)
+                             "|[\u0430-\u045f](?<![^\\W\\d_].)(?=[\u0400-\u042f]{2})")
+_GREEK_OR_CYRILLIC_WORD = re.compile("[\u0370-\u03ff\u0400-\u04ff]{2}")
 
 
 def _foreign_letters(text: str) -> int:
