@@ -32,6 +32,7 @@ strictly are ``undecodable_text``.
 from __future__ import annotations
 
 import codecs
+import collections
 import functools
 import re
 import unicodedata
@@ -493,6 +494,18 @@ def _less_likely(codec: str, unsure: bool, ours: Decoded) -> bool:
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 
 
+def _window(text: str, data: bytes, codec: str) -> tuple[str, bytes, str]:
+    """`QUICK_WINDOW` bytes of a long reading from a little before its first byte beyond ASCII
+    (what the quick pass showed chardet), as text and bytes that match (a single-byte code page:
+    a byte is a character; a multi-byte one: the bytes decoded again from a character boundary
+    the ASCII before it gives)."""
+    start = max(0, _first_high_byte(data) - QUICK_CONTEXT)
+    if _single_byte(codec) is not None:
+        return text[start : start + QUICK_WINDOW], data[start : start + QUICK_WINDOW], codec
+    chunk = data[start : start + QUICK_WINDOW]
+    return chunk.decode(codec, "ignore"), chunk, codec  # only the last character may be cut
+
+
 def _calibrated(text: str, data: bytes, codec: str, penalty: int | None = None) -> float:
     """How likely the reading is right, from how plausible it is and how much it rests on:
     measured on ~4,500 short and long real texts in 40 languages (bench/text_packages.py and
@@ -500,12 +513,12 @@ def _calibrated(text: str, data: bytes, codec: str, penalty: int | None = None) 
     page was right 93% of the time with fewer than 5 characters beyond ASCII and 99-100% with
     10 or more; in a rare code page 25% and 90%; each implausible spot lowers the odds, less so
     in a long text."""
-    head = text[:20_000]
-    sample = data[:20_000]
+    if penalty is None:  # a long file: judged on a window from its first byte beyond ASCII, at a bounded cost
+        text, data, codec = _window(text, data, codec)
+        penalty = _penalty(text, data, codec)
+    sample = data[:FLOOR_BYTES]
     n = len(sample) - len(sample.translate(None, _HIGH_BYTES))  # bytes beyond ASCII: the evidence
     doubt = 3.0 if _rare(codec) else 0.3
-    if penalty is None:
-        penalty = _penalty(head, data, codec)
     conf = max(0.0, 1 - doubt / (4 + n)) * max(0.05, 1 - 3 * penalty / (4 + n))
     return round(conf, 3)
 
@@ -557,18 +570,23 @@ _COMMON_IDEOGRAPH = {"cp932": _JIS_LEVEL_1, "euc_jis_2004": _JIS_LEVEL_1, "shift
 def _rare_letters(text: str) -> int:
     """`_RARE_LETTER`s of a mostly Latin text (in Russian, "В" and "У" are words)."""
     head = text[:2000]
-    if len(_LATIN_LETTER.findall(head)) * 2 < len(_LETTER_RE.findall(head)) or _GREEK_OR_CYRILLIC_WORD.search(head):
+    if _GREEK_OR_CYRILLIC_WORD.search(head) or len(_LATIN_LETTER.findall(head)) * 2 < len(_LETTER_RE.findall(head)):
         return 0
-    return len(_RARE_LETTER.findall(text))
+    return len(_RARE_LETTER_FAST.findall(text))
+
+
+# `_RARE_LETTER` with each match's character first (a look-behind first is tried at every position)
+_RARE_LETTER_FAST = re.compile("[ŕŔĺĹďĎŤĒ]|[^\\W\\d_](?<=[0-9].)(?![^\\W\\d_])"
+                               "|[\u0370-\u03ff\u0400-\u04ff](?<![^\\W\\d_].)(?![^\\W\\d_])")
 
 
 # Signs a wrong code page puts where a capital letter was, at the start of a word: MacCyrillic
 # capitals read as cp1251 ("‚сі" for "Всі", "€нший" for "Інший"), a DOS or Mac letter read as a
 # Windows one. Between two letters they are oddities already.
-_GLUED = re.compile("[†‡•‰‹›€™…№¬√ƒ≈∆÷](?<![^\\W\\d_].)(?=[^\\W\\d_])|‚(?=[\u0430-\u045f])|(?<!\\S)‚(?!\\S)"
+_GLUED = re.compile("[†‡•‰‹›€™…№¬√ƒ≈∆÷](?<![^\\W\\d_].)(?=[^\\W\\d_])|‚(?=[\u0430-\u045f])|‚(?<!\\S.)(?!\\S)"
                     "|[–—](?<![^\\W\\d_].)(?=[\u0430-\u045f])"
                     # box drawing touching a letter: a DOS code page's letters read as another's
-                    "|[\u2500-\u259f\u2320\u2321](?=[^\\W\\d_])|(?<=[^\\W\\d_])[\u2500-\u259f\u2320\u2321]")
+                    "|[\u2500-\u259f\u2320\u2321](?=[^\\W\\d_])|[\u2500-\u259f\u2320\u2321](?<=[^\\W\\d_].)")
 _HANGUL = re.compile("[\uac00-\ud7a3]")
 _HAN_HANGUL = re.compile("[\u4e00-\u9fff](?=[\uac00-\ud7a3])|[\uac00-\ud7a3](?=[\u4e00-\u9fff])")
 _CJK_MIDDLE_DOT = re.compile("\u00b7(?<=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3].)(?=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3])")
@@ -588,13 +606,12 @@ def _foreign_letters(text: str) -> int:
     Ukrainian "і", a Swedish "på" read as ISO-8859-3 is Maltese "pċ" beside Swedish "ä". Real
     text is written in one language, and its letters beyond ASCII fit that language's alphabet,
     bar a name or two."""
-    counts: dict[str, int] = {}
-    for ch in _NON_ASCII_LETTER.findall(text):
-        ch = ch.lower()[:1]
-        counts[ch] = counts.get(ch, 0) + 1
+    counts = collections.Counter(text.lower())
+    for ch in [ch for ch in counts if ch < "\u00c0" or ch in "×÷" or not ch.isalpha()]:
+        del counts[ch]  # ASCII, Latin-1 signs, and what is not a letter
     if not counts:
         return 0
-    letters, total = counts.keys(), sum(counts.values())
+    letters, total = set(counts), sum(counts.values())  # a set: `&` then runs over the smaller side
     inside = 0
     for alphabet in _ALPHABETS:
         inside = max(inside, sum(counts[ch] for ch in letters & alphabet))
@@ -603,7 +620,6 @@ def _foreign_letters(text: str) -> int:
     return total - inside
 
 
-_NON_ASCII_LETTER = re.compile("[^\x00-\xff\\W\\d_]|[\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u00ff]")
 # The letters beyond ASCII of the languages legacy files were written in, lower case, each
 # pattern deleting them from a string.
 _ALPHABET_CLASSES = (
