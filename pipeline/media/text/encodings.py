@@ -70,6 +70,9 @@ TAKE_REFUSED = 0.7
 # A rare code page (Mac, DOS, regional) is taken from this calibrated confidence up, else the
 # file is refused: below it, such readings of real texts were nearly all wrong.
 RARE_MIN_CONFIDENCE = 0.7
+# Any reading below this calibrated confidence is refused: more implausible spots than the
+# text has evidence for ("隴45霽(鑱鯏僊" for Korean "第45條(休職期間") were wrong more often than right.
+MIN_CONFIDENCE = 0.3
 # A runner-up rated this share of the quick pass's guess or more is a rival worth weighing.
 QUICK_RIVAL = 0.7
 # What the quick pass asks chardet about: its modern-web era (the encodings today's legacy files
@@ -346,6 +349,10 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
         return Decoded(encoding=out.encoding, confidence=out.confidence, reason="undecodable_text",
                        detail=f"no trustworthy reading: the likeliest is the rare code page {out.encoding}, and too "
                               f"little of the text (confidence {out.confidence:.2f}) says it is right")
+    if out.confidence < MIN_CONFIDENCE:
+        return Decoded(encoding=out.encoding, confidence=out.confidence, reason="undecodable_text",
+                       detail=f"no plausible reading: the likeliest, {out.encoding}, has letters or characters "
+                              f"that text in it hardly ever shows (confidence {out.confidence:.2f})")
     return out
 
 
@@ -636,10 +643,17 @@ _ALPHABET_CLASSES = (
 
 
 def _expand(letters: str) -> frozenset[str]:
-    """The characters of a regular-expression class body ("а-яё")."""
-    pattern = re.compile(f"[{letters}]")
-    lo, hi = min(map(ord, letters.replace("-", ""))), max(map(ord, letters.replace("-", "")))
-    return frozenset(chr(o) for o in range(lo, hi + 1) if pattern.match(chr(o)))
+    """The characters of a class body of letters and ranges ("а-яё")."""
+    out: set[str] = set()
+    i = 0
+    while i < len(letters):
+        if i + 2 < len(letters) and letters[i + 1] == "-":
+            out.update(map(chr, range(ord(letters[i]), ord(letters[i + 2]) + 1)))
+            i += 3
+        else:
+            out.add(letters[i])
+            i += 1
+    return frozenset(out)
 
 
 _ALPHABETS = [_expand(letters) for letters in _ALPHABET_CLASSES]
