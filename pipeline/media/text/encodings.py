@@ -14,8 +14,8 @@
    script (`_penalty`), else it is weighed against our own reading (steps 6-8), the more
    plausible taken, a tie going to chardet's unless it is a rare code page; a reading both
    chose that shows implausible letters gives way to a cleaner one in another code page of its
-   script. Every legacy reading gets a calibrated confidence (`_calibrated`): below 0.3, or
-   below 0.7 in a rare code page, the file is refused;
+   script. Every legacy reading gets a calibrated confidence (`_calibrated`): below 0.7 in a
+   rare code page, or below 0.3 in a short file, the file is refused;
 6. a quick pass: chardet, asked only about the encodings today's legacy files are written in
    (Windows code pages, KOI8, the CJK multi-byte encodings), on 1 KB from the first non-ASCII
    byte (the ASCII before it says nothing about the encoding); its guess is kept only when the
@@ -78,8 +78,9 @@ TAKE_REFUSED = 0.7
 # A rare code page (Mac, DOS, regional) is taken from this calibrated confidence up, else the
 # file is refused: below it, such readings of real texts were nearly all wrong.
 RARE_MIN_CONFIDENCE = 0.7
-# Any reading below this calibrated confidence is refused: more implausible spots than the
-# text has evidence for ("隴45霽(鑱鯏僊" for Korean "第45條(休職期間") were wrong more often than right.
+# A short file's reading below this calibrated confidence is refused: more implausible spots
+# than the text has evidence for ("隴45霽(鑱鯏僊" for Korean "第45條(休職期間") were wrong more
+# often than right. (A long file's confidence comes from a 1 KB window: too little to refuse on.)
 MIN_CONFIDENCE = 0.3
 # A runner-up rated this share of the quick pass's guess or more is a rival worth weighing.
 QUICK_RIVAL = 0.7
@@ -357,7 +358,7 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
         return Decoded(encoding=out.encoding, confidence=out.confidence, reason="undecodable_text",
                        detail=f"no trustworthy reading: the likeliest is the rare code page {out.encoding}, and too "
                               f"little of the text (confidence {out.confidence:.2f}) says it is right")
-    if out.confidence < MIN_CONFIDENCE:
+    if out.confidence < MIN_CONFIDENCE and len(data) <= FLOOR_BYTES:
         return Decoded(encoding=out.encoding, confidence=out.confidence, reason="undecodable_text",
                        detail=f"no plausible reading: the likeliest, {out.encoding}, has letters or characters "
                               f"that text in it hardly ever shows (confidence {out.confidence:.2f})")
