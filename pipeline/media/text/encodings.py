@@ -15,7 +15,7 @@
    plausible taken, a tie going to chardet's unless it is a rare code page; a reading both
    chose that shows implausible letters gives way to a cleaner one in another code page of its
    script. Every legacy reading gets a calibrated confidence (`_calibrated`): below 0.7 in a
-   rare code page, or below 0.3 in a short file, the file is refused;
+   rare code page, or below 0.3 for a short file's reading of ours, the file is refused;
 6. a quick pass: chardet, asked only about the encodings today's legacy files are written in
    (Windows code pages, KOI8, the CJK multi-byte encodings), on 1 KB from the first non-ASCII
    byte (the ASCII before it says nothing about the encoding); its guess is kept only when the
@@ -78,9 +78,10 @@ TAKE_REFUSED = 0.7
 # A rare code page (Mac, DOS, regional) is taken from this calibrated confidence up, else the
 # file is refused: below it, such readings of real texts were nearly all wrong.
 RARE_MIN_CONFIDENCE = 0.7
-# A short file's reading below this calibrated confidence is refused: more implausible spots
-# than the text has evidence for ("隴45霽(鑱鯏僊" for Korean "第45條(休職期間") were wrong more
-# often than right. (A long file's confidence comes from a 1 KB window: too little to refuse on.)
+# A short file's reading of ours, not chardet's, below this calibrated confidence is refused:
+# more implausible spots than the text has evidence for ("隴45霽(鑱鯏僊" for Korean "第45條(休職期間")
+# were wrong more often than right. (chardet's reading of the whole file is the floor; a long
+# file's confidence comes from a 1 KB window: too little to refuse on.)
 MIN_CONFIDENCE = 0.3
 # A runner-up rated this share of the quick pass's guess or more is a rival worth weighing.
 QUICK_RIVAL = 0.7
@@ -346,11 +347,13 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
     import chardet
 
     if len(data) <= FLOOR_BYTES:
-        out, penalty = _with_floor(chardet, data, lambda: _our_reading(chardet, data, window, utf8_error))
+        out, penalty, chardets = _with_floor(chardet, data, lambda: _our_reading(chardet, data, window, utf8_error))
         if penalty and out.text is not None:
+            first = out
             out, penalty = _sibling(data, out, penalty)
+            chardets = chardets and out is first
     else:
-        out, penalty = _our_reading(chardet, data, window, utf8_error), None
+        out, penalty, chardets = _our_reading(chardet, data, window, utf8_error), None, False
     if out.text is None:
         return out
     out.confidence = _calibrated(out.text, data, out.encoding, penalty)
@@ -358,7 +361,7 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
         return Decoded(encoding=out.encoding, confidence=out.confidence, reason="undecodable_text",
                        detail=f"no trustworthy reading: the likeliest is the rare code page {out.encoding}, and too "
                               f"little of the text (confidence {out.confidence:.2f}) says it is right")
-    if out.confidence < MIN_CONFIDENCE and len(data) <= FLOOR_BYTES:
+    if out.confidence < MIN_CONFIDENCE and len(data) <= FLOOR_BYTES and not chardets:
         return Decoded(encoding=out.encoding, confidence=out.confidence, reason="undecodable_text",
                        detail=f"no plausible reading: the likeliest, {out.encoding}, has letters or characters "
                               f"that text in it hardly ever shows (confidence {out.confidence:.2f})")
@@ -455,13 +458,13 @@ def _our_reading(chardet, data: bytes, window: int, utf8_error: UnicodeDecodeErr
     return out
 
 
-def _with_floor(chardet, data: bytes, our_reading) -> tuple[Decoded, int | None]:
+def _with_floor(chardet, data: bytes, our_reading) -> tuple[Decoded, int | None, bool]:
     """chardet's reading of the whole file against ours (``our_reading()``, made only when it
     could win): the reading more plausible for one language in one script throughout
     (`_penalty`) is taken, and on a tie chardet's, unless it is a rare code page and ours is not
     (chardet's whole-file guesses for short Western texts are often a DOS or Mac code page). A
     file we would refuse is decoded in chardet's reading when nothing in it looks out of place.
-    Returns the reading and its penalty (None when not worked out)."""
+    Returns the reading, its penalty (None when not worked out), and whether it is chardet's."""
     found = chardet.detect(data, compat_names=False)
     enc = found.get("encoding")
     codec = SUPERSET.get(enc, enc) if enc else None
@@ -472,28 +475,28 @@ def _with_floor(chardet, data: bytes, our_reading) -> tuple[Decoded, int | None]
     except (UnicodeDecodeError, LookupError):
         text = None
     if text is None:
-        return our_reading(), None
+        return our_reading(), None, False
     floor = _penalty(text, data, codec)
     taken = Decoded(text, codec)
     conf = float(found.get("confidence") or 0.0)
     unsure = conf < QUICK_MIN_CONFIDENCE and codec not in MULTIBYTE
     if floor == 0 and not _rare(codec) and not unsure:
-        return taken, 0  # ours could at best tie, and a tie is chardet's
+        return taken, 0, True  # ours could at best tie, and a tie is chardet's
     ours = our_reading()
     if ours.text is None:
         if floor or _calibrated(text, data, codec, floor) < TAKE_REFUSED:
-            return ours, None  # implausible, or a rare code page with too few letters to tell
+            return ours, None, False  # implausible, or a rare code page with too few letters to tell
         taken.notes.append(f"decoded as {codec}: chardet's reading of the whole file, in which nothing looks out "
                            f"of place (refused otherwise: {ours.detail})")
-        return taken, floor
+        return taken, floor, True
     if ours.text == text:
-        return ours, floor
+        return ours, floor, True
     mine = _penalty(ours.text, data, ours.encoding)
     if mine < floor or (mine == floor and _less_likely(codec, unsure, ours)):
-        return ours, mine
+        return ours, mine, False
     why = "more plausible" if floor < mine else "as plausible"
     taken.notes.append(f"decoded as {codec}: chardet's reading of the whole file, {why} than {ours.encoding}")
-    return taken, floor
+    return taken, floor, True
 
 
 def _less_likely(codec: str, unsure: bool, ours: Decoded) -> bool:
