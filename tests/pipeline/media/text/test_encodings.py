@@ -1,6 +1,8 @@
 """Text or binary, and which encoding: every decode strict, the exact text asserted."""
 
 import codecs
+import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -286,3 +288,76 @@ def test_real_ebcdic_text_is_still_read():
     text = "Ceci est un texte écrit sur un ordinateur central"
     d = decode_bytes(text.encode("cp500"))
     assert d.text == text and d.encoding in encodings.EBCDIC
+
+
+# Real texts nobody here wrote, from packages (bench/data/text_packages/README.md says which):
+# Esperanto proverbs (fortunes-eo), Russian fortunes (fortunes-ru), Ukrainian, Greek, Chinese
+# and Japanese manual pages (manpages-l10n, manpages-zh, manpages-ja), Chinese fortunes
+# (fortunes-zh), Korean bills (konlpy), CPython's CJK codec test files.
+PACKAGES = Path(__file__).resolve().parents[4] / "bench" / "data" / "text_packages"
+SHORT_REAL = [
+    ("Ne ĉiu aspiranto devas esti prenanto", "iso8859_3"),  # read as cp1252 "æiu"
+    ("Rusto manĝas feron, ĉagreno la koron", "iso8859_3"),  # as cp1250 "manřas"
+    ("Kontraŭ malfeliĉo ne defendas eĉ riĉo", "iso8859_3"),
+    ("префіксів) назвами кольорів є такі: pink, purple, mauve, lagoon, mint,", "mac_cyrillic"),  # cp1251 "префґксґв"
+    ("PS4, потім команду і її розгорнуті аргументи або пов'язаний список", "mac_cyrillic"),
+    ("Что может быть вместительнее пустых голов?\n\t\t-- С.Е.Лец", "mac_cyrillic"),  # cp1251 "—то"
+    ("В жизни надо либо копить деньги, либо их тратить.", "mac_cyrillic"),  # cp1251 "‚ жизни"
+    ("το ίδιο με --report=state", "cp737"),  # as KOI8-U box drawing
+    ("寻寻觅觅，冷冷清清，凄凄惨惨戚戚。\n    -- 李清照《声声慢·寻寻觅觅》", "gb18030"),  # as EUC-JIS-2004
+    ("墨写的谎言掩盖不了血写的事实。\n  -- 鲁迅", "hz"),  # passed through as ASCII
+    ("<kaczorek> duki: u mnie była w piątek", "cp1250"),  # as ISO-8859-2 "pištek"
+    ("Budeš-li pořád s chromými, začneš kulhat.\n\t\t-- latinské přísloví", "iso8859_2"),  # cp1250 "Budeą"
+]
+
+
+@pytest.mark.parametrize("text,enc", SHORT_REAL, ids=[f"{enc}-{i}" for i, (_t, enc) in enumerate(SHORT_REAL)])
+def test_short_real_texts_in_the_code_pages_their_languages_used(text, enc):
+    """A sentence or two is where a reading chosen from a few letters goes wrong: the reading
+    taken is the one plausible for one language throughout, chardet's whole-file answer the floor."""
+    d = decode_bytes(text.encode(enc))
+    assert d.text == text, (d.encoding, d.text, d.notes)
+    assert d.confidence >= 0.7
+
+
+@pytest.mark.parametrize("name", ["hz", "cp949", "johab", "gb2312"])
+def test_cpythons_cjk_codec_test_files_as_shipped(name):
+    data = (PACKAGES / "cjkencodings" / f"{name}.txt").read_bytes()
+    truth = (PACKAGES / "cjkencodings" / f"{name}-utf8.txt").read_text("utf-8")
+    d = decode_bytes(data)
+    assert d.text == truth, (d.encoding, d.notes)
+
+
+def test_ascii_with_tilde_braces_is_not_hz():
+    """HZ's shifts are "~{" and "~}"; ASCII that merely contains them stays what it is."""
+    for data in (b"if (x) ~{ y = 1; ~}\n", b"a ~{ab~} b", b"${x~{a}"):
+        assert decode_bytes(data).text == data.decode("ascii")
+
+
+def _long_texts(lang: str, enc: str) -> list[str]:
+    texts = json.loads((PACKAGES / f"{lang}.json").read_text("utf-8"))["long"]
+    out = []
+    for t in texts:
+        try:
+            t.encode(enc)
+        except UnicodeEncodeError:
+            continue
+        out.append(t)
+    return out
+
+
+LONG_REAL = [("zh_CN", "gbk"), ("zh_CN", "hz"), ("zh_TW", "big5hkscs"), ("ja", "cp932"), ("ko", "cp949"),
+             ("de", "cp1252"), ("cs", "iso8859_2"), ("eo", "iso8859_3"), ("el", "iso8859_7"), ("ru", "koi8_r"),
+             ("uk", "koi8_u"), ("ru", "iso8859_5"), ("ru", "mac_cyrillic")]
+
+
+@pytest.mark.parametrize("lang,enc", LONG_REAL, ids=[f"{lang}-{enc}" for lang, enc in LONG_REAL])
+def test_long_real_documents_are_read_right_with_a_confidence_that_says_so(lang, enc):
+    """Manual pages and runs of fortunes (2-30 KB): the exact text, and a confidence that means
+    what it says (it once was 0.07-0.6 for such right readings of GBK, cp1252, ISO-8859-2)."""
+    texts = _long_texts(lang, enc)
+    assert texts
+    for text in texts:
+        d = decode_bytes(text.encode(enc))
+        assert d.text == text, (d.encoding, d.notes)
+        assert d.confidence >= 0.85, (d.encoding, d.confidence)
