@@ -115,6 +115,7 @@ def naive(data: bytes) -> tuple[str | None, str | None]:
 def timed(files: list[bytes]) -> dict[str, float]:
     """Seconds to decode every file, best of three rounds, each way (decoding only)."""
     from naive import chardet_decode
+
     from pipeline.media.text.encodings import decode_bytes
 
     ways = {"pipe": decode_bytes, "chardet": chardet_decode}

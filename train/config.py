@@ -234,7 +234,7 @@ class BatchPlan:
     def global_batch(self) -> int:
         return self.batch_size * self.world_size * self.accum
 
-    def halved(self) -> "BatchPlan":
+    def halved(self) -> BatchPlan:
         """Half the micro-batch and twice the accumulation: the same global batch, less memory."""
         return BatchPlan(self.batch_size // 2, self.world_size, self.accum * 2)
 
@@ -357,7 +357,8 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         if not Path(cfg.init_from).is_dir():
             raise UsageError(f"--init-from {cfg.init_from}: no such file")
         if not (Path(cfg.init_from) / "config.json").is_file():
-            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a Hugging Face model folder (no config.json)")
+            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a Hugging Face model "
+                             "folder (no config.json)")
     schedule = parse_unfreeze_at(cfg.unfreeze_at)
     if schedule is not None and schedule[1] >= cfg.freeze:
         raise UsageError(f"--unfreeze-at {cfg.unfreeze_at} would leave {schedule[1]:.0%} frozen, "

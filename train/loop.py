@@ -19,9 +19,10 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,16 +35,24 @@ from pipeline.formats import index as shard_index
 from train.components import checkpoint as ckpt
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
+from train.components.margins import MarginRecorder
 from train.components.monitor import Monitor
 from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
-from train.config import (BUILTIN_MODELS, BatchPlan, TrainConfig, check_epoch_fits, continues_run, parse_unfreeze_at,
-                          resolve_batch, resume_conflict)
+from train.config import (
+    BUILTIN_MODELS,
+    BatchPlan,
+    TrainConfig,
+    check_epoch_fits,
+    continues_run,
+    parse_unfreeze_at,
+    resolve_batch,
+    resume_conflict,
+)
 from train.distributed import group as distributed
 from train.distributed import preflight
 from train.distributed.group import Dist, no_sync, unwrap
 from train.models import norm as input_norm
 from train.models.builtin import build_model, forward, reader_fields, reader_image_size
-from train.components.margins import MarginRecorder
 from train.models.finetune import Freezer, FreezeSchedule, load_init
 
 # Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
@@ -315,7 +324,7 @@ class Trainer:
         # models: a user's model may .view() its feature maps, which channels-last tensors refuse.
         self.channels_last = d.device.type == "cpu" and cfg.model in BUILTIN_MODELS
         if self.channels_last:
-            self.model.to(memory_format=torch.channels_last)
+            self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
         self.precision = resolve_precision(cfg.precision, d.device)
         if cfg.auto_micro_batch:
             self._probe_batch()
@@ -398,7 +407,7 @@ class Trainer:
                 self.monitor.advance_bar(state.step, epoch, cfg.epochs)
                 epoch_end = state.step_in_epoch == self.steps_per_epoch
                 if self.monitor.should_log(state.step, epoch_end):
-                    self.monitor.log(state.step, epoch, cfg.epochs, self.scheduler.get_last_lr()[0])
+                    self.monitor.log(state.step, epoch, cfg.epochs, float(self.scheduler.get_last_lr()[0]))
                 if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not epoch_end:
                     self._save()
                 _maybe_inject_fault(self.run_dir, state.step, d)
@@ -421,6 +430,8 @@ class Trainer:
     def _step(self, batches, epoch: int):
         """One optimizer step: ``accum`` micro-batches, one all-reduce, one update."""
         plan, d, model = self.plan, self.d, self.wrapped
+        if model is None:  # wrapped at each epoch's start, before any step
+            raise RuntimeError("internal: a training step before the model was wrapped for the epoch")
         loss_sum = torch.zeros((), device=d.device)
         samples, wait = 0, 0.0
         try:
@@ -537,7 +548,7 @@ class Trainer:
         """Every rank calls this (the RNG states are gathered); rank 0 writes."""
         self.margins.flush(self.state.step)  # before the gather: every rank's records precede last.pt
         rngs = distributed.all_gather_object(ckpt.rng_state(), self.d)
-        if best:
+        if best and val is not None:  # a best checkpoint always comes with its validation
             self.state.best_val_loss, self.state.best_val_acc = val[0], val[1]
         if not self.d.is_main:
             return

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -218,11 +220,12 @@ def _call_factory(spec: str, factory, num_classes: int, index: dict | None):
     parameter: a ``**kwargs`` factory (every torchvision and timm constructor) passes what it gets
     on to a model class that has no such argument. A failure says what pipe passed, since the
     user did not write that call."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin or C extension without a signature
         params = {}
-    kwargs = {"num_classes": num_classes}
+    kwargs: dict[str, Any] = {"num_classes": num_classes}
     index_param = params.get("index")
     if index_param is not None and index_param.kind in (index_param.POSITIONAL_OR_KEYWORD, index_param.KEYWORD_ONLY):
         kwargs["index"] = index
@@ -237,6 +240,7 @@ def _call_factory(spec: str, factory, num_classes: int, index: dict | None):
 def build_model(spec: str, num_classes: int, *, index: dict | None = None, width: int = 32, resolution: int = 64,
                 max_text_len: int = 256, grad_checkpoint: bool = False) -> nn.Module:
     """The model named by --model, with gradient checkpointing switched on when asked."""
+    model: nn.Module
     if spec.startswith("hf:"):  # a local Hugging Face folder (transformers imported only then)
         from train.models.hf import build_hf
 
@@ -249,10 +253,12 @@ def build_model(spec: str, num_classes: int, *, index: dict | None = None, width
     else:
         model = build_builtin(spec, num_classes, width, resolution, max_text_len)
     if grad_checkpoint:
-        if hasattr(model, "set_grad_checkpointing"):
-            model.set_grad_checkpointing(True)
-        elif hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable()
+        switch = getattr(model, "set_grad_checkpointing", None)
+        enable = getattr(model, "gradient_checkpointing_enable", None)
+        if callable(switch):
+            switch(True)
+        elif callable(enable):
+            enable()
         else:
             raise UsageError(f"--grad-checkpoint: model {spec} has neither set_grad_checkpointing() nor "
                              "gradient_checkpointing_enable()")

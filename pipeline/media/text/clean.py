@@ -25,7 +25,6 @@ import xxhash
 from pipeline.formats.vocabulary import Reason
 from pipeline.media.text.encodings import decode_bytes
 
-
 # Default --max-text-bytes. The longest texts that make sense as one sample are books: a long
 # novel is 1-3 MB of UTF-8 (War and Peace about 3.2 MB), captions and documents far less; 16 MiB
 # is five such novels. Above it a "text" is a log, a dump or a whole corpus in one file, and
@@ -149,7 +148,8 @@ def _fix_mojibake(text: str) -> tuple[str | None, str]:
     bad = _bad_spot(text, spans)
     if bad is None:
         return None, ""
-    fixed, steps = ftfy.fix_encoding_and_explain(text)
+    fixed, explained = ftfy.fix_encoding_and_explain(text)
+    steps = explained or []  # ftfy types the steps as optional; fix_encoding always lists them
     kinds = [s[0] for s in steps]
     # certain: a whole-text re-encoding (no partial patching, no lossy substitutions) after which
     # nothing looks wrong any more, and no replacement character anywhere

@@ -350,7 +350,7 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
             chardets = chardets and out is first
     else:
         out, penalty, chardets = _our_reading(chardet, data, window, utf8_error), None, False
-    if out.text is None:
+    if out.text is None or out.encoding is None:  # a reading always names its encoding
         return out
     out.confidence = _calibrated(out.text, data, out.encoding, penalty)
     if _rare(out.encoding) and out.confidence < RARE_MIN_CONFIDENCE:
@@ -375,6 +375,8 @@ def _sibling(data: bytes, out: Decoded, penalty: int) -> tuple[Decoded, int]:
     """A reading with implausible letters (Polish "pištek": cp1250 "piątek" read as ISO-8859-2),
     when both we and chardet chose it, against the other code pages of its script: one that
     reads the bytes with fewer implausible spots is taken."""
+    if out.encoding is None:  # not a reading: nothing to compare
+        return out, penalty
     name = codecs.lookup(out.encoding).name
     family = next((f for f in SIBLINGS if name in f), ())
     best = (penalty, out)
@@ -470,7 +472,7 @@ def _with_floor(chardet, data: bytes, our_reading) -> tuple[Decoded, int | None,
         text = data.decode(codec) if codec else None
     except (UnicodeDecodeError, LookupError):
         text = None
-    if text is None:
+    if text is None or codec is None:
         return our_reading(), None, False
     floor = _penalty(text, data, codec)
     taken = Decoded(text, codec)
@@ -485,7 +487,7 @@ def _with_floor(chardet, data: bytes, our_reading) -> tuple[Decoded, int | None,
         taken.notes.append(f"decoded as {codec}: chardet's reading of the whole file, in which nothing looks out "
                            f"of place (refused otherwise: {ours.detail})")
         return taken, floor, True
-    if ours.text == text:
+    if ours.text == text or ours.encoding is None:  # (a reading always names its encoding)
         return ours, floor, True
     mine = _penalty(ours.text, data, ours.encoding)
     if mine < floor or (mine == floor and _less_likely(codec, unsure, ours)):
@@ -501,6 +503,8 @@ def _less_likely(codec: str, unsure: bool, ours: Decoded) -> bool:
     against our multi-byte reading whose high bytes all paired into characters (a short GBK
     caption chardet rates 0.01 as Thai: any bytes decode in a single-byte code page, chance
     pairings soon fail)."""
+    if ours.text is None or ours.encoding is None:  # not a reading: chardet's is the likelier
+        return False
     if _rare(codec) and not _rare(ours.encoding):
         return True
     return unsure and ours.encoding in MULTIBYTE and _paired(ours.text)
@@ -546,7 +550,8 @@ def _penalty(text: str, data: bytes, codec: str) -> int:
         odd = max(0, odd - len(_HAN_HANGUL.findall(text, 0, 2000)))
     odd -= len(_CJK_MIDDLE_DOT.findall(text, 0, 2000))  # "声声慢·寻寻觅觅", "고용·임금": a separator
     ukrainian_g = text.count("ґ")
-    return (max(0, odd) + _foreign_letters(text) + _rare_ideographs(text, codec) + len(_GLUED.findall(text)) + len(_CYRILLIC_CAMEL.findall(text))
+    return (max(0, odd) + _foreign_letters(text) + _rare_ideographs(text, codec) + len(_GLUED.findall(text))
+            + len(_CYRILLIC_CAMEL.findall(text))
             + _rare_letters(text) + (ukrainian_g if ukrainian_g > 1 and ukrainian_g > text.count("і") else 0))
 
 
@@ -906,7 +911,7 @@ def _best_strict(data: bytes, guesses: list[tuple[str, float]], tried: list[str]
         score = (_oddities(t, data, e), evidence, less, i)
         if best is None or score < best:
             best = score
-    if plausible_only and best[0] > 0:
+    if best is None or (plausible_only and best[0] > 0):  # (best is None only when nothing decoded)
         return None
     return (*decoded[best[-1]], best[0])
 
@@ -954,8 +959,9 @@ def _oddities(text: str, data: bytes | None = None, codec: str | None = None, li
     Given the bytes ``text`` was decoded from with a single-byte ``codec``, the two scans that
     look at every character look at the bytes instead, a byte being a character there."""
     table = _single_byte(codec) if data is not None and codec is not None else None
+    raw = data if table else None  # scanned instead of the text: a byte is a character there
     odd = 0
-    if data.translate(None, table.usual) if table else _UNUSUAL.search(text):  # counting is rarely needed
+    if raw.translate(None, table.usual) if raw is not None and table else _UNUSUAL.search(text):  # rarely needed
         odd += len(_C1.findall(text)) + len(_ODD_SYMBOL.findall(text))
     # ASCII says nothing: look where the rest begins. Given the bytes, that is their first high
     # byte, the same place in every reading (a code page that maps an ASCII byte elsewhere, as
@@ -963,8 +969,8 @@ def _oddities(text: str, data: bytes | None = None, codec: str | None = None, li
     start = _first_high_byte(data) if data is not None else len(text) - len(text.lstrip(_ASCII))
     start = max(0, start - 64)
     window = text[start : start + limit]
-    if table:
-        changes = len(_SCRIPT_CHANGE_BYTES.findall(data[start : start + limit].translate(table.tags)))
+    if raw is not None and table:
+        changes = len(_SCRIPT_CHANGE_BYTES.findall(raw[start : start + limit].translate(table.tags)))
     else:
         changes = _mixed_script_words(window)
     return odd + changes + len(_WEDGED.findall(window)) + len(_CAMEL.findall(window))
