@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pipeline.check import classes as class_checks
 from pipeline.check.content import ImageFacts, inspect_image, text_problem
-from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
+from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.core.cores import worker_count
 from pipeline.formats.manifest_row import NAMES
 from pipeline.formats.vocabulary import Kind, Status

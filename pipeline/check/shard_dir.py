@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pipeline.check import classes as class_checks
 from pipeline.check.leakage import copies, exact_pairs, near_image_pairs, near_text_pairs, same_views
+from pipeline.check.policy import Policy
 from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
-from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
 from pipeline.formats import index as shard_index
 

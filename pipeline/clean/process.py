@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.clean.discover import Candidate
+from pipeline.clean.records import FileResult
 from pipeline.core.files import atomic_write_bytes
 from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.image.clean import ImageSettings
-from pipeline.clean.records import FileResult
 from pipeline.media.text.clean import TextSettings
 
 HASH_CHUNK = 1 << 20

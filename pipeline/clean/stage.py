@@ -24,6 +24,10 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.clean.discover import Candidate, discover
+from pipeline.clean.journal import STATE_DIR, Journal
+from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
+from pipeline.clean.records import FileResult
+from pipeline.clean.report import ReportBuilder
 from pipeline.core.config import parse_byte_size
 from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
@@ -31,10 +35,6 @@ from pipeline.core.executor import OrderedPool
 from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atomic_write_text, occupied, output_lock, read_marker, sweep_tmp
 from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
-from pipeline.clean.journal import STATE_DIR, Journal
-from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
-from pipeline.clean.records import FileResult
-from pipeline.clean.report import ReportBuilder
 from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings
 
 RESIZE_MODES = ("pad", "crop", "stretch")

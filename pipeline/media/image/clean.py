@@ -59,9 +59,9 @@ def preload() -> None:
 
 def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     from pipeline.media.image.decode import Decoded, Target, decode
-    from pipeline.similarity.perceptual import phash
-    from pipeline.media.reject import Reject
     from pipeline.media.image.resize import fit_and_picture
+    from pipeline.media.reject import Reject
+    from pipeline.similarity.perceptual import phash
 
     out = ImageOutcome()
     d = Decoded()
