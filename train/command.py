@@ -85,9 +85,9 @@ def train(
     cfg = check(resolve(TrainConfig, values, explicit_params(ctx), load_section(config, "train")))
 
     if cfg.data_only:
-        from train import data_only
+        from train import data_only as data_only_entry  # the module, not the --data-only flag of the same name
 
-        launch(cfg.launch_config(), data_only.main, cfg)
+        launch(cfg.launch_config(), data_only_entry.main, cfg)
     else:
         from train import loop
 

@@ -144,7 +144,7 @@ def load(path: Path, mmap: bool = False) -> dict:
 
 
 def rng_state() -> dict:
-    np_state = np.random.get_state()  # legacy form: a tuple for the MT19937 generator numpy's global one is
+    np_state = np.random.get_state()  # legacy=True (the default): a tuple for numpy's global MT19937 generator
     if not isinstance(np_state, tuple):
         raise AssertionError("numpy's global generator state is not the legacy MT19937 tuple")
     state = {

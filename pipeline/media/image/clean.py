@@ -78,6 +78,8 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     if out.reason is not None:
         return out
     rgb = d.image
+    if rgb is None:  # decode either sets the image or raises
+        raise AssertionError("the decoder returned without an image or a reason")
     out.content_hash = pixel_hash(rgb, d.pixels)
     final, picture = fit_and_picture(rgb, s.size, s.resize_mode, s.background)
     blank = _blank(picture if picture is not None else final)
