@@ -208,12 +208,18 @@ def main() -> None:
           f"{'flagged%':>8} {'CL val P/R (ours)':>18} {'cleanlab val P/R':>17}")
     for r in results:
         cl = r["cleanlab_val"]
-        fmt = (lambda s: "-" if s is None else f"{s['precision'] if s['precision'] is not None else float('nan'):.2f}/"
-               f"{s['recall'] if s['recall'] is not None else float('nan'):.2f}")
         print(f"{r['mode'] + ' ' + format(r['noise'], '.0%'):<16} {r['flipped']:>7} {r['flagged']:>7} "
               f"{r['estimated_rate']:>8.3f} {r['precision'] if r['precision'] is not None else float('nan'):>9.2f} "
               f"{r['recall'] if r['recall'] is not None else float('nan'):>7.2f} {r['flagged_share']:>8.1%} "
               f"{fmt(cl['ours']) if cl else '-':>18} {fmt(cl['cleanlab']) if cl else '-':>17}")
+
+
+def fmt(s: dict | None) -> str:
+    """A precision/recall pair as 0.93/0.81 ("-" when there is none, nan for an undefined one)."""
+    if s is None:
+        return "-"
+    return (f"{s['precision'] if s['precision'] is not None else float('nan'):.2f}/"
+            f"{s['recall'] if s['recall'] is not None else float('nan'):.2f}")
 
 
 if __name__ == "__main__":

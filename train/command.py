@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -29,33 +29,52 @@ def train(
     output: Annotated[Path, typer.Option("--output", "-o", help="RUN_DIR to write (checkpoints, metrics.jsonl, tb/).", show_default=False)],
     # -- schedule and batch -------------------------------------------------------------------
     epochs: Annotated[int, typer.Option(help="Passes over the train split.", rich_help_panel=OPTIM)] = 3,
-    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many optimizer steps in total.", rich_help_panel=OPTIM)] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Samples per rank per forward pass (default 16 unless derived).", rich_help_panel=OPTIM)] = None,
-    global_batch: Annotated[Optional[int], typer.Option(help="Samples per optimizer step over all ranks (= batch x ranks x accum).", rich_help_panel=OPTIM)] = None,
-    accum: Annotated[Optional[int], typer.Option(help="Micro-batches per optimizer step. Give any two of the three batch flags.", rich_help_panel=OPTIM)] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many optimizer steps in total.", rich_help_panel=OPTIM)] = None,
+    batch_size: Annotated[int | None, typer.Option(
+        help="Samples per rank per forward pass (default 16 unless derived).", rich_help_panel=OPTIM)] = None,
+    global_batch: Annotated[int | None, typer.Option(
+        help="Samples per optimizer step over all ranks (= batch x ranks x accum).", rich_help_panel=OPTIM)] = None,
+    accum: Annotated[int | None, typer.Option(
+        help="Micro-batches per optimizer step. Give any two of the three batch flags.", rich_help_panel=OPTIM)] = None,
     lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warmup, then cosine decay).", rich_help_panel=OPTIM)] = 1e-3,
     weight_decay: Annotated[float, typer.Option(help="AdamW weight decay (not on biases and norms).", rich_help_panel=OPTIM)] = 0.05,
-    warmup: Annotated[float, typer.Option(help="Warmup: below 1 a fraction of all steps, else a step count.", rich_help_panel=OPTIM)] = 0.05,
+    warmup: Annotated[float, typer.Option(
+        help="Warmup: below 1 a fraction of all steps, else a step count.", rich_help_panel=OPTIM)] = 0.05,
     precision: Annotated[str, typer.Option(help="auto, bf16, fp16 (with a grad scaler) or fp32.", rich_help_panel=OPTIM)] = "auto",
-    grad_checkpoint: Annotated[bool, typer.Option("--grad-checkpoint", help="Recompute activations in backward: less memory.", rich_help_panel=OPTIM)] = False,
-    auto_micro_batch: Annotated[bool, typer.Option("--auto-micro-batch", help="On GPU out-of-memory, halve --batch-size and double --accum (global batch kept).", rich_help_panel=OPTIM)] = False,
+    grad_checkpoint: Annotated[bool, typer.Option(
+        "--grad-checkpoint", help="Recompute activations in backward: less memory.", rich_help_panel=OPTIM)] = False,
+    auto_micro_batch: Annotated[bool, typer.Option(
+        "--auto-micro-batch", help="On GPU out-of-memory, halve --batch-size and double --accum (global batch kept).",
+        rich_help_panel=OPTIM)] = False,
     # -- model ------------------------------------------------------------------------------------
-    model: Annotated[str, typer.Option(help="image, text, image-text, hf:PATH (a local Hugging Face folder), or package.module:factory.", rich_help_panel=MODEL)] = "image",
+    model: Annotated[str, typer.Option(
+        help="image, text, image-text, hf:PATH (a local Hugging Face folder), or package.module:factory.",
+        rich_help_panel=MODEL)] = "image",
     width: Annotated[int, typer.Option(help="Channels of the built-in models' first stage.", rich_help_panel=MODEL)] = 32,
-    resolution: Annotated[int, typer.Option(help="Side the built-in image model works at (larger inputs are resized down).", rich_help_panel=MODEL)] = 64,
-    init_from: Annotated[Optional[Path], typer.Option(help="Start from a pipe train checkpoint, a state dict (.pt/.pth), a .safetensors file or a Hugging Face folder.", rich_help_panel=MODEL)] = None,
-    freeze: Annotated[float, typer.Option(help="Fraction of blocks, from the input, frozen at start (0.7 = first 70%).", rich_help_panel=MODEL)] = 0.0,
-    unfreeze_at: Annotated[Optional[str], typer.Option(help="EPOCH[:FRACTION]: from this epoch (counted from 1) only FRACTION stays frozen.", rich_help_panel=MODEL)] = None,
+    resolution: Annotated[int, typer.Option(
+        help="Side the built-in image model works at (larger inputs are resized down).", rich_help_panel=MODEL)] = 64,
+    init_from: Annotated[Path | None, typer.Option(
+        help="Start from a pipe train checkpoint, a state dict (.pt/.pth), a .safetensors file or a Hugging Face folder.",
+        rich_help_panel=MODEL)] = None,
+    freeze: Annotated[float, typer.Option(
+        help="Fraction of blocks, from the input, frozen at start (0.7 = first 70%).", rich_help_panel=MODEL)] = 0.0,
+    unfreeze_at: Annotated[str | None, typer.Option(
+        help="EPOCH[:FRACTION]: from this epoch (counted from 1) only FRACTION stays frozen.", rich_help_panel=MODEL)] = None,
     # -- data ---------------------------------------------------------------------------------------
     workers: Annotated[int, typer.Option(help="Dataloader workers per rank (0 = in the training process).", rich_help_panel=DATA)] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, the shard order and the shuffle.", rich_help_panel=DATA)] = 0,
     shuffle_buffer: Annotated[int, typer.Option(help="Samples each worker shuffles at a time.", rich_help_panel=DATA)] = 512,
-    max_text_len: Annotated[int, typer.Option(help="Bytes of text the built-in models see per sample; tokens for hf: text models.", rich_help_panel=DATA)] = 256,
-    data_only: Annotated[bool, typer.Option("--data-only", help="Run only the data pipeline and print samples/s per rank.", rich_help_panel=DATA)] = False,
-    record_keys: Annotated[bool, typer.Option("--record-keys", help="Write RUN_DIR/keys/epoch{E}-rank{R}.txt (--data-only).", rich_help_panel=DATA)] = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Check every shard's sha256 against index.json before training.", rich_help_panel=DATA)] = False,
+    max_text_len: Annotated[int, typer.Option(
+        help="Bytes of text the built-in models see per sample; tokens for hf: text models.", rich_help_panel=DATA)] = 256,
+    data_only: Annotated[bool, typer.Option(
+        "--data-only", help="Run only the data pipeline and print samples/s per rank.", rich_help_panel=DATA)] = False,
+    record_keys: Annotated[bool, typer.Option(
+        "--record-keys", help="Write RUN_DIR/keys/epoch{E}-rank{R}.txt (--data-only).", rich_help_panel=DATA)] = False,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Check every shard's sha256 against index.json before training.", rich_help_panel=DATA)] = False,
     # -- checkpoints and monitoring -------------------------------------------------------------------
-    checkpoint_every: Annotated[int, typer.Option(help="Write last.pt every N optimizer steps (0 = at epoch ends only).", rich_help_panel=RUN)] = 200,
+    checkpoint_every: Annotated[int, typer.Option(
+        help="Write last.pt every N optimizer steps (0 = at epoch ends only).", rich_help_panel=RUN)] = 200,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from RUN_DIR/last.pt.", rich_help_panel=RUN)] = False,
     log_every: Annotated[int, typer.Option(help="Optimizer steps between metric lines and drift checks.", rich_help_panel=RUN)] = 10,
     # -- launch -------------------------------------------------------------------------------------
@@ -65,9 +84,10 @@ def train(
     master_addr: Annotated[str, typer.Option(help="Address of node 0.", rich_help_panel=LAUNCH)] = "127.0.0.1",
     master_port: Annotated[int, typer.Option(help="Rendezvous port on node 0 (0 = a free one, single node).", rich_help_panel=LAUNCH)] = 0,
     backend: Annotated[str, typer.Option(help="auto (nccl with CUDA, else gloo), nccl or gloo.", rich_help_panel=LAUNCH)] = "auto",
-    max_restarts: Annotated[int, typer.Option(help="Restarts of failed ranks by the elastic agent; they resume from last.pt.", rich_help_panel=LAUNCH)] = 0,
+    max_restarts: Annotated[int, typer.Option(
+        help="Restarts of failed ranks by the elastic agent; they resume from last.pt.", rich_help_panel=LAUNCH)] = 0,
     rdzv_timeout: Annotated[int, typer.Option(help="Seconds to wait for every node to join.", rich_help_panel=LAUNCH)] = 900,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[train] table sets any of these flags.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[train] table sets any of these flags.")] = None,
 ) -> None:
     """Fine-tune a model on SHARD_DIR with DDP (torchrun, or --nproc-per-node local ranks).
 
@@ -85,9 +105,9 @@ def train(
     cfg = check(resolve(TrainConfig, values, explicit_params(ctx), load_section(config, "train")))
 
     if cfg.data_only:
-        from train import data_only
+        from train import data_only as data_only_entry  # the module, not the --data-only flag of the same name
 
-        launch(cfg.launch_config(), data_only.main, cfg)
+        launch(cfg.launch_config(), data_only_entry.main, cfg)
     else:
         from train import loop
 
@@ -97,11 +117,12 @@ def train(
 def check(cfg):
     """Mistakes found before any rank starts: one line, exit 2. Returns the config with the
     batch arithmetic resolved (--batch-size, --global-batch and --accum all set)."""
-    from pipeline.formats import index as shard_index
     from pipeline.core.errors import UsageError
-    from train.config import check_epoch_fits, resolve_batch, validate as validate_train
-    from train.distributed.launch import validate, world_size
+    from pipeline.formats import index as shard_index
+    from train.config import check_epoch_fits, resolve_batch
+    from train.config import validate as validate_train
     from train.data.plan import epoch_plan
+    from train.distributed.launch import validate, world_size
 
     validate(cfg.launch_config())
     index = shard_index.load(cfg.shard_dir)

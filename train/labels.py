@@ -192,7 +192,7 @@ def load_val(run_dir: Path) -> ValSignals | None:
     last = max(step for step, _ in files)
     table = _read([p for step, p in files if step == last])
     keys = table.column("key").to_pylist()
-    first = {}
+    first: dict[str, int] = {}
     for i, k in enumerate(keys):
         first.setdefault(k, i)
     keep = np.array(sorted(first.values()), dtype=np.int64)
@@ -318,7 +318,10 @@ def analyse(train: TrainSignals | None, val: ValSignals | None, classes: list[st
     rows.sort(key=lambda r: (-r["score"], r["split"], r["key"]))
     for rank, r in enumerate(rows, 1):
         r["rank"] = rank
-    name = (lambda c: classes[c] if 0 <= c < len(classes) else str(c))
+
+    def name(c: int) -> str:
+        return classes[c] if 0 <= c < len(classes) else str(c)
+
     pairs = Counter((name(r["given"]), name(r["suggested"])) for r in rows)
     for r in rows:
         r["given"], r["suggested"] = name(r["given"]), name(r["suggested"])

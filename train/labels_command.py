@@ -4,7 +4,7 @@ the analysis is `train/labels.py` (no torch either)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,7 +14,8 @@ from pipeline.cli.common import exits_cleanly
 @exits_cleanly
 def labels(
     run_dir: Annotated[Path, typer.Argument(help="RUN_DIR written by pipe train.", show_default=False)],
-    shards: Annotated[Optional[Path], typer.Option("--shards", help="The run's SHARD_DIR, if it moved (default: from RUN_DIR/config.json).")] = None,
+    shards: Annotated[Path | None, typer.Option(
+        "--shards", help="The run's SHARD_DIR, if it moved (default: from RUN_DIR/config.json).")] = None,
 ) -> None:
     """Rank the samples whose labels are probably wrong (writes RUN_DIR/label_issues.parquet).
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipeline.check.result import CheckResult, fail, ok, skip
 from pipeline.check.policy import Policy
+from pipeline.check.result import CheckResult, fail, ok, skip
 
 
 def min_samples(counts: Counter | None, p: Policy, what: str) -> CheckResult:

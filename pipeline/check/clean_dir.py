@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pipeline.check import classes as class_checks
 from pipeline.check.content import ImageFacts, inspect_image, text_problem
-from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.policy import Policy
+from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.core.cores import worker_count
 from pipeline.formats.manifest_row import NAMES
 from pipeline.formats.vocabulary import Kind, Status
@@ -25,6 +25,8 @@ from pipeline.formats.vocabulary import Kind, Status
 IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
 CHUNK = 256  # outputs per worker task
 MISSING = "<missing>"  # an output the manifest names that is not on disk (a text's "no problem" is None)
+Found = tuple[str, str, ImageFacts | str | None]
+"""(output, kind, ImageFacts | text problem or None | MISSING): what `inspect_chunk` found of one output."""
 
 
 @dataclass
@@ -128,7 +130,8 @@ def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path
 
 def _inspect_outputs(d: CleanDir, workers: int) -> None:
     root = d.root.resolve()
-    jobs = [(str(r.get(NAMES.output) or ""), r.get(NAMES.kind), str(root), d.deep) for r in d.kept() if r.get(NAMES.kind) in (Kind.IMAGE, Kind.TEXT)]
+    jobs = [(str(r.get(NAMES.output) or ""), r[NAMES.kind], str(root), d.deep)  # r[kind]: there, it is image or text
+            for r in d.kept() if r.get(NAMES.kind) in (Kind.IMAGE, Kind.TEXT)]
     if d.deep and len(jobs) >= IN_PROCESS_FILES and workers != 1:
         from pipeline.core.executor import OrderedPool
 
@@ -137,18 +140,18 @@ def _inspect_outputs(d: CleanDir, workers: int) -> None:
         found = [x for part in pool.map(chunks, on_crash=_crashed_chunk) for x in part]
     else:
         found = inspect_chunk(jobs)
-    for out, kind, facts in found:
+    for out, _, facts in found:
         if facts is MISSING:
             d.missing.append(out)
-        elif kind == Kind.IMAGE:
+        elif isinstance(facts, ImageFacts):  # what inspect_image says of every image on disk
             d.images[out] = facts
         else:
             d.texts[out] = facts
 
 
-def inspect_chunk(jobs: list[tuple[str, str, str, bool]]) -> list[tuple[str, str, object]]:
+def inspect_chunk(jobs: list[tuple[str, str, str, bool]]) -> list[Found]:
     """(output, kind, ImageFacts | text problem or None | MISSING) for each kept output (a worker's unit)."""
-    found = []
+    found: list[Found] = []
     for out, kind, root, deep in jobs:
         path = (Path(root) / out).resolve()
         try:
@@ -162,12 +165,12 @@ def inspect_chunk(jobs: list[tuple[str, str, str, bool]]) -> list[tuple[str, str
     return found
 
 
-def _crashed_chunk(jobs, exc) -> list[tuple[str, str, object]]:
+def _crashed_chunk(jobs: list[tuple[str, str, str, bool]], exc: BaseException) -> list[Found]:
     """A decoder killed its worker on one of these files: judge them one by one, in this process, header only."""
     out = []
     for o, kind, root, _ in jobs:
         [(o, kind, facts)] = inspect_chunk([(o, kind, root, False)])
-        if kind == Kind.IMAGE and facts is not MISSING:
+        if isinstance(facts, ImageFacts):  # an image on disk (MISSING and a text's problem are strings)
             facts.error = facts.error or f"decoding crashed a worker process ({exc}) on this file or one near it"
         out.append((o, kind, facts))
     return out
@@ -202,8 +205,9 @@ def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
     on_disk = {c.source for c in discover(d.input, labels={}, exclude=exclude)}
     listed = Counter(r.get(NAMES.source) for r in d.rows)
     missing = sorted(s for s in on_disk if s not in listed)
-    gone = sorted(s for s in listed if s not in on_disk)
-    twice = sorted(s for s, n in listed.items() if n > 1)
+    # key=str: a damaged manifest's null source (None) sorts among the names instead of crashing the check
+    gone = sorted((s for s in listed if s not in on_disk), key=str)
+    twice = sorted((s for s, n in listed.items() if n > 1), key=str)
     offenders = ([f"{s}: in the input, not in the manifest" for s in missing]
                  + [f"{s}: in the manifest, not in the input" for s in gone]
                  + [f"{s}: listed {listed[s]} times" for s in twice])
@@ -287,7 +291,8 @@ def check_labels_in_range(d: CleanDir, p: Policy) -> CheckResult:
     offenders += [f"{r.get(NAMES.source)}: empty label" for r in labelled if not str(r[NAMES.label]).strip()]
     if p.classes is not None:
         allowed = set(p.classes)
-        offenders += [f"{r.get(NAMES.source)}: label {r[NAMES.label]!r} not in the policy's classes" for r in labelled if r[NAMES.label] not in allowed]
+        offenders += [f"{r.get(NAMES.source)}: label {r[NAMES.label]!r} not in the policy's classes"
+                      for r in labelled if r[NAMES.label] not in allowed]
         absent = sorted(allowed - {r[NAMES.label] for r in labelled})
         offenders += [f"class {c!r} of the policy has no kept sample" for c in absent]
     return verdict(name, offenders, len(kept), "kept files have a bad label",
@@ -304,7 +309,8 @@ def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
     safe = re.compile(r"^[A-Za-z0-9_-]+$")
     by_kind = Counter((r.get(NAMES.key), r.get(NAMES.kind)) for r in d.kept())
     offenders = [f"key {k!r} is used by {n} kept {kind} files" for (k, kind), n in sorted(by_kind.items(), key=str) if n > 1]
-    offenders += [f"key {r.get(NAMES.key)!r} ({r.get(NAMES.source)}) is not webdataset-safe" for r in d.kept() if not safe.match(str(r.get(NAMES.key)))]
+    offenders += [f"key {r.get(NAMES.key)!r} ({r.get(NAMES.source)}) is not webdataset-safe"
+                  for r in d.kept() if not safe.match(str(r.get(NAMES.key)))]
     return verdict(name, offenders, len(by_kind), "sample keys clash",
                    f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
 

@@ -78,7 +78,7 @@ def near_text_pairs(train: Sequence[bytes | None], val: Sequence[bytes | None], 
         if s is None:
             continue
         candidates = {i for b in range(BANDS) for i in index.get((b, s[b * step : (b + 1) * step]), ())}
-        scored = [(estimated_jaccard(s, train[i]), i) for i in sorted(candidates)]
+        scored = [(estimated_jaccard(s, _indexed(train[i])), i) for i in sorted(candidates)]
         best = max(scored, default=None)
         if best is not None and best[0] >= threshold:
             out.append((j, best[1], best[0]))
@@ -141,7 +141,11 @@ def copies(exact: Sequence[str | None], hashes: Sequence[int | None], sigs: Sequ
     # near search among the first sample of each content only: a thousand exact copies of one
     # text are already found above and would otherwise be a million candidate pairs
     seen: set[str] = set()
-    first = [h is None or (h not in seen and not seen.add(h)) for h in exact]
+    first = []
+    for h in exact:
+        first.append(h is None or h not in seen)
+        if h is not None:
+            seen.add(h)
     hashes = [h if f else None for h, f in zip(hashes, first)]
     sigs = [g if f else None for g, f in zip(sigs, first)]
     for i, j, dist in _near_image_candidates(hashes, d):
@@ -201,7 +205,7 @@ def _near_text_candidates(sigs: Sequence[bytes | None], threshold: float) -> lis
             continue
         bands = [(b, s[b * step : (b + 1) * step]) for b in range(BANDS)]
         for i in sorted({i for band in bands for i in index.get(band, ())}):
-            sim = estimated_jaccard(s, sigs[i])
+            sim = estimated_jaccard(s, _indexed(sigs[i]))
             if sim >= threshold:
                 out.append((i, j, sim))
         for band in bands:
@@ -219,3 +223,10 @@ def same_views(va, vb) -> tuple[bool, str]:
         return True, ""
     same, how = same_picture(va, vb)
     return same, f", {how}"
+
+
+def _indexed(sig: bytes | None) -> bytes:
+    """A signature found through the band index: only samples that have one are indexed."""
+    if sig is None:
+        raise AssertionError("a sample without a MinHash signature was found in the band index")
+    return sig

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.check import classes as class_checks
 from pipeline.check.leakage import copies, exact_pairs, near_image_pairs, near_text_pairs, same_views
+from pipeline.check.policy import Policy
 from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
-from pipeline.check.policy import Policy
 from pipeline.core.cores import worker_count
 from pipeline.formats import index as shard_index
 
@@ -71,6 +72,7 @@ def _int_or_none(v) -> int | None:
 def _scan_all(root: Path, entries: list[dict], s: ScanSettings, workers: int, advance) -> list[ShardScan]:
     jobs = [(_inside(root, e["name"]), e["name"], s) for e in entries]
     total = sum(p.stat().st_size for p, _, _ in jobs if p.is_file())
+    results: Iterator[ShardScan]
     if len(jobs) < 2 or total < IN_PROCESS_BYTES or workers == 1:
         results = map(scan_shard, jobs)
     else:
@@ -322,7 +324,7 @@ def _class_name(d: ShardDir, c: int | None) -> str:
 def _copies(d: ShardDir, p: Policy):
     """Every sample of every split searched once for copies (shared by duplicates and label_conflicts)."""
     if d.copies is None:
-        pool = {"where": [], "exact": [], "hash": [], "sig": [], "loc": [], "split": [], "cls": []}
+        pool: dict[str, list] = {"where": [], "exact": [], "hash": [], "sig": [], "loc": [], "split": [], "cls": []}
         for e, s in zip(d.entries, d.scans):
             part = _pool_of([s])
             for k in ("where", "exact", "hash", "sig", "loc"):
@@ -332,7 +334,8 @@ def _copies(d: ShardDir, p: Policy):
         from functools import lru_cache
 
         loc = pool["loc"]
-        view = lru_cache(maxsize=1024)(lambda k: _view(d.root / loc[k][0], loc[k][1], loc[k][2]))  # a picture with many look-alikes is decoded once
+        # a picture with many look-alikes is decoded once
+        view = lru_cache(maxsize=1024)(lambda k: _view(d.root / loc[k][0], loc[k][1], loc[k][2]))
         found = copies(pool["exact"], pool["hash"], pool["sig"], pool["split"], pool["cls"],
                        p.near_duplicate_phash_distance, p.near_duplicate_text_similarity,
                        lambda i, j: same_views(view(j), view(i)), lambda i, j: _text_similarity(d, loc[j], loc[i]))
@@ -395,7 +398,7 @@ def _pool(d: ShardDir, split: str) -> dict[str, list]:
 
 
 def _pool_of(scans: list[ShardScan]) -> dict[str, list]:
-    out = {"where": [], "exact": [], "hash": [], "sig": [], "loc": []}
+    out: dict[str, list] = {"where": [], "exact": [], "hash": [], "sig": [], "loc": []}
     for s in scans:
         ends = [*s.offsets[1:], s.bytes]
         out["loc"] += [(s.name, start, end) for start, end in zip(s.offsets, ends)]
@@ -410,7 +413,8 @@ def check_image_size(d: ShardDir, p: Policy) -> CheckResult:
     name = "image_size"
     if r := _unusable(d, name):
         return r
-    size = p.image_size if p.image_size is not None else _int_or_none(d.index.get("image_size"))
+    recorded = d.index.get("image_size") if isinstance(d.index, dict) else None  # a dict: d.problem is unset
+    size = p.image_size if p.image_size is not None else _int_or_none(recorded)
     n = _checked(d, "images")
     if size is None:
         return (skip(name, "no image_size in index.json nor in the policy") if n else

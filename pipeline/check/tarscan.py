@@ -11,6 +11,7 @@ hashes; offenders as strings by the check they break), never the samples themsel
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import re
@@ -18,6 +19,7 @@ import tarfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from pipeline.check.content import inspect_image, text_problem
 from pipeline.formats.sample import MEMBER_ORDER
@@ -48,7 +50,7 @@ class ShardScan:
     """Perceptual hash of each sample's image (None: no image, or it did not decode)."""
     exact: list[str | None] = field(default_factory=list)
     """Exact-content key of each sample: its image (pixels when deep, bytes otherwise), else its text."""
-    text_sig: list[bytes | None] = field(default_factory=list)
+    text_sig: list[builtins.bytes | None] = field(default_factory=list)  # builtins: the field `bytes` hides the type
     """MinHash of the text of samples without an image (captions follow their image)."""
     offenders: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     """check name -> "shard:key: why" for each sample that breaks it."""
@@ -67,10 +69,10 @@ class ShardScan:
 class _HashingReader:
     """A file wrapper that feeds every byte read to sha256 and counts them."""
 
-    def __init__(self, f):
+    def __init__(self, f: BinaryIO):
         self.f, self.h, self.n = f, hashlib.sha256(), 0
 
-    def read(self, size=-1):
+    def read(self, size: int = -1) -> bytes:
         b = self.f.read(size)
         self.h.update(b)
         self.n += len(b)
@@ -96,7 +98,8 @@ def scan_shard(job: tuple[Path, str, ScanSettings]) -> ShardScan:
     with f:
         reader = _HashingReader(f)
         try:
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
+            # a stream ("r|") only reads; typeshed's _Fileobj also asks for write, seek and tell
+            with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
                 _read_samples(tar, scan, s)
                 stop = tar.offset  # where tar readers stopped: the end marker, or a damaged header
         except (tarfile.TarError, OSError, EOFError) as e:
@@ -120,7 +123,9 @@ def _unreachable(path: Path, stop: int, count: int) -> str | None:
 
 
 def _read_samples(tar: tarfile.TarFile, scan: ShardScan, s: ScanSettings) -> None:
-    key, members, offset = None, {}, 0
+    key: str | None = None
+    members: dict[str, bytes] = {}
+    offset = 0
     for m in tar:
         scan.checked["members"] += 1
         if not m.isfile():
@@ -133,7 +138,10 @@ def _read_samples(tar: tarfile.TarFile, scan: ShardScan, s: ScanSettings) -> Non
         if dot and ext not in MEMBER_ORDER:
             scan.offenders["member_types"].append(
                 f"{scan.name}:{m.name}: .{ext} is not a member type pipe shard writes ({', '.join(MEMBER_ORDER)})")
-        data = tar.extractfile(m).read()
+        member = tar.extractfile(m)
+        if member is None:  # only a regular file (checked above) has data
+            raise AssertionError(f"{m.name}: a regular file without data")
+        data = member.read()
         if k != key:
             if key is not None:
                 _sample(scan, key, offset, members, s)

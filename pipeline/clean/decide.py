@@ -33,6 +33,7 @@ import os
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -281,7 +282,7 @@ def _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats) 
         neighbours[later].append((earlier, why))
     leader: dict[int, int] = {}
     for k in sorted(neighbours.keys() | {e for v in neighbours.values() for e, _ in v}, key=lambda k: rank[k]):
-        tried = set()
+        tried: set[int] = set()
         for cand, why in sorted(neighbours.get(k, ()), key=lambda c: rank[leader.get(c[0], c[0])]):
             target = leader.get(cand, cand)
             if target in tried or len(tried) >= MAX_TRIES:
@@ -326,7 +327,7 @@ def _confirm(results, a: Sample, b: Sample, s, outputs: Outputs | None, stats) -
 
 def _label_conflicts(results, samples, rank, groups, policy: str) -> list[dict]:
     report = []
-    for best, members in sorted(groups.items(), key=lambda g: rank[g[0]]):
+    for _, members in sorted(groups.items(), key=lambda g: rank[g[0]]):
         if len(members) < 2:
             continue
         counts = Counter(samples[k].label for k in members)
@@ -334,9 +335,12 @@ def _label_conflicts(results, samples, rank, groups, policy: str) -> list[dict]:
             continue
         members = sorted(members, key=lambda k: rank[k])
         winner = _winning_label(samples, members, counts, policy)
-        name = lambda lab: "(none)" if lab is None else lab  # noqa: E731
+
+        def name(lab: str | None) -> str:
+            return "(none)" if lab is None else lab
+
         summary = ", ".join(f"{name(lab)} x{n}" for lab, n in sorted(counts.items(), key=lambda x: (-x[1], name(x[0]))))
-        entry = {"files": sorted(results[samples[k].files[0]].source for k in members),
+        entry: dict[str, Any] = {"files": sorted(results[samples[k].files[0]].source for k in members),
                  "labels": {name(lab): n for lab, n in sorted(counts.items(), key=lambda x: name(x[0]))},
                  "policy": policy}
         if winner is _NO_WINNER:

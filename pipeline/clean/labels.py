@@ -139,7 +139,7 @@ def attach_captions(results, captions: dict[str, str], max_bytes: int | None = N
 
     A caption longer than ``max_bytes`` (--max-text-bytes) in UTF-8 is too_large, as a caption
     file of that size would be: judging it would cost the same memory."""
-    from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings, clean_text
+    from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings
 
     settings = TextSettings(max_bytes=MAX_TEXT_BYTES if max_bytes is None else max_bytes)
 

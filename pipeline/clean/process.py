@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.clean.discover import Candidate
+from pipeline.clean.records import FileResult
 from pipeline.core.files import atomic_write_bytes
 from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.image.clean import ImageSettings
-from pipeline.clean.records import FileResult
 from pipeline.media.text.clean import TextSettings
 
 HASH_CHUNK = 1 << 20
-_SETTINGS = None  # set once per worker process by init_worker
+_SETTINGS: WorkerSettings | None = None  # set once per worker process by init_worker
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,10 @@ def output_path(source: str, key: str, ext: str) -> str:
     return f"data/{folder}/{key}.{ext}" if folder else f"data/{key}.{ext}"
 
 
-def process(cand: Candidate, settings=None) -> FileResult:
+def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResult:
     s = settings or _SETTINGS
+    if s is None:
+        raise AssertionError("process() runs in a pool that init_worker set up, or is given its settings")
     r = FileResult(source=cand.source, key=cand.key, kind=cand.kind, label=cand.label)
     if cand.problem:
         r.reason, r.detail = cand.problem, cand.detail

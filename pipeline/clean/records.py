@@ -55,7 +55,7 @@ class FileResult:
         return json.dumps(vars(self), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, line: str) -> "FileResult":
+    def from_json(cls, line: str) -> FileResult:
         """Raises ValueError (a journal line to redo) for a kind or reason outside the vocabulary."""
         r = cls(**json.loads(line))
         r.kind = Kind(r.kind)

@@ -24,6 +24,10 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.clean.discover import Candidate, discover
+from pipeline.clean.journal import STATE_DIR, Journal
+from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
+from pipeline.clean.records import FileResult
+from pipeline.clean.report import ReportBuilder
 from pipeline.core.config import parse_byte_size
 from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
@@ -31,10 +35,6 @@ from pipeline.core.executor import OrderedPool
 from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atomic_write_text, occupied, output_lock, read_marker, sweep_tmp
 from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
-from pipeline.clean.journal import STATE_DIR, Journal
-from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
-from pipeline.clean.records import FileResult
-from pipeline.clean.report import ReportBuilder
 from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings
 
 RESIZE_MODES = ("pad", "crop", "stretch")
@@ -101,6 +101,12 @@ class CleanConfig:
     def fingerprint(self) -> dict:
         return {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}
 
+    def text_limit(self) -> int:
+        """--max-text-bytes in bytes: `validate` parsed a size such as 16MiB into its number."""
+        if not isinstance(self.max_text_bytes, int):
+            raise AssertionError(f"--max-text-bytes {self.max_text_bytes!r} was not parsed by validate()")
+        return self.max_text_bytes
+
     def as_dict(self) -> dict:
         return {f.name: (str(v) if isinstance(v, Path) else v)
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
@@ -135,7 +141,8 @@ def validate(cfg: CleanConfig) -> CleanConfig:
         (cfg.min_size >= 1, f"--min-size must be at least 1, got {cfg.min_size}"),
         (cfg.max_pixels >= 1, f"--max-pixels must be positive, got {cfg.max_pixels}"),
         (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
-        (cfg.label_conflicts in CONFLICT_POLICIES, f"--label-conflicts must be one of {', '.join(CONFLICT_POLICIES)}, got {cfg.label_conflicts!r}"),
+        (cfg.label_conflicts in CONFLICT_POLICIES,
+         f"--label-conflicts must be one of {', '.join(CONFLICT_POLICIES)}, got {cfg.label_conflicts!r}"),
         (0 <= cfg.near_image_distance <= 12, f"--near-image-distance must be between 0 and 12 bits, got {cfg.near_image_distance}"),
         (cfg.file_timeout >= 0, f"--file-timeout must be 0 (no limit) or more seconds, got {cfg.file_timeout}"),
         (0.5 <= cfg.near_text_jaccard <= 1, f"--near-text-jaccard must be between 0.5 and 1, got {cfg.near_text_jaccard}"),
@@ -160,6 +167,8 @@ def prepare_output(cfg: CleanConfig) -> Journal:
         if cfg.overwrite:
             _remove_owned(out)
             state = None
+        elif state is None:  # refuse_foreign let an occupied folder through only with pipe clean's marker
+            raise AssertionError(f"{out} has no readable marker")
         elif state.get("input") != str(cfg.input.resolve()):
             raise UsageError(f"{out} was cleaned from {state.get('input')}, not {cfg.input.resolve()}; pass --overwrite to replace it")
         elif state.get("settings") != cfg.fingerprint():
@@ -259,7 +268,7 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
         if lab is not None:
             from pipeline.clean.labels import attach_captions
 
-            label_notes.update(attach_captions(results, lab.captions, cfg.max_text_bytes))
+            label_notes.update(attach_captions(results, lab.captions, cfg.text_limit()))
         timings["process_s"] = time.perf_counter() - t
     finally:
         if pool is not None:
@@ -311,7 +320,7 @@ def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
         output=str(cfg.output),
         image=ImageSettings(cfg.size, cfg.resize_mode, cfg.format, cfg.quality, cfg.min_size, cfg.max_pixels,
                             parse_colour(cfg.background)),
-        text=TextSettings(max_bytes=cfg.max_text_bytes),
+        text=TextSettings(max_bytes=cfg.text_limit()),
     )
     return OrderedPool(process, workers, initializer=init_worker, initargs=(settings,))
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from pipeline.cli.common import exits_cleanly
-
 
 
 @exits_cleanly
@@ -22,20 +21,25 @@ def clean(
     quality: Annotated[int, typer.Option(help="JPEG/WebP quality, 1-100.")] = 90,
     min_size: Annotated[int, typer.Option(help="Quarantine images whose short side is below this (px).")] = 32,
     max_pixels: Annotated[int, typer.Option(help="Decompression-bomb limit, from the header, before decoding.")] = 178_956_970,
-    background: Annotated[str, typer.Option(help="Colour under transparency and padding: white, black, grey, #rrggbb. Artwork it would erase (white on transparency under white) goes on the contrasting colour instead.")] = "white",
+    background: Annotated[str, typer.Option(
+        help="Colour under transparency and padding: white, black, grey, #rrggbb. Artwork it would erase (white on "
+             "transparency under white) goes on the contrasting colour instead.")] = "white",
     max_text_bytes: Annotated[str, typer.Option(
         help="Quarantine text files larger than this as too_large, from their size before reading (bytes, or 16MiB, "
              "200MB...). 16 MiB is five long novels; above that a .txt is a log or a dump, and judging it takes a "
              "few times its size in memory per worker.")] = "16MiB",
-    labels: Annotated[Optional[Path], typer.Option(help="labels.csv|jsonl with path,label[,text] instead of class folders.")] = None,
+    labels: Annotated[Path | None, typer.Option(help="labels.csv|jsonl with path,label[,text] instead of class folders.")] = None,
     label_conflicts: Annotated[str, typer.Option(help="Same content, different labels: quarantine, majority or first.")] = "quarantine",
     near_dedup: Annotated[bool, typer.Option(help="Find near duplicates too (perceptual hash + pixels, MinHash + Jaccard).")] = True,
-    near_image_distance: Annotated[int, typer.Option(help="Perceptual-hash bits apart for two images to be compared on pixels (0-12).")] = 8,
-    near_text_jaccard: Annotated[float, typer.Option(help="Shingle Jaccard similarity from which texts are near duplicates (0.5-1).")] = 0.8,
+    near_image_distance: Annotated[int, typer.Option(
+        help="Perceptual-hash bits apart for two images to be compared on pixels (0-12).")] = 8,
+    near_text_jaccard: Annotated[float, typer.Option(
+        help="Shingle Jaccard similarity from which texts are near duplicates (0.5-1).")] = 0.8,
     workers: Annotated[int, typer.Option(help="Worker processes (0 = one per core).")] = 0,
-    file_timeout: Annotated[float, typer.Option(help="Seconds one file may take before it is quarantined as timeout (0 = no limit).")] = 120.0,
+    file_timeout: Annotated[float, typer.Option(
+        help="Seconds one file may take before it is quarantined as timeout (0 = no limit).")] = 120.0,
     overwrite: Annotated[bool, typer.Option(help="Replace a CLEAN_DIR made from other input or settings.")] = False,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[clean] table sets any of these flags.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[clean] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
 ) -> None:
     """Validate, normalise and deduplicate INPUT into CLEAN_DIR; every file gets a status.

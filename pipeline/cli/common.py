@@ -10,7 +10,6 @@ import typer
 
 from pipeline.core.errors import StageFailed, UsageError
 
-
 # What an interrupted command says about running it again: the one place that knows which
 # commands pick up where they stopped. A command not listed here starts over, and says so.
 START_OVER = "run the same command again to start over"

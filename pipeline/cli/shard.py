@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,7 +25,7 @@ def shard(
     expected_workers: Annotated[int, typer.Option(help="Dataloader workers per rank you expect to train with.")] = 4,
     workers: Annotated[int, typer.Option(help="Processes that decode images to measure them (0 = one per core).")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a SHARD_DIR pipe shard made from other input or settings.")] = False,
-    config: Annotated[Optional[Path], typer.Option(help="TOML file whose \\[shard] table sets any of these flags.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[shard] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:
     """Write CLEAN_DIR's kept samples as deterministic webdataset shards plus index.json.
@@ -35,9 +35,9 @@ def shard(
     counted. The same CLEAN_DIR and settings give byte-identical shards; rerun into the same
     SHARD_DIR, shards an interrupted run finished are kept.
     """
-    from pipeline.shard import stage
     from pipeline.core import ui
     from pipeline.core.config import explicit_params, load_section, resolve
+    from pipeline.shard import stage
 
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
     cfg = resolve(stage.ShardConfig, values, explicit_params(ctx), load_section(config, "shard"))

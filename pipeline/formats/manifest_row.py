@@ -10,8 +10,9 @@ names the columns (pipe check's checks, the clean report) starts without it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pipeline.formats.vocabulary import Kind, Reason, Status, Word
 
@@ -55,7 +56,8 @@ class ManifestRow:
         """A row as Arrow reads it (``Table.to_pylist``). A column the file lacks reads as None, as
         ``dict.get`` did; a word outside the vocabulary (a hand-made or damaged manifest) stays the
         string it is, for the reader to judge (pipe shard names the key, pipe check the schema)."""
-        row = cls(*map(d.get, FIELDS))  # positional, in C: pipe shard reads a million rows
+        get: Callable[[str], Any] = d.get  # a cell is Any until judged: a hand-made file may hold anything
+        row = cls(*map(get, FIELDS))  # positional, in C: pipe shard reads a million rows
         for name, vocab in WORDS.items():
             setattr(row, name, _word(vocab, getattr(row, name)))
         return row

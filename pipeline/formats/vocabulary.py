@@ -47,7 +47,7 @@ class Reason(Word):
 
     description: str
 
-    def __new__(cls, value: str, description: str = "") -> "Reason":  # Reason("corrupt") looks a member up
+    def __new__(cls, value: str, description: str = "") -> Reason:  # Reason("corrupt") looks a member up
         member = str.__new__(cls, value)
         member._value_ = value
         member.description = description

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
+from typing import TextIO
 
 from pipeline import __version__
 from pipeline.core.files import STATE_DIR, atomic_write_text
@@ -43,7 +44,7 @@ class WrittenShards:
         self.dir = shard_dir
         self.path = shard_dir / STATE_DIR / JOURNAL
         self.recorded = self._load()
-        self._f = None
+        self._f: TextIO | None = None
 
     def _load(self) -> dict[str, tuple[str, ShardEntry]]:
         """name -> (plan digest, entry); the last line for a name wins, a line cut short or not ours is skipped."""

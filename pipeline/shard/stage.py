@@ -29,21 +29,23 @@ import re
 import stat
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from pipeline import __version__
-from pipeline.formats import index as shard_index
-from pipeline.formats import tarstream
-from pipeline.formats.sample import SampleParts, encode_meta, shard_key
-from pipeline.formats.manifest_row import NAMES, ManifestRow
-from pipeline.formats.pixels import ImagePixels
-from pipeline.formats.vocabulary import Kind, Status
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker, tmp_name
 from pipeline.core.rng import rng_for
-from pipeline.shard.split import split
 from pipeline.core.ui import progress
+from pipeline.formats import index as shard_index
+from pipeline.formats import tarstream
+from pipeline.formats.manifest_row import NAMES, ManifestRow
+from pipeline.formats.pixels import ImagePixels
+from pipeline.formats.sample import SampleParts, encode_meta, shard_key
+from pipeline.formats.vocabulary import Kind, Status
+from pipeline.shard.split import split
 
 SPLITS = ("train", "val")
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
@@ -166,9 +168,12 @@ def claim_output(cfg: ShardConfig) -> None:
     if not occupied(out) or cfg.overwrite:
         return
     state, want = read_marker(out), cfg.marker()
+    if state is None:  # refuse_foreign let an occupied folder through only with pipe shard's marker
+        raise AssertionError(f"{out} has no readable marker")
     if state.get("input") != want["input"]:
         raise UsageError(f"{out} was sharded from {state.get('input')}, not {want['input']}; pass --overwrite to replace it")
-    old = state.get("settings") if isinstance(state.get("settings"), dict) else {}
+    settings = state.get("settings")
+    old = settings if isinstance(settings, dict) else {}
     if old != want["settings"]:
         changed = ", ".join(f"--{k.replace('_', '-')} {old.get(k)} -> {v}" for k, v in want["settings"].items() if old.get(k) != v)
         raise UsageError(f"{out} was made with other settings ({changed}); pass --overwrite to replace it")
@@ -209,7 +214,7 @@ def load_samples(clean_dir: Path) -> tuple[list[Sample], list[str], str]:
             samples.append(s)
     _unique_keys(samples)
     for s in samples:
-        s.meta = encode_meta(s.meta)
+        s.meta = encode_meta(_loading_meta(s))
     samples.sort(key=lambda s: s.key)
     return samples, unlabelled, hashlib.sha256(raw).hexdigest()
 
@@ -226,9 +231,10 @@ def _sample(key: str, rows: list[ManifestRow], clean_dir: Path) -> Sample | None
     label = labels.pop()
     if label is None or label == "":
         return None
-    s = Sample(key=shard_key(key), label=label, meta={"label": label, "sources": {}})
+    meta: dict = {"label": label, "sources": {}}
+    s = Sample(key=shard_key(key), label=label, meta=meta)
     if key != s.key:
-        s.meta["manifest_key"] = key
+        meta["manifest_key"] = key
     for r in images:
         s.image, s.image_stat = _checked_output(clean_dir, r)
         ext = IMAGE_EXT.get(os.path.splitext(s.image)[1].lower())
@@ -237,15 +243,15 @@ def _sample(key: str, rows: list[ManifestRow], clean_dir: Path) -> Sample | None
         s.image_ext = ext
         s.phash = int(r.phash, 16) if r.phash else None
         s.pixels = recorded_pixels(r)
-        s.meta["sources"]["image"] = r.source
-        s.meta["image"] = {"width": r.width, "height": r.height}
+        meta["sources"]["image"] = r.source
+        meta["image"] = {"width": r.width, "height": r.height}
         if r.caption and not texts:  # a caption from the labels file: no row of its own
             s.text, s.text_stat = _checked_output(clean_dir, dataclasses.replace(r, output=r.caption))
-            s.meta["sources"]["text"] = f"{r.source} (labels file caption)"
+            meta["sources"]["text"] = f"{r.source} (labels file caption)"
     for r in texts:
         s.text, s.text_stat = _checked_output(clean_dir, r)
-        s.meta["sources"]["text"] = r.source
-        s.meta["text"] = {"encoding": r.encoding, "encoding_confidence": r.encoding_confidence}
+        meta["sources"]["text"] = r.source
+        meta["text"] = {"encoding": r.encoding, "encoding_confidence": r.encoding_confidence}
     return s
 
 
@@ -258,10 +264,10 @@ def recorded_pixels(row: ManifestRow) -> ImagePixels | None:
         return None
     if len(sums) != 3 or len(squares) != 3 or not all(map(_count, sums + squares)):
         return None
-    return ImagePixels(w, h, tuple(sums), tuple(squares))
+    return ImagePixels(w, h, (sums[0], sums[1], sums[2]), (squares[0], squares[1], squares[2]))
 
 
-def _count(v) -> bool:
+def _count(v: object) -> TypeGuard[int]:
     return type(v) is int and v >= 0  # not a bool, not a float
 
 
@@ -282,10 +288,17 @@ def _checked_output(clean_dir: Path, row: ManifestRow) -> tuple[str, tuple[int, 
 
 def _unique_keys(samples: list[Sample]) -> None:
     seen: set[str] = set()
-    for s in sorted(samples, key=lambda s: s.meta.get("manifest_key", s.key)):
+    for s in sorted(samples, key=lambda s: _loading_meta(s).get("manifest_key", s.key)):
         while s.key in seen:  # only possible after shortening long keys
             s.key = shard_key(f"{s.key}-{hashlib.sha1(s.key.encode()).hexdigest()[:8]}")
         seen.add(s.key)
+
+
+def _loading_meta(s: Sample) -> dict:
+    """The sample's .json member while it is still a dict: it becomes bytes only once the keys are final."""
+    if not isinstance(s.meta, dict):
+        raise AssertionError(f"sample {s.key}: its meta was encoded before the keys were final")
+    return s.meta
 
 
 # ---------------------------------------------------------------- 3. measure
@@ -311,7 +324,7 @@ def _measure_crashed(path: str, exc: BaseException) -> tuple:
 def measure(cfg: ShardConfig, samples: list[Sample], is_val: list[bool], show_progress: bool) -> tuple[shard_index.PixelStats, int | None]:
     """Exact train pixel stats and the one image size (errors are UsageError), from the numbers
     pipe clean recorded in the manifest; only images it recorded none for are decoded."""
-    stats, sizes = shard_index.PixelStats(), Counter()
+    stats, sizes = shard_index.PixelStats(), Counter[tuple[int, int]]()
     for s, val in zip(samples, is_val):
         if s.pixels is not None:
             _count_image(s.pixels, val, stats, sizes)
@@ -335,11 +348,13 @@ def _decode_unmeasured(cfg: ShardConfig, samples: list[Sample], is_val: list[boo
     from pipeline.core.cores import worker_count
     from pipeline.core.executor import OrderedPool
 
-    todo = [(s, v) for s, v in zip(samples, is_val) if s.image is not None and s.pixels is None]
+    todo = [(s.image, v) for s, v in zip(samples, is_val) if s.image is not None and s.pixels is None]
     if not todo:
         return
-    paths = [str(cfg.input / s.image) for s, _ in todo]
+    paths = [str(cfg.input / image) for image, _ in todo]
     workers = min(worker_count(cfg.workers), max(1, len(paths) // 64))
+    results: Iterator[ImagePixels | tuple[str, str]]
+    pool: OrderedPool | None
     if len(paths) < IN_PROCESS_BELOW or workers <= 1:
         results = map(measure_image, paths)
         pool = None
@@ -348,9 +363,9 @@ def _decode_unmeasured(cfg: ShardConfig, samples: list[Sample], is_val: list[boo
         results = pool.map(paths, on_crash=_measure_crashed)
     try:
         with progress("measure images", len(paths), show_progress) as advance:
-            for (s, val), res in zip(todo, results):
+            for (image, val), res in zip(todo, results):
                 if not isinstance(res, ImagePixels):
-                    raise UsageError(f"{cfg.input / s.image} does not decode ({res[1]}): was CLEAN_DIR changed? re-run pipe clean")
+                    raise UsageError(f"{cfg.input / image} does not decode ({res[1]}): was CLEAN_DIR changed? re-run pipe clean")
                 _count_image(res, val, stats, sizes)
                 advance(True)
     finally:
@@ -402,6 +417,13 @@ def write_shard(path: Path, samples: list[Sample], clean_dir: Path) -> shard_ind
         raise
 
 
+def _size(file_stat: tuple[int, int] | None) -> int:
+    """The size a file had at load: `_checked_output` stats every output path a sample has."""
+    if file_stat is None:
+        raise AssertionError("a sample's output file was not stat'ed at load")
+    return file_stat[0]
+
+
 def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) -> shard_index.ShardEntry:
     digest, offsets, pos, root = hashlib.sha256(), [], 0, os.fspath(clean_dir)
     with open(tmp, "wb") as f:
@@ -409,9 +431,9 @@ def _write_shard(tmp: Path, path: Path, samples: list[Sample], clean_dir: Path) 
             offsets.append(pos)
             parts = SampleParts(s.key, s.cls, s.meta, image_ext=s.image_ext)
             if s.image is not None:
-                parts.image = _read(root, s.image, s.image_stat[0])
+                parts.image = _read(root, s.image, _size(s.image_stat))
             if s.text is not None:
-                parts.text = _read(root, s.text, s.text_stat[0])
+                parts.text = _read(root, s.text, _size(s.text_stat))
                 _check_utf8(parts.text, clean_dir / s.text)
             chunk = b"".join(tarstream.member(name, data) for name, data in parts.members())  # one write per sample
             if len(chunk) != s.tar_bytes:
@@ -518,7 +540,7 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
     w = readers_warning(sum(e.split == "train" for e in entries), len(by_split["train"]), cfg)
     if w:
         warnings.append(w)
-    doc = {
+    doc: dict[str, Any] = {
         "schema_version": shard_index.SCHEMA_VERSION,
         "created_by": f"pipe shard {__version__}",
         "manifest_sha256": manifest_sha,

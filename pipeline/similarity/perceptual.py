@@ -22,6 +22,7 @@ icons, gradients and flat colours do not.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
 from PIL import Image
@@ -110,7 +111,7 @@ def _outside_std(img: Image.Image, box) -> float:
     return float(outside.std()) if outside.size else 0.0
 
 
-def load_view(path: str, width: int | None, height: int | None, mode: str) -> View | None:
+def load_view(path: str | IO[bytes], width: int | None, height: int | None, mode: str) -> View | None:
     """Open a cleaned output for pixel comparison; None when it cannot be read."""
     try:
         with Image.open(path) as im:

@@ -144,7 +144,9 @@ def load(path: Path, mmap: bool = False) -> dict:
 
 
 def rng_state() -> dict:
-    np_state = np.random.get_state()
+    np_state = np.random.get_state()  # legacy=True (the default): a tuple for numpy's global MT19937 generator
+    if not isinstance(np_state, tuple):
+        raise AssertionError("numpy's global generator state is not the legacy MT19937 tuple")
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),

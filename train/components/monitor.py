@@ -21,10 +21,14 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from train.distributed.group import Dist, all_gather_tensor
+
+if TYPE_CHECKING:  # imported where used: TensorBoard loads on the main rank only
+    from torch.utils.tensorboard import SummaryWriter
 
 # layout of the per-rank window tensor that is all-gathered
 _LOSS, _SAMPLES, _BATCHES, _MEAN, _STD, _WAIT, _TIME, _STEPS, _MEM = 0, 1, 2, slice(3, 6), slice(6, 9), 9, 10, 11, 12
@@ -91,7 +95,7 @@ class DriftDetector:
                                                 f"{[round(v, 4) for i, v in enumerate(losses) if i != r]})")
         self.loss = [x if self.loss[r] is None or not math.isfinite(x) else s.ema * x + (1 - s.ema) * self.loss[r]
                      for r, x in enumerate(losses)]
-        if means is not None:
+        if means is not None and stds is not None:  # both or neither: one gather makes them
             self.mean = [self._ema(self.mean[r], means[r]) for r in range(self.world)]
             self.std = [self._ema(self.std[r], stds[r]) for r in range(self.world)]
         if self.world > 1 and self.windows >= s.min_windows:
@@ -229,13 +233,14 @@ class Monitor:
             row["input_mean_per_rank"], row["input_std_per_rank"] = means, stds
         self.last_loss = loss
         self._write(row)
-        self.tb.add_scalar("loss/train", loss, step)
+        tb = self._tensorboard()
+        tb.add_scalar("loss/train", loss, step)
         for r, x in enumerate(losses):
-            self.tb.add_scalar(f"loss/rank_{r}", x, step)
-        self.tb.add_scalar("lr", lr, step)
-        self.tb.add_scalar("throughput/samples_per_s", row["samples_per_s"], step)
-        self.tb.add_scalar("data/wait_share", row["data_wait_share"], step)
-        self.tb.add_scalar("memory/peak_mb", row["memory_mb"], step)
+            tb.add_scalar(f"loss/rank_{r}", x, step)
+        tb.add_scalar("lr", lr, step)
+        tb.add_scalar("throughput/samples_per_s", row["samples_per_s"], step)
+        tb.add_scalar("data/wait_share", row["data_wait_share"], step)
+        tb.add_scalar("memory/peak_mb", row["memory_mb"], step)
         for warning in self.drift.update(step, losses, means, stds):
             self._write({"kind": "drift", **warning})
             self.console.print(f"[yellow]warning:[/] {warning['message']}")
@@ -247,8 +252,9 @@ class Monitor:
             return
         self._write({"kind": "val", "step": step, "epoch": epoch + 1, "val_loss": loss, "val_acc": acc,
                      "val_samples": samples, "time": time.time()})
-        self.tb.add_scalar("loss/val", loss, step)
-        self.tb.add_scalar("accuracy/val", acc, step)
+        tb = self._tensorboard()
+        tb.add_scalar("loss/val", loss, step)
+        tb.add_scalar("accuracy/val", acc, step)
 
     def event(self, **row) -> None:
         if self.d.is_main:
@@ -265,8 +271,15 @@ class Monitor:
     # -- helpers ----------------------------------------------------------------------------------
 
     def _write(self, row: dict) -> None:
+        if self.metrics is None:
+            raise AssertionError("only the main rank writes metrics.jsonl")
         self.metrics.write(json.dumps(row) + "\n")
         self.metrics.flush()
+
+    def _tensorboard(self) -> SummaryWriter:
+        if self.tb is None:
+            raise AssertionError("only the main rank writes TensorBoard events")
+        return self.tb
 
     def _line(self, row: dict, epochs: int) -> str:
         done = row["step"] - self.start_step

@@ -204,7 +204,8 @@ def worker_blocks(piece: tuple[Segment, ...], block: int, key: tuple[int, ...], 
         yield Block(blocks[j], tuple(order))
 
 
-def rank_stream(plan: EpochPlan, rank: int, workers: int, block: int, key: tuple[int, ...], consumed: int = 0) -> list[tuple[int, int, bool]]:
+def rank_stream(plan: EpochPlan, rank: int, workers: int, block: int, key: tuple[int, ...],
+                consumed: int = 0) -> list[tuple[int, int, bool]]:
     """The (shard, index, valid) this rank consumes, in order, from ``consumed`` samples on:
     exactly what `train.data.reader.ShardReader` under a DataLoader yields (a simulation for tests)."""
     if consumed % plan.batch:
@@ -214,12 +215,12 @@ def rank_stream(plan: EpochPlan, rank: int, workers: int, block: int, key: tuple
     streams = []
     for i, piece in enumerate(worker_spans(plan.spans[rank], plan.steps, plan.batch, w)):
         skip = batches_done(steps_done, i, w) * plan.batch
-        samples = []
+        samples: list[tuple[int, int, bool]] = []
         for b in worker_blocks(piece, block, (*key, i), skip):
             flat = [(seg.shard, seg.begin + k, seg.valid) for seg in b.segments for k in range(len(seg))]
             samples.extend(flat[o] for o in b.order)
         streams.append(iter(samples))
-    out = []
+    out: list[tuple[int, int, bool]] = []
     for t in range(steps_done, plan.steps):
         out.extend(next(streams[t % w]) for _ in range(plan.batch))
     return out

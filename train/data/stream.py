@@ -17,6 +17,7 @@ import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class SampleReader:
         piece = worker_spans(plan.spans[self.rank], plan.steps, self.batch_size, workers)[logical]
         skip = batches_done(steps_done, logical, workers) * self.batch_size
         block = self.shuffle_buffer if self.split == "train" else 0
-        files: dict[int, object] = {}
+        files: dict[int, BinaryIO] = {}
         try:
             for b in worker_blocks(piece, block, (self.seed, epoch, self.rank, logical), skip):
                 yield b, [self._read_segment(seg, files) for seg in b.segments]
@@ -82,7 +83,7 @@ class SampleReader:
             for f in files.values():
                 f.close()
 
-    def _read_segment(self, seg: Segment, files: dict) -> memoryview:
+    def _read_segment(self, seg: Segment, files: dict[int, BinaryIO]) -> memoryview:
         f = files.get(seg.shard)
         if f is None:
             f = files[seg.shard] = open(self.shard_dir / self.shards[seg.shard]["name"], "rb", buffering=0)
@@ -164,7 +165,7 @@ def read_aligned(fd: int, offset: int, n: int) -> memoryview:
     """
     raw = np.empty(n + ALIGN, dtype=np.uint8)
     skip = -raw.ctypes.data % ALIGN
-    view = memoryview(raw)[skip : skip + n]
+    view = raw.data[skip : skip + n]  # the array's own memoryview
     got = 0
     while got < n:
         k = os.preadv(fd, [view[got:]], offset + got)

@@ -128,8 +128,8 @@ def port_holder(port: int) -> str | None:
         try:
             if any(os.readlink(os.path.join(fd_dir, fd)) in inodes for fd in os.listdir(fd_dir)):
                 pid = fd_dir.split("/")[2]
-                with open(f"/proc/{pid}/comm") as f:
-                    return f"pid {pid} ({f.read().strip()})"
+                with open(f"/proc/{pid}/comm") as comm:
+                    return f"pid {pid} ({comm.read().strip()})"
         except OSError:
             continue
     return None

@@ -47,7 +47,8 @@ SOURCES = {
 }
 # what every text of the language must encode in (the bench's code pages for it)
 ENCODINGS = {
-    "eo": ("iso8859_3",), "cs": ("cp1250", "iso8859_2"), "pl": ("cp1250", "iso8859_2"), "de": ("cp1252", "iso8859_15"), "es": ("cp1252", "iso8859_15"),
+    "eo": ("iso8859_3",), "cs": ("cp1250", "iso8859_2"), "pl": ("cp1250", "iso8859_2"),
+    "de": ("cp1252", "iso8859_15"), "es": ("cp1252", "iso8859_15"),
     "el": ("cp1253", "iso8859_7", "cp737"),
     "ru": ("cp1251", "koi8_r", "iso8859_5", "mac_cyrillic", "cp866"), "uk": ("cp1251", "koi8_u", "mac_cyrillic"),
     "bg": ("cp1251",), "tr": ("cp1254", "iso8859_9"), "zh_CN": ("gb18030", "hz"), "zh_TW": ("big5hkscs", "cp950"),

@@ -59,9 +59,9 @@ def preload() -> None:
 
 def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     from pipeline.media.image.decode import Decoded, Target, decode
-    from pipeline.similarity.perceptual import phash
-    from pipeline.media.reject import Reject
     from pipeline.media.image.resize import fit_and_picture
+    from pipeline.media.reject import Reject
+    from pipeline.similarity.perceptual import phash
 
     out = ImageOutcome()
     d = Decoded()
@@ -78,6 +78,8 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     if out.reason is not None:
         return out
     rgb = d.image
+    if rgb is None:  # decode either sets the image or raises
+        raise AssertionError("the decoder returned without an image or a reason")
     out.content_hash = pixel_hash(rgb, d.pixels)
     final, picture = fit_and_picture(rgb, s.size, s.resize_mode, s.background)
     blank = _blank(picture if picture is not None else final)

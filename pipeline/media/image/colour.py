@@ -125,7 +125,15 @@ def _high_depth(im: Image.Image, notes: list[str]) -> Image.Image:
 def _from_lab(im: Image.Image) -> Image.Image:
     from PIL import ImageCms
 
-    return ImageCms.applyTransform(im, ImageCms.buildTransform(ImageCms.createProfile("LAB"), ImageCms.createProfile("sRGB"), "LAB", "RGB"))
+    lab_to_srgb = ImageCms.buildTransform(ImageCms.createProfile("LAB"), ImageCms.createProfile("sRGB"), "LAB", "RGB")
+    return _applied(ImageCms.applyTransform(im, lab_to_srgb))
+
+
+def _applied(out: Image.Image | None) -> Image.Image:
+    """ImageCms.applyTransform's result: None only when it converts in place, which pipe never asks."""
+    if out is None:
+        raise AssertionError("ImageCms.applyTransform returned no image")
+    return out
 
 
 def _convert_with_profile(im: Image.Image, icc: bytes | None, notes: list[str]) -> Image.Image:
@@ -145,7 +153,7 @@ def _convert_with_profile(im: Image.Image, icc: bytes | None, notes: list[str]) 
 def _apply(transform, im: Image.Image) -> Image.Image:
     from PIL import ImageCms
 
-    return ImageCms.applyTransform(im, transform)
+    return _applied(ImageCms.applyTransform(im, transform))
 
 
 def _transform(icc: bytes, mode: str, notes: list[str]):

@@ -93,6 +93,18 @@ def test_manifest_matches_input(good, tmp_path, change):
     assert r.numbers["not_in_manifest" if change == "added" else "not_in_input"] == 1
 
 
+def test_manifest_matches_input_names_rows_without_a_source(good, broken):
+    """A damaged manifest whose source is null in a row is reported like any other stray row,
+    among names of rows that match no input file, not a crash of the check."""
+    rows = manifest_rows(broken)
+    rows[0]["source"], rows[1]["source"] = None, "nowhere/else.jpg"
+    write_manifest(broken, rows)
+    r = result(check(broken, good[2], input=good[0]), "manifest_matches_input")
+    assert r.status == "fail"
+    assert "None: in the manifest, not in the input" in r.examples
+    assert r.numbers["not_in_input"] == 2
+
+
 def test_manifest_matches_input_is_skipped_not_passed_without_the_input(good, broken, tmp_path):
     edit_json(broken / "report.json", lambda d: d["settings"].update(input=str(tmp_path / "gone")))
     shutil.rmtree(broken / ".pipe")

@@ -151,7 +151,7 @@ def test_a_caption_in_the_labels_file_is_bounded_like_a_caption_file(tmp_path):
     photo(src / "b.jpg", seed=2)
     photo(src / "c.jpg", seed=3)
     write(tmp_path / "labels.csv", "path,label,text\n"
-          f"a.jpg,cat,{'x' * 2000}\nb.jpg,cat,{'é' * 600}\nc.jpg,cat,{'x' * 1000}\n".encode("utf-8"))
+          f"a.jpg,cat,{'x' * 2000}\nb.jpg,cat,{'é' * 600}\nc.jpg,cat,{'x' * 1000}\n".encode())
     out = tmp_path / "clean"
     clean.run(CleanConfig(input=src, output=out, workers=1, labels=tmp_path / "labels.csv", max_text_bytes="1000"),
               show_progress=False)

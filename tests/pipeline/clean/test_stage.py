@@ -256,7 +256,8 @@ def test_white_artwork_on_transparency_is_kept_visible_and_flat_images_are_blank
     and called exact duplicates of each other; flat images are blank_image, never duplicates."""
     from PIL import Image
 
-    from tests.image_samples import png, transparent_logo as logo
+    from tests.image_samples import png
+    from tests.image_samples import transparent_logo as logo
 
     src = tmp_path / "raw"
     write(src / "cats" / "logo.png", logo((255, 255, 255), shape=0))

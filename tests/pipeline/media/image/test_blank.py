@@ -17,7 +17,8 @@ from PIL import Image
 
 from pipeline.formats.vocabulary import Reason
 from pipeline.media.image.clean import ImageSettings, clean_image
-from tests.image_samples import png, transparent_logo as logo
+from tests.image_samples import png
+from tests.image_samples import transparent_logo as logo
 
 WHITE, BLACK = (255, 255, 255), (0, 0, 0)
 
