@@ -54,17 +54,10 @@ def check(
 
 
 def _refuse_junit_inside(path: Path, folders: list[Path]) -> None:
-    """Before any check runs: --junit must not name a folder, nor a file inside a folder being
-    checked (it would overwrite index.json or manifest.parquet, or add a stray file to data/)."""
-    from pipeline.core.errors import UsageError
+    """Before any check runs: --junit must not name a folder, nor a file inside a folder being checked."""
+    from pipeline.core.files import refuse_output_inside
 
-    target = path.resolve()
-    if target.is_dir():
-        raise UsageError(f"--junit {path} is a folder; name the XML file to write")
-    for folder in folders:
-        inside = folder.resolve()
-        if target == inside or inside in target.parents:
-            raise UsageError(f"--junit {path} is inside {folder}, a folder being checked; write it elsewhere")
+    refuse_output_inside(path, folders, "--junit", "XML", "checked")
 
 
 def _write_junit(report, path: Path) -> None:

@@ -129,3 +129,16 @@ def output_lock(folder: Path, tool: str):
             raise UsageError(f"{folder} is being written by another run (it holds {path}; `fuser {path}` names it); "
                              f"wait for it to finish or choose another folder for this {tool}") from None
         yield
+
+
+def refuse_output_inside(path: Path, folders: list[Path], flag: str, kind: str, role: str) -> None:
+    """Before anything runs: a file the command writes (``flag`` names it: --junit, --html, -o)
+    must not be a folder, nor land inside a folder it reads (``role``: "checked", "reported on"),
+    where it would overwrite index.json or manifest.parquet, or add a stray file to data/."""
+    target = path.resolve()
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; name the {kind} file to write")
+    for folder in folders:
+        inside = folder.resolve()
+        if target == inside or inside in target.parents:
+            raise UsageError(f"{flag} {path} is inside {folder}, a folder being {role}; write it elsewhere")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.core import files
 from pipeline.core.errors import UsageError
 
 if TYPE_CHECKING:  # the facts modules import pyarrow: only when a report is made
@@ -67,15 +68,8 @@ def build(dirs: list[Path], thumbnails: bool = True, check: dict | None = None) 
 
 
 def refuse_output_inside(path: Path, folders: list[Path], flag: str = "-o") -> None:
-    """The page must not land in a clean or shard dir (a stray file in data/, or overwriting
-    index.json or manifest.parquet), nor be a folder."""
-    target = path.resolve()
-    if target.is_dir():
-        raise UsageError(f"{flag} {path} is a folder; name the HTML file to write")
-    for folder in folders:
-        inside = folder.resolve()
-        if target == inside or inside in target.parents:
-            raise UsageError(f"{flag} {path} is inside {folder}, a folder being reported on; write it elsewhere")
+    """The page must not be a folder, nor land in a folder being reported on."""
+    files.refuse_output_inside(path, folders, flag, "HTML", "reported on")
 
 
 def write(html: str, path: Path) -> int:

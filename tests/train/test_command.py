@@ -13,15 +13,7 @@ from tests.clean_dirs import Spec, make_clean_dir
 from tests.train_shards import make_shards
 from train.components import checkpoint as ckpt
 
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """In-process runs get one intra-op thread, like each rank of a launched run."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,7 @@ from train.config import TrainConfig
 CLASSES = ["cat", "dog", "fox"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def noisy_shards(root: Path, n: int = 150, flip: float = 0.1, seed: int = 0) -> tuple[Path, set[str]]:

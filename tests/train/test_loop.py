@@ -23,16 +23,7 @@ from train.components import checkpoint as ckpt
 from train.config import BatchPlan, TrainConfig
 from train.distributed.group import Dist
 
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """One intra-op thread, as each rank of a launched run gets: on a shared 2-core machine two
-    OpenMP threads spin against the other processes and a step takes 10x longer."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(tmp: Path, name: str = "run", **over) -> TrainConfig:

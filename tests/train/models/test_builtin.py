@@ -10,13 +10,7 @@ from torch import nn
 from pipeline.core.errors import UsageError
 from train.models.builtin import build_model, forward, reader_fields
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _batch(n: int = 4, side: int = 32, length: int = 40, seed: int = 0) -> dict:

@@ -37,16 +37,7 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread, as each rank of a launched run gets, from the module's fixtures on: on a
-    shared 2-core machine two OpenMP threads spin against other processes (20x slower steps)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        yield
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _sentence(rng: random.Random, label: int) -> str:
