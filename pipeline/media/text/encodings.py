@@ -590,9 +590,12 @@ _COMMON_IDEOGRAPH = {"cp932": _JIS_LEVEL_1, "euc_jis_2004": _JIS_LEVEL_1, "shift
 def _rare_letters(text: str) -> int:
     """`_RARE_LETTER`s of a mostly Latin text (in Russian, "В" and "У" are words)."""
     head = text[:2000]
-    if _GREEK_OR_CYRILLIC_WORD.search(head) or len(_LATIN_LETTER.findall(head)) * 2 < len(_LETTER_RE.findall(head)):
+    if _GREEK_OR_CYRILLIC_WORD.search(head):
         return 0
-    return len(_RARE_LETTER_FAST.findall(text))
+    rare = _RARE_LETTER_FAST.findall(text)  # mostly none: then the letters need no counting
+    if not rare or len(_LATIN_LETTER.findall(head)) * 2 < len(_LETTER_RE.findall(head)):
+        return 0
+    return len(rare)
 
 
 # `_RARE_LETTER` with each match's character first (a look-behind first is tried at every position)
@@ -633,7 +636,10 @@ def _foreign_letters(text: str) -> int:
         return 0
     letters, total = set(counts), sum(counts.values())  # a set: `&` then runs over the smaller side
     inside = 0
-    for alphabet in _ALPHABETS:
+    # the alphabets holding the most frequent letter first: one of them mostly holds them all,
+    # and the scan ends there (CJK text would otherwise be weighed against 40 alphabets first)
+    top = max(counts, key=counts.__getitem__)
+    for alphabet in sorted(_ALPHABETS, key=lambda a: top not in a):
         inside = max(inside, sum(counts[ch] for ch in letters & alphabet))
         if inside == total:
             break
