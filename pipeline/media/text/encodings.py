@@ -590,9 +590,12 @@ _COMMON_IDEOGRAPH = {"cp932": _JIS_LEVEL_1, "euc_jis_2004": _JIS_LEVEL_1, "shift
 def _rare_letters(text: str) -> int:
     """`_RARE_LETTER`s of a mostly Latin text (in Russian, "В" and "У" are words)."""
     head = text[:2000]
-    if _GREEK_OR_CYRILLIC_WORD.search(head) or len(_LATIN_LETTER.findall(head)) * 2 < len(_LETTER_RE.findall(head)):
+    if _GREEK_OR_CYRILLIC_WORD.search(head):
         return 0
-    return len(_RARE_LETTER_FAST.findall(text))
+    rare = _RARE_LETTER_FAST.findall(text)  # mostly none: then the letters need no counting
+    if not rare or len(_LATIN_LETTER.findall(head)) * 2 < len(_LETTER_RE.findall(head)):
+        return 0
+    return len(rare)
 
 
 # `_RARE_LETTER` with each match's character first (a look-behind first is tried at every position)
@@ -633,7 +636,10 @@ def _foreign_letters(text: str) -> int:
         return 0
     letters, total = set(counts), sum(counts.values())  # a set: `&` then runs over the smaller side
     inside = 0
-    for alphabet in _ALPHABETS:
+    # the alphabets holding the most frequent letter first: one of them mostly holds them all,
+    # and the scan ends there (CJK text would otherwise be weighed against 40 alphabets first)
+    top = max(counts, key=counts.__getitem__)
+    for alphabet in sorted(_ALPHABETS, key=lambda a: top not in a):
         inside = max(inside, sum(counts[ch] for ch in letters & alphabet))
         if inside == total:
             break
@@ -802,8 +808,17 @@ def _looks_clean(text: str, data: bytes, codec: str) -> bool:
     """A multi-byte decode paired its high bytes into characters beyond Latin-1 (CJK text mixes
     in Latin words by right, so no more is asked); a single-byte one has no oddities."""
     if codec in MULTIBYTE:
-        return _paired(text) and not _C1.search(text)
+        return _paired(text) and not _has_c1(text)
     return _oddities(text, data, codec) == 0
+
+
+def _has_c1(text: str) -> bool:
+    """A C1 control anywhere: looked for among the text's Latin-1 characters alone (dropping the
+    rest is a C loop; a regex over 50 KB of CJK text costs about 4x as much)."""
+    return bool(text.encode("latin-1", "ignore").translate(None, _NOT_C1_BYTES))
+
+
+_NOT_C1_BYTES = bytes([*range(0x80), *range(0xA0, 0x100)])
 
 
 def _reads_otherwise(data: bytes, text: str, rival: str | None) -> bool:
