@@ -33,10 +33,13 @@ def _nothing() -> None:
     return None
 
 
-def _start_worker(initializer, initargs) -> None:
-    """Runs first in every worker process."""
-    parent = os.getppid()
+def _start_worker(parent: int, initializer, initargs) -> None:
+    """Runs first in every worker process. ``parent`` is the caller's pid as the caller saw it: a
+    caller killed while this worker was still starting is already gone here, and ``os.getppid()``
+    would name the reaper that adopted us, which never dies (the worker outlived its caller)."""
     _kill_me_with_parent()
+    if os.getppid() != parent:  # died before the kernel could be asked to kill us with it
+        os._exit(1)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="parent-watch").start()
     if initializer is not None:
         initializer(*initargs)
@@ -81,7 +84,7 @@ class OrderedPool(Generic[T, R]):
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         # spawn, not fork: the parent may hold threads (progress bar, pyarrow) that fork would copy mid-state
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                                   initializer=_start_worker, initargs=(self.initializer, self.initargs))
+                                   initializer=_start_worker, initargs=(os.getpid(), self.initializer, self.initargs))
 
     def start(self) -> OrderedPool:
         """Spawn the workers now, so that their start-up (a fresh interpreter importing the

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core.executor import OrderedPool
+from tests.conftest import pipe_env
 
 
 def square(x: int) -> int:
@@ -67,3 +68,12 @@ def test_a_stuck_item_times_out_and_the_rest_complete():
                         on_timeout=lambda i, s: ("timeout", i)))
     assert out == [0, 1, 2, ("timeout", 3), 4, 5, 6, 7]
     assert time.monotonic() - t < 30
+
+
+def test_a_worker_whose_caller_died_while_it_started_exits_at_once():
+    # A caller SIGKILLed while its worker was still importing is gone when the worker's start-up
+    # runs: the worker, adopted by a reaper that never dies, must not wait for work forever (the
+    # kill test saw two such orphans). The caller's pid comes from the caller, not from getppid().
+    code = "from pipeline.core.executor import _start_worker; _start_worker(1, None, ()); print('kept running')"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=pipe_env())
+    assert p.returncode == 1 and "kept running" not in p.stdout, (p.returncode, p.stdout, p.stderr)
