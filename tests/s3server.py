@@ -156,7 +156,7 @@ def start_rclone(root: Path) -> S3Server:
     port = free_port(RCLONE_HOST)
     argv = [_tool("rclone"), "serve", "s3", str(objects), "--addr", f"{RCLONE_HOST}:{port}",
             "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}", "--config", str(root / "rclone.conf"),
-            "--dir-cache-time", "0s", "--no-modtime", "--log-level", "ERROR"]
+            "--no-modtime", "--log-level", "ERROR"]
     server = S3Server(RCLONE_HOST, port, argv, root / "rclone.log")
     server.start()
     server.env = _client_env(server.endpoint, root)

@@ -16,7 +16,7 @@ __all__ = ["Entry", "Folder", "TooLarge", "is_remote", "open_folder"]
 S3_SCHEME = "s3://"
 
 
-def is_remote(arg: str | Path) -> bool:
+def is_remote(arg: object) -> bool:
     """Whether a folder argument names object storage (checked before anything is imported)."""
     return isinstance(arg, str) and arg.startswith(S3_SCHEME)
 

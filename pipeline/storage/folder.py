@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from pipeline.core.errors import UsageError
 
@@ -17,6 +18,18 @@ class Entry:
     rel: str
     size: int
     version: str
+
+
+class Stream(Protocol):
+    """What `Folder.open` returns: a binary stream to read and close (a file, or an object's body)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any, /) -> Any: ...
 
 
 class TooLarge(ValueError):
@@ -57,6 +70,15 @@ class Folder(abc.ABC):
     def read(self, rel: str, max_bytes: int | None = None) -> bytes:
         """The whole file; raises TooLarge past ``max_bytes`` (without reading it all) and
         FileNotFoundError when it does not exist."""
+
+    @abc.abstractmethod
+    def open(self, rel: str) -> Stream:
+        """The file as a stream read in chunks (hashing a huge file never holds it whole); the
+        stream's ``stat()`` gives its size. FileNotFoundError when it does not exist."""
+
+    @abc.abstractmethod
+    def upload(self, rel: str, path: Path) -> None:
+        """Copy the local file ``path`` to ``rel`` (large files in parts on S3), atomically."""
 
     @abc.abstractmethod
     def read_range(self, rel: str, start: int, length: int) -> bytes:

@@ -6,8 +6,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from pipeline.core.files import atomic_write_bytes, tmp_name
-from pipeline.storage.folder import Entry, Folder, TooLarge, check_rel, sort_key
+from pipeline.core.files import atomic_copy, atomic_write_bytes, tmp_name
+from pipeline.storage.folder import Entry, Folder, Stream, TooLarge, check_rel, sort_key
 
 
 class LocalFolder(Folder):
@@ -42,6 +42,12 @@ class LocalFolder(Folder):
                 if size > max_bytes:
                     raise TooLarge(rel, size)
             return f.read()
+
+    def open(self, rel: str) -> Stream:
+        return open(self._path(rel), "rb")
+
+    def upload(self, rel: str, path: Path) -> None:
+        atomic_copy(path, self._path(rel))
 
     def read_range(self, rel: str, start: int, length: int) -> bytes:
         with open(self._path(rel), "rb") as f:
@@ -82,3 +88,4 @@ def _is_regular(mode: int) -> bool:
     import stat
 
     return stat.S_ISREG(mode)
+

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from pipeline.core.errors import StageFailed, UsageError
@@ -243,6 +246,27 @@ class S3Folder(Folder):
             data = resp["Body"].read()
             return (data[int(start): int(end) + 1] if not content_range else data), total
 
+    def open(self, rel: str) -> ObjectStream:
+        """One GET whose body is read as the caller asks (in chunks for hashing)."""
+        from botocore.exceptions import ClientError
+
+        key = self._key(rel)
+        with self._errors(rel):
+            try:
+                resp = client().get_object(Bucket=self.bucket, Key=key)
+            except ClientError as e:
+                if _code(e) in _NOT_FOUND:
+                    raise FileNotFoundError(2, "no such object", f"{self.url}/{rel}") from None
+                raise
+        return ObjectStream(self, rel, resp)
+
+    def upload(self, rel: str, path: Path) -> None:
+        """boto3's managed upload: one PUT for a small file, a multipart upload (completed as
+        one object, visible only when whole) for a large one, such as a 1 GiB shard."""
+        key = self._key(rel)
+        with self._errors(rel):
+            client().upload_file(str(path), self.bucket, key)
+
     def write(self, rel: str, data: bytes) -> None:
         key = self._key(rel)
         with self._errors(rel):
@@ -289,6 +313,36 @@ class S3Folder(Folder):
 
     def child(self, rel: str) -> S3Folder:
         return S3Folder(self.bucket, self._key(rel))
+
+
+class ObjectStream(io.RawIOBase):
+    """An object's body as a binary stream; ``stat()`` gives its size (times are 0: an object
+    has none a re-run could compare). A failure while reading is a storage failure (StageFailed)."""
+
+    def __init__(self, folder: S3Folder, rel: str, resp: dict):
+        super().__init__()
+        self._folder, self._rel, self._body = folder, rel, resp["Body"]
+        self._size = int(resp.get("ContentLength", 0))
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        with self._folder._errors(self._rel):
+            return self._body.read(None if size is None or size < 0 else size)
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._body.close()
+        super().close()
+
+    def stat(self) -> SimpleNamespace:
+        return SimpleNamespace(st_size=self._size, st_mtime_ns=0, st_ctime_ns=0)
 
 
 class _EmptyRange(Exception):
