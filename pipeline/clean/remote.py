@@ -75,10 +75,24 @@ def _classify(folder: Folder, rel: str) -> Candidate:
 
 
 def copy_input(input_url: str, source: str, dest: Path) -> None:
-    """A quarantined object copied into CLEAN_DIR/quarantine/ (FileNotFoundError: gone since)."""
-    from pipeline.core.files import atomic_write_bytes
+    """A quarantined object copied into CLEAN_DIR/quarantine/, streamed (it may be a huge file
+    quarantined as too_large) through a temporary name (FileNotFoundError: gone since)."""
+    import contextlib
+    import os
+    import shutil
 
-    atomic_write_bytes(dest, open_folder(input_url).read(source))
+    from pipeline.core.files import tmp_name
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(dest)
+    try:
+        with open_folder(input_url).open(source) as f, open(tmp, "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def run_to_object_storage(cfg, show_progress: bool) -> dict:
