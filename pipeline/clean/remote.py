@@ -22,6 +22,7 @@ from pipeline.core.errors import UsageError
 from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.sniff import HEAD_BYTES, sniff
 from pipeline.storage import Folder, is_remote, open_folder
+from pipeline.storage.folder import check_rel
 from pipeline.storage.transfer import MARKER, claim, publish, remove_staging, staging_dir
 
 COMMIT = "manifest.parquet"
@@ -63,6 +64,11 @@ def discover_remote(url: str, labels: dict[str, str] | None = None, exclude: set
 
 def _classify(folder: Folder, rel: str) -> Candidate:
     url = f"{folder.url}/{rel}"
+    try:
+        check_rel(rel)
+    except UsageError:  # legal in S3, yet no path a folder (or CLEAN_DIR's mirror of it) could hold
+        return Candidate(rel, url, Kind.OTHER, "?", problem=Reason.UNREADABLE,
+                         detail="an object key with an empty, '.' or '..' part is no file path")
     try:
         head = folder.read_range(rel, 0, HEAD_BYTES + 512)
     except FileNotFoundError:
