@@ -80,6 +80,7 @@ def runs(s3_server, tmp_path_factory):
     done = {"root": root, "raw": raw, "bucket": bucket, "procs": []}
     steps = [("clean", raw, root / "clean", "--workers", "1"),
              ("clean", f"{bucket}/raw", f"{bucket}/clean", "--workers", "1"),
+             ("clean", raw, f"{bucket}/clean-of-local", "--workers", "1"),
              ("shard", root / "clean", root / "shards", "--workers", "1", "--max-count", "3"),
              ("shard", f"{bucket}/clean", f"{bucket}/shards", "--workers", "1", "--max-count", "3")]
     for command, src, dst, *flags in steps:
@@ -104,6 +105,14 @@ def test_clean_on_s3_writes_what_a_local_clean_writes(runs, aws_env):
     assert sorted(k for k in remote if not k.startswith(("data/", "quarantine/"))) == [".pipe/state.json", "report.json"]
     assert b'"output": "s3://stages/clean"' in remote["report.json"]
     assert b'"input": "s3://stages/raw"' in remote[".pipe/state.json"]
+
+
+def test_a_local_input_cleaned_into_s3_gives_the_same_objects(runs, aws_env):
+    from_s3 = _objects(f"{runs['bucket']}/clean")
+    from_local = _objects(f"{runs['bucket']}/clean-of-local")
+    assert _rows(from_local.pop("manifest.parquet")) == _rows(from_s3.pop("manifest.parquet"))
+    outputs = {k: v for k, v in from_s3.items() if k.startswith(("data/", "quarantine/"))}
+    assert {k: v for k, v in from_local.items() if k.startswith(("data/", "quarantine/"))} == outputs
 
 
 def test_shard_on_s3_writes_the_same_shards_and_index(runs, aws_env):
