@@ -112,6 +112,8 @@ def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path
     """The input folder: --input, else report.json's settings.input, else the absolute path .pipe/state.json keeps."""
     if override is not None:
         return override, ""  # checked to be a folder by the stage
+    if isinstance(override, str) or str(settings.get("input", "")).startswith("s3://"):  # object storage: listed when compared
+        return override or settings["input"], ""
     tried = []
     if isinstance(settings.get("input"), str) and settings["input"]:
         tried.append(Path(settings["input"]))
@@ -202,7 +204,12 @@ def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
     from pipeline.clean.discover import discover
 
     exclude = _labels_file(d)
-    on_disk = {c.source for c in discover(d.input, labels={}, exclude=exclude)}
+    if isinstance(d.input, str):  # an s3:// INPUT
+        from pipeline.clean.remote import discover_remote
+
+        on_disk = {c.source for c in discover_remote(d.input, labels={}, exclude=exclude)}
+    else:
+        on_disk = {c.source for c in discover(d.input, labels={}, exclude=exclude)}
     listed = Counter(r.get(NAMES.source) for r in d.rows)
     missing = sorted(s for s in on_disk if s not in listed)
     # key=str: a damaged manifest's null source (None) sorts among the names instead of crashing the check

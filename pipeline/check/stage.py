@@ -22,6 +22,7 @@ from pipeline.check.policy import Policy
 from pipeline.check.policy import load as load_policy
 from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
 from pipeline.core.errors import UsageError
+from pipeline.storage import is_remote
 
 F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
 
@@ -105,11 +106,15 @@ def detect(path: Path) -> str:
 
 
 def run(cfg: CheckConfig, show_progress: bool = False) -> CheckReport:
+    if any(is_remote(d) for d in cfg.dirs):
+        from pipeline.check import remote
+
+        return remote.run(cfg, show_progress)
     if not cfg.dirs:
         raise UsageError("give at least one folder to check")
     if cfg.workers < 0:
         raise UsageError(f"--workers must be 0 (all cores) or more, got {cfg.workers}")
-    if cfg.input is not None and not cfg.input.is_dir():
+    if cfg.input is not None and not is_remote(cfg.input) and not cfg.input.is_dir():
         raise UsageError(f"--input {cfg.input} is not a folder")
     policy = load_policy(cfg.policy)  # a bad policy stops us before any work
     kinds = [(d, detect(d)) for d in cfg.dirs]  # so does a bad folder, even the last one

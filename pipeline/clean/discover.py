@@ -118,9 +118,7 @@ def _walk(root: str, root_real: str, rel: str):
                 Reason.UNSUPPORTED_FORMAT, f"a link to the folder {display_path(inside) if inside != '.' else 'INPUT itself'}, "
                                       "whose files are read there, under their own folder's label")
         elif is_dir and _metadata_folder(entry.name):
-            yield child, entry.path, (Reason.UNSUPPORTED_FORMAT, f"a hidden or tool folder ({_count_files(entry.path)} "
-                                      "inside), not read: .git, .ipynb_checkpoints, __MACOSX and the like hold copies "
-                                      "and metadata, not samples of a class")
+            yield child, entry.path, (Reason.UNSUPPORTED_FORMAT, hidden_folder_detail(_count_files(entry.path)))
         elif is_dir:
             yield from _walk(root, root_real, child)
         else:
@@ -133,9 +131,15 @@ def _metadata_folder(name: str) -> bool:
     return name.startswith(".") or name == "__MACOSX"
 
 
-def _count_files(path: str) -> str:
-    n = sum(len(files) for _, _, files in os.walk(path))
-    return f"{n} file" if n == 1 else f"{n} files"
+def _count_files(path: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(path))
+
+
+def hidden_folder_detail(n: int) -> str:
+    """The detail of a hidden or tool folder's row (a local folder or an object-storage prefix)."""
+    files = f"{n} file" if n == 1 else f"{n} files"
+    return (f"a hidden or tool folder ({files} inside), not read: .git, .ipynb_checkpoints, __MACOSX and the like "
+            "hold copies and metadata, not samples of a class")
 
 
 def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str] | None = None) -> list[Candidate]:
@@ -156,6 +160,11 @@ def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str]
         cand = _classify(rel, abspath, root_real)
         cand.source = display_path(rel)
         out.append(cand)
+    return labelled(out, labels)
+
+
+def labelled(out: list[Candidate], labels: dict[str, str] | None) -> list[Candidate]:
+    """Sorted by source, with labels (from ``labels``, else the first folder) and keys assigned."""
     out.sort(key=lambda c: c.source)
     for c in out:
         if labels is not None:

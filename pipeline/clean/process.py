@@ -28,6 +28,7 @@ class WorkerSettings:
     output: str
     image: ImageSettings
     text: TextSettings
+    input_url: str = ""  # an object-storage INPUT (s3://...): inputs are read through pipeline.storage
 
 
 def init_worker(settings: WorkerSettings) -> None:
@@ -53,8 +54,8 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
         r.reason, r.detail = cand.problem, cand.detail
         return r
     try:
-        with open(cand.path, "rb") as f:
-            st = os.fstat(f.fileno())
+        with _open_input(cand, s) as f:
+            st = f.stat() if s.input_url else os.fstat(f.fileno())
             r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
             too_large = cand.kind == Kind.TEXT and st.st_size > s.text.max_bytes
             if cand.kind == Kind.OTHER or too_large:  # hashed in chunks, never read whole
@@ -90,6 +91,16 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
         if cand.kind == Kind.IMAGE:
             _measure_output(r, payload, ext)
     return r
+
+
+def _open_input(cand: Candidate, s: WorkerSettings):
+    """The input file, or with an object-storage INPUT the object (``cand.path`` is its URL),
+    streamed: read whole or hashed in chunks exactly like a local file."""
+    if not s.input_url:
+        return open(cand.path, "rb")
+    from pipeline.storage import open_folder
+
+    return open_folder(s.input_url).open(cand.path[len(s.input_url) + 1:])
 
 
 def _measure_output(r: FileResult, payload: bytes, ext: str) -> None:

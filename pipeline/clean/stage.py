@@ -36,6 +36,7 @@ from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atom
 from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
 from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings
+from pipeline.storage import is_remote, open_folder
 
 RESIZE_MODES = ("pad", "crop", "stretch")
 FORMATS = ("jpg", "png", "webp")
@@ -126,13 +127,19 @@ def parse_colour(value: str) -> tuple[int, int, int]:
 
 def validate(cfg: CleanConfig) -> CleanConfig:
     """Check the operator's choices; every problem is one sentence and exit 2."""
-    if not cfg.input.exists():
-        raise UsageError(f"input folder not found: {cfg.input}")
-    if not cfg.input.is_dir():
-        raise UsageError(f"input is not a folder: {cfg.input}")
-    src, dst = cfg.input.resolve(), cfg.output.resolve()
-    if dst == src or src in dst.parents:
-        raise UsageError(f"the output folder {cfg.output} is inside the input folder {cfg.input}; pipe never writes into its input")
+    if is_remote(cfg.input) or is_remote(cfg.output):  # object storage (an S3 INPUT is listed when discovered)
+        from pipeline.clean.remote import check_folders
+
+        check_folders(cfg.input, cfg.output)
+    if not is_remote(cfg.input):
+        if not cfg.input.exists():
+            raise UsageError(f"input folder not found: {cfg.input}")
+        if not cfg.input.is_dir():
+            raise UsageError(f"input is not a folder: {cfg.input}")
+    if not (is_remote(cfg.input) or is_remote(cfg.output)):
+        src, dst = cfg.input.resolve(), cfg.output.resolve()
+        if dst == src or src in dst.parents:
+            raise UsageError(f"the output folder {cfg.output} is inside the input folder {cfg.input}; pipe never writes into its input")
     checks = [
         (8 <= cfg.size <= MAX_SIZE, f"--size must be between 8 and {MAX_SIZE} pixels, got {cfg.size}"),
         (cfg.resize_mode in RESIZE_MODES, f"--resize-mode must be one of {', '.join(RESIZE_MODES)}, got {cfg.resize_mode!r}"),
@@ -169,8 +176,8 @@ def prepare_output(cfg: CleanConfig) -> Journal:
             state = None
         elif state is None:  # refuse_foreign let an occupied folder through only with pipe clean's marker
             raise AssertionError(f"{out} has no readable marker")
-        elif state.get("input") != str(cfg.input.resolve()):
-            raise UsageError(f"{out} was cleaned from {state.get('input')}, not {cfg.input.resolve()}; pass --overwrite to replace it")
+        elif state.get("input") != input_id(cfg):
+            raise UsageError(f"{out} was cleaned from {state.get('input')}, not {input_id(cfg)}; pass --overwrite to replace it")
         elif state.get("settings") != cfg.fingerprint():
             changed = ", ".join(f"--{k.replace('_', '-')} {state['settings'].get(k)} -> {v}"
                                 for k, v in cfg.fingerprint().items() if state["settings"].get(k) != v)
@@ -182,9 +189,14 @@ def prepare_output(cfg: CleanConfig) -> Journal:
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
-    journal.write_state({"schema_version": 1, "tool": "pipe clean", "version": __version__, "input": str(cfg.input.resolve()),
+    journal.write_state({"schema_version": 1, "tool": "pipe clean", "version": __version__, "input": input_id(cfg),
                          "settings": cfg.fingerprint()})
     return journal
+
+
+def input_id(cfg: CleanConfig) -> str:
+    """The INPUT as the marker records it: the resolved local path, or the s3:// URL."""
+    return open_folder(str(cfg.input)).url if is_remote(cfg.input) else str(cfg.input.resolve())
 
 
 def refuse_foreign(out: Path) -> None:
@@ -237,6 +249,10 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
 
     The output folder is locked for the whole run (a second run into it stops at once), and
     only after it is known to be empty or pipe clean's: the lock file is the first thing written."""
+    if is_remote(cfg.output):
+        from pipeline.clean.remote import run_to_object_storage
+
+        return run_to_object_storage(cfg, show_progress)
     validate(cfg)
     refuse_foreign(cfg.output)
     with output_lock(cfg.output, "pipe clean"):
@@ -254,7 +270,7 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     try:
         sweep_tmp(cfg.output)
         lab = _labels(cfg)
-        candidates = discover(cfg.input, lab.labels if lab else None, lab.exclude if lab else None)
+        candidates = _discover(cfg, lab.labels if lab else None, lab.exclude if lab else None)
         label_notes = {}
         if lab is not None:
             from pipeline.clean.labels import check_against, share_within_samples
@@ -306,13 +322,21 @@ def _warm_up_manifest_writer() -> None:
     threading.Thread(target=load, name="pipe-warm-up", daemon=True).start()
 
 
+def _discover(cfg: CleanConfig, labels: dict[str, str] | None, exclude: set[str] | None) -> list[Candidate]:
+    if is_remote(cfg.input):
+        from pipeline.clean.remote import discover_remote
+
+        return discover_remote(str(cfg.input), labels, exclude)
+    return discover(cfg.input, labels, exclude)
+
+
 def _labels(cfg: CleanConfig):
     """The --labels file, read (None: labels come from class folders)."""
     if cfg.labels is None:
         return None
     from pipeline.clean.labels import read_labels
 
-    return read_labels(cfg.labels, cfg.input)
+    return read_labels(cfg.labels, Path(cfg.input))
 
 
 def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
@@ -321,6 +345,7 @@ def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
         image=ImageSettings(cfg.size, cfg.resize_mode, cfg.format, cfg.quality, cfg.min_size, cfg.max_pixels,
                             parse_colour(cfg.background)),
         text=TextSettings(max_bytes=cfg.text_limit()),
+        input_url=open_folder(str(cfg.input)).url if is_remote(cfg.input) else "",
     )
     return OrderedPool(process, workers, initializer=init_worker, initargs=(settings,))
 
@@ -382,7 +407,7 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
                 dest = out / rel
                 if not (dest.exists() and dest.stat().st_size == r.bytes):
                     try:
-                        atomic_copy(cfg.input / r.source, dest)
+                        _copy_input(cfg, r.source, dest)
                     except FileNotFoundError:  # gone since, or a name that is not UTF-8
                         keep_quarantine.discard(rel)
             rec = row(r, d, cap)
@@ -398,6 +423,15 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     except OSError as e:
         raise StageFailed(f"could not finish writing {out}: {e}") from None
     return doc
+
+
+def _copy_input(cfg: CleanConfig, source: str, dest: Path) -> None:
+    if is_remote(cfg.input):
+        from pipeline.clean.remote import copy_input
+
+        copy_input(str(cfg.input), source, dest)
+    else:
+        atomic_copy(cfg.input / source, dest)
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:

@@ -7,14 +7,14 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli.common import exits_cleanly
+from pipeline.cli.common import exits_cleanly, folder_arg
 
 
 @exits_cleanly
 def clean(
     ctx: typer.Context,
-    input: Annotated[Path, typer.Argument(help="The raw dataset folder (never modified).", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="CLEAN_DIR to write.", show_default=False)],
+    input: Annotated[str, typer.Argument(help="The raw dataset folder, or s3://bucket/prefix (never modified).", show_default=False)],
+    output: Annotated[str, typer.Option("--output", "-o", help="CLEAN_DIR to write, or s3://bucket/prefix.", show_default=False)],
     size: Annotated[int, typer.Option(help="Side of the square output images, in pixels.")] = 512,
     resize_mode: Annotated[str, typer.Option(help="pad (letterbox), crop (centre) or stretch.")] = "pad",
     format: Annotated[str, typer.Option("--format", help="Output image format: jpg, png or webp.")] = "jpg",
@@ -51,6 +51,7 @@ def clean(
     from pipeline.core.config import explicit_params, load_section, resolve
 
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
+    values["input"], values["output"] = folder_arg(input), folder_arg(output)
     cfg = resolve(stage.CleanConfig, values, explicit_params(ctx), load_section(config, "clean"))
     report = stage.run(cfg, show_progress=not json)
     from pipeline.core import ui  # rich: imported while the workers start, not before

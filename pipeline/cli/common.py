@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -18,6 +19,13 @@ AFTER_INTERRUPT = {
     "shard": "run the same command again to resume",  # finished shards are kept (.pipe/shards.jsonl)
     "train": "run the same command with --resume to continue from RUN_DIR/last.pt, the last checkpoint written",
 }
+
+
+def folder_arg(value: str | Path) -> Path:
+    """A folder argument: ``s3://bucket/prefix`` stays the URL it is (the stages open it with
+    pipeline.storage; a Path would fold its "//"), anything else is a local Path as before."""
+    text = str(value)
+    return text if text.startswith("s3://") else Path(text)  # type: ignore[return-value]
 
 
 def exits_cleanly(fn):

@@ -8,14 +8,15 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli.common import exits_cleanly
+from pipeline.cli.common import exits_cleanly, folder_arg
 
 
 @exits_cleanly
 def shard(
     ctx: typer.Context,
-    input: Annotated[Path, typer.Argument(help="CLEAN_DIR written by pipe clean (never modified).", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="SHARD_DIR to write.", show_default=False)],
+    input: Annotated[str, typer.Argument(help="CLEAN_DIR written by pipe clean, or s3://bucket/prefix (never modified).",
+                                         show_default=False)],
+    output: Annotated[str, typer.Option("--output", "-o", help="SHARD_DIR to write, or s3://bucket/prefix.", show_default=False)],
     val_fraction: Annotated[float, typer.Option(help="Share of each class for validation.")] = 0.1,
     max_count: Annotated[int, typer.Option(help="Most samples per shard.")] = 1000,
     max_size: Annotated[int, typer.Option(help="Most bytes per shard (tar headers and padding counted).")] = 1 << 30,
@@ -40,6 +41,7 @@ def shard(
     from pipeline.shard import stage
 
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
+    values["input"], values["output"] = folder_arg(input), folder_arg(output)
     cfg = resolve(stage.ShardConfig, values, explicit_params(ctx), load_section(config, "shard"))
     summary = stage.run(cfg, show_progress=not json)
     if json:

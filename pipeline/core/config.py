@@ -51,7 +51,8 @@ def resolve(cls, cli_values: dict[str, Any], explicit: set[str], file_values: di
     values: dict[str, Any] = {}
     for k, v in file_values.items():
         if k in fields:
-            values[k] = Path(v) if isinstance(v, str) and "Path" in str(fields[k].type) else v
+            # an s3:// folder stays a URL (a Path would fold its "//")
+            values[k] = Path(v) if isinstance(v, str) and "Path" in str(fields[k].type) and not v.startswith("s3://") else v
     for k, v in cli_values.items():
         if k in fields and (k in explicit or k not in values):
             values[k] = v

@@ -46,6 +46,7 @@ from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.sample import SampleParts, encode_meta, shard_key
 from pipeline.formats.vocabulary import Kind, Status
 from pipeline.shard.split import split
+from pipeline.storage import is_remote
 
 SPLITS = ("train", "val")
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
@@ -498,6 +499,10 @@ def run(cfg: ShardConfig, show_progress: bool = True) -> dict:
 
     SHARD_DIR is locked for the whole run (a second run into it stops at once), and only after
     `validate` found nothing in it that pipe shard did not write: the lock is the first thing written."""
+    if is_remote(cfg.input) or is_remote(cfg.output):
+        from pipeline.shard import remote
+
+        return remote.run(cfg, show_progress)
     validate(cfg)
     with output_lock(cfg.output, "pipe shard"):
         claim_output(cfg)
