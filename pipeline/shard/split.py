@@ -62,29 +62,32 @@ def _components(n: int, pairs: np.ndarray) -> np.ndarray:
             return label
 
 
-def group_ids(phashes: list[int | None], max_distance: int) -> np.ndarray:
-    """`near_duplicate_groups` as an array."""
-    n = len(phashes)
+def group_ids(hashes: np.ndarray, has_hash: np.ndarray, max_distance: int) -> np.ndarray:
+    """`near_duplicate_groups` of hashes given as arrays (uint64 values, and whether there is one)."""
+    n = len(hashes)
     ids = np.arange(n)
-    if max_distance < 0:
+    items = np.flatnonzero(has_hash)
+    if max_distance < 0 or not len(items):
         return ids
-    items = np.fromiter((i for i, h in enumerate(phashes) if h is not None), dtype=np.int64)
-    if not len(items):
-        return ids
-    values = np.array([phashes[i] for i in items.tolist()], dtype=np.uint64)
-    unique, inverse = np.unique(values, return_inverse=True)  # identical hashes join at once; compare each value once
+    unique, inverse = np.unique(hashes[items], return_inverse=True)  # identical hashes join at once; compare each value once
     inverse = inverse.reshape(-1)
-    component = _components(len(unique), _close_pairs(unique, max_distance) if len(unique) > 1 else np.zeros((0, 2), np.int64))
-    of_item = component[inverse]
+    pairs = _close_pairs(unique, max_distance) if len(unique) > 1 else np.zeros((0, 2), dtype=np.int64)
+    of_item = _components(len(unique), pairs)[inverse]
     smallest = np.full(len(unique), n, dtype=np.int64)
     np.minimum.at(smallest, of_item, items)  # a group's id: its smallest member index
     ids[items] = smallest[of_item]
     return ids
 
 
+def hash_arrays(phashes: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes as a list (None: no hash) -> (uint64 values, whether there is one)."""
+    has = np.array([h is not None for h in phashes], dtype=bool)
+    return np.array([h or 0 for h in phashes], dtype=np.uint64), has
+
+
 def near_duplicate_groups(phashes: list[int | None], max_distance: int) -> list[int]:
     """Group id (the smallest member index) of every item; items without a hash stand alone."""
-    return group_ids(phashes, max_distance).tolist()
+    return group_ids(*hash_arrays(phashes), max_distance).tolist()
 
 
 def val_target(n: int, fraction: float) -> int:
@@ -103,16 +106,22 @@ class SplitResult:
 
 
 def split(labels: list[str], phashes: list[int | None], val_fraction: float, seed: int, max_distance: int) -> SplitResult:
-    """Decide train or val for each sample (given in canonical order: sorted by key).
+    """Decide train or val for each sample (given in canonical order: sorted by key)."""
+    names = sorted(set(labels))
+    index = {c: i for i, c in enumerate(names)}
+    lab = np.fromiter((index[x] for x in labels), dtype=np.int64, count=len(labels))
+    return split_arrays(lab, names, *hash_arrays(phashes), val_fraction, seed, max_distance)
+
+
+def split_arrays(lab: np.ndarray, names: list[str], hashes: np.ndarray, has_hash: np.ndarray,
+                 val_fraction: float, seed: int, max_distance: int) -> SplitResult:
+    """`split` of samples given as arrays: class indices into ``names`` (sorted), hashes as `group_ids` takes them.
 
     Per class (in name order), its groups in a seeded order go to val while the counts of every
     class they hold stay within target. Most groups are one sample (no near duplicate): those
     are handled as arrays, and only classes with bigger groups take the loop over groups."""
-    names = sorted(set(labels))
-    index = {c: i for i, c in enumerate(names)}
-    lab = np.fromiter((index[x] for x in labels), dtype=np.int64, count=len(labels))
-    gid = group_ids(phashes, max_distance)
-    size = np.bincount(gid, minlength=len(labels))
+    gid = group_ids(hashes, has_hash, max_distance)
+    size = np.bincount(gid, minlength=len(lab))
     n_class = np.bincount(lab, minlength=len(names))
     target = np.array([val_target(int(n), val_fraction) for n in n_class], dtype=np.int64)
     members = _multi_members(gid, size)
@@ -124,7 +133,7 @@ def split(labels: list[str], phashes: list[int | None], val_fraction: float, see
         c = min(counts, key=lambda c: (-counts[c], c))  # most common label, then by name
         primary[np.searchsorted(groups, g)] = c
         mixed.add(c)
-    in_val = np.zeros(len(labels), dtype=bool)  # by group id
+    in_val = np.zeros(len(lab), dtype=bool)  # by group id
     taken = np.zeros(len(names), dtype=np.int64)
     rng = rng_for(seed, 1)
     by_primary = [groups[primary == c] for c in range(len(names))]

@@ -41,7 +41,7 @@ from pipeline.formats import index as shard_index
 from pipeline.formats.pixels import ImagePixels
 from pipeline.shard.plan import SPLITS, Span, entry, make_plan
 from pipeline.shard.samples import IMAGE_EXT, Samples, load
-from pipeline.shard.split import split
+from pipeline.shard.split import split_arrays
 from pipeline.shard.write import write_shard
 
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
@@ -278,7 +278,7 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
     timings["load_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    res = split([classes[i] for i in samples.cls.tolist()], samples.phash, cfg.val_fraction, cfg.seed, cfg.split_distance)
+    res = split_arrays(samples.cls, classes, samples.phash, samples.has_phash, cfg.val_fraction, cfg.seed, cfg.split_distance)
     is_val = np.array(res.is_val, dtype=bool)
     timings["split_s"] = time.perf_counter() - t
 

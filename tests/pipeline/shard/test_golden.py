@@ -7,7 +7,8 @@ version moves them) and holds what the writer must get right: images of every ex
 of sizes around the 512-byte block (0, 511, 512, 513), texts, image+text pairs, a labels-file
 caption, keys that need making safe (and two that then collide), a key too long for a tar
 name, unlabelled and not-kept rows, non-ASCII labels, sources and texts, near-duplicate
-hashes, and pixel sums recorded by pipe clean.
+hashes, sources and labels JSON must escape, missing or odd numbers, and pixel sums recorded
+by pipe clean.
 """
 
 import hashlib
@@ -51,13 +52,13 @@ def image_row(root, key: str, label, i: int, **kw) -> dict:
     return row(source=f"{label or 'none'}/{key}.{ext}", key=key, kind="image", label=label, output=out,
                width=None if i % 11 == 0 else 40 + i, height=30 + i, phash=f"{(i * 0x9E3779B97F4A7C15) % 2**64:016x}",
                output_width=16, output_height=16, pixel_sums=[i * 7, i * 11 + 3, 4000 - i],
-               pixel_squares=[i * i * 50, i * 900 + 7, 900_000 - i], **kw)
+               pixel_squares=[i * i * 50, i * 900 + 7, 900_000 - i]) | kw
 
 
 def text_row(root, key: str, label, i: int, **kw) -> dict:
     out = put(root, f"data/{label or 'none'}/{key}.txt", f"text {i} — ünïcode ✓ {'x' * (i * 37 % 700)}".encode())
     return row(source=f"{label or 'none'}/{key}.txt", key=key, kind="text", label=label, output=out,
-               encoding="utf-8" if i % 3 else "cp1252", encoding_confidence=round(0.5 + i / 200, 3), **kw)
+               encoding="utf-8" if i % 3 else "cp1252", encoding_confidence=round(0.5 + i / 200, 3)) | kw
 
 
 def golden_clean_dir(root):
@@ -79,6 +80,15 @@ def golden_clean_dir(root):
     rows.append(image_row(root, "k" * 95, "élan", 85))
     rows.append(image_row(root, "nolabel", None, 86))
     rows.append(text_row(root, "emptylabel", "", 87))
+    odd = image_row(root, "odd1", "cat", 88)
+    odd.update(source='cat/we"ird\\na\tme.jpg', width=None, height=None, phash="ABCDEF0123456789")
+    rows.append(odd)
+    rows.append(image_row(root, "pair2", "dog", 89, caption=put(root, "data/dog/pair2.caption.txt", b"ignored: the text row wins")))
+    rows.append(text_row(root, "pair2", "dog", 89, encoding=None, encoding_confidence=None))
+    rows.append(text_row(root, "nan1", "qu\"ote", 90, encoding_confidence=float("nan")))
+    rows.append(text_row(root, "tiny1", "qu\"ote", 91, encoding_confidence=1e-05))
+    rows.append(image_row(root, "ключ", "élan", 92))  # made safe: "x" ...
+    rows.append(image_row(root, "ключ2", "élan", 93, phash="0x0123456789abcd"))  # ... "2"; and a phash int() reads
     rows.append(row(source="cat/bad.jpg", key="bad", kind="image", label="cat", status="quarantined", reason="corrupt", output=""))
     rows.append(row(source="cat/dup.jpg", key="dup", kind="image", label="cat", status="duplicate", reason="exact_duplicate",
                     output="", duplicate_of="cat/s000.jpg"))
@@ -99,34 +109,36 @@ SETTINGS = {
     "small shards": {"max_count": 7, "val_fraction": 0.2, "seed": 5},
     "by size": {"max_size": 24_576, "val_fraction": 0.1, "seed": 0},
 }
-GOLDEN: dict[str, dict[str, str]] = {'by size': {'index.json': 'a11d8a71a36c3e23b03a6c7197fef427bf4251587373bf603e14afba72091b85',
-             'train-000000.tar': '105cb22ae7a4eb0b6970f349d2fa93271f4f4673329a183bbc6d428bbd21b2e9',
-             'train-000001.tar': '85e98917315f2bb89896623dd91ff323e32e06808083d666a5f7a11b5b03d43e',
-             'train-000002.tar': 'ea8092537c6825e8a7a4422f2caf9a75a4a3960a4bedbd645c42be9d339a109c',
-             'train-000003.tar': 'bddd4dc1b481c9353561f0d44c3eda314653af689db40ecdec2e9eee57f23be7',
-             'train-000004.tar': '41fe842f613c3471ddcddc64509ef35a30b424f6c473f8b3d631eeb88746899b',
-             'train-000005.tar': '348fe920661ed24befd8d75d79a68e06db51c9e6bcb8beef518edb448fe557bd',
-             'train-000006.tar': '8c5be53068cf6c19d616cf6219f4774742fda0d8c1defea41568066f70624e21',
-             'train-000007.tar': '563b76f73fcd65b281407382799442105bbc2083695ebf7bd96954db1b85d3d3',
-             'train-000008.tar': '271897d29f3d4a9ca611ffdc5b8a5e22e8bae2645d2495af63892961514fa886',
-             'train-000009.tar': '409d197dddcdb88c96ab03897af7ec3070dd28d7cba25da03b7d58cff3032b32',
-             'train-000010.tar': 'c2d4febc1f02203065967befe6e2c4f00c988169934fe4456572911a10d1a998',
-             'train-000011.tar': 'e90eed4480a0b582f38486b6ebe3f516a9f5c146abcadc3d69a9da61ff0cc177',
-             'val-000000.tar': '3de46307b36564a219a7dac5889bcdf79687759c8c03e867841b49f2865ed073',
-             'val-000001.tar': '3a9ed7f839f10adec928123991799c0c09ee3e53bd98a0089e774137a17144d8'},
- 'small shards': {'index.json': '023d8b9f51199129bd2db9d5a5a7c7d4d276dd66aa0db2730d9a43437d98884b',
-                  'train-000000.tar': '3fd45d9df683179bef3be9d7624c12074b7eab0d845b7e0ad3d4b3333d75e609',
-                  'train-000001.tar': '23a777086bf3f51293311491ecb2af8bdb9d2a506f9f62535fef156b91be0348',
-                  'train-000002.tar': '83873d6fd7f6406fe1b7defd93b2f42495b7fc09151489fa9bac6a1efcda74cd',
-                  'train-000003.tar': '69d3b0ca70a97dd5d181647870ac441b137a97f95392289fa9bf93e1e0bc9d84',
-                  'train-000004.tar': 'a125adb4b101906687695013bcf59f642649ea646705e19356e97c3b74b43f69',
-                  'train-000005.tar': '5d93158c897854fcd258e472e3ee648aba0b7934f60a43a5dc51e47fed40431c',
-                  'train-000006.tar': '5e544a46851d3bfe9b78447757ccd37580fc461fd819333bb78aba3eb6f7999f',
-                  'train-000007.tar': '94a61ad264f1aee5841844b3d3d12674ce18e7b93560dcd56d6cdc29361e572a',
-                  'train-000008.tar': 'ff3f00f2ddc2c3cd812f91e012b45dcdfc2480cd5001e9c2999cef16e6226b4e',
-                  'val-000000.tar': '6eeba5b3ccaba232295d35a33d52eec5a2855157550a7c047766fa3713342a95',
-                  'val-000001.tar': 'ac576290425fdaa0141d16777383fd44728bfec9c10dffe8b8793829f7409afd',
-                  'val-000002.tar': '9f02a9ee58782fcf4f15926bc217f8b2a8c254a163f5e4a3869b752843c7e396'}}  # from main at 55e288f
+GOLDEN: dict[str, dict[str, str]] = {'by size': {'index.json': 'c6e3c8c2a26b71267b80bc9c38d67c1f9a7209aa838d260ef460993cb95512f8',
+             'train-000000.tar': 'd757f33dd059520cdc2387f15d97b8164f97c64fbbc4224660f5edecec5a2f9f',
+             'train-000001.tar': '18a9eea1cef9e861241b2d692c0766b347be1f4d73f8c10b2c6e46e976b32878',
+             'train-000002.tar': '2fdbc0f149bd8f11b6f1c3da0346abffcedb4fbbcce5a2f902c9c15c11004be7',
+             'train-000003.tar': '03a31d9f8fe71e0967e1ae40e54414c69859a3a1a5a1442f357a3ee3481fa0a9',
+             'train-000004.tar': '3bd8a43a22374b4fcb7adea8fca894c7f7428eb10f43af078c90f9d0f8043528',
+             'train-000005.tar': '17b81c3e86fe1f53e4a16fd9711776627061695936a8d640798e3f4ae8cf458b',
+             'train-000006.tar': '555b0267b8b2df9cb846aec5096e504388d9dc791fedc02c760f64b0675bd0c9',
+             'train-000007.tar': '89afc8e6e345830da1d4a6bfa0b0f70dd47adc1a55825a619d3b9a69a6bf8c96',
+             'train-000008.tar': 'e1496a45a234cf0b55d9c662d393bf3df4a6729f17b8997674210b0e9ac32738',
+             'train-000009.tar': '7f5d58271e7f95b0eace3d941574348f9d7d53c17635255fdd944f3483a7bddb',
+             'train-000010.tar': 'c0899dd6abcece948366dbe1a92c78479741f4a452c0d4f443cce7110928a83d',
+             'train-000011.tar': 'b2f7bfb663a0430a1589902f9eda8355b098467c0a26ba7ec29affa12efdb188',
+             'train-000012.tar': '9f3682eec386e0545721e45aaa97910c6ff27bfbfa1442c889ff53df1698eb59',
+             'val-000000.tar': 'b19c864871587f334a6abcfb57be284314d4032270531306757bac65d26d6896',
+             'val-000001.tar': '4191546be97e08e63575edad20723893372ed09a6557c2c5d47e1c8bae961614'},
+ 'small shards': {'index.json': '68dcb1fd004b2e8573c208dad48c9a09e23c14826af9883e372e8dfbce92932e',
+                  'train-000000.tar': 'd6bcc68753e68c402d8eff2157093f84a245da9ab42ce371e5d92c55ec25b94f',
+                  'train-000001.tar': 'ae1d9364996026cd68e00a8efe9d6e26176592d4aa93c20d425bbe9343d28048',
+                  'train-000002.tar': 'd8cf8295c879ccc01e991e24e19b023d3ed5d97cc89b3b0b6b05794b2417b0bd',
+                  'train-000003.tar': 'e3a2e6ea0366a5d7726a7304d5e0774c43717422582c3c9d2a929f92e9bb12e6',
+                  'train-000004.tar': '05471721f6064bc7e72f4be1b31936422e27d7a3b60231c2a981ebad64fa560d',
+                  'train-000005.tar': '91751c09d65f7829f1f6cf6febb6f609bd0befe1985c20514d3768cd9c449ed9',
+                  'train-000006.tar': 'f51a561bb173630a538c39d31d56122a327c432077f01e28af90fc3a1d5be875',
+                  'train-000007.tar': '73136a12a3f9dfcc6893cd4c09d3d7568354b609f23199157b4b2c4311a6bf07',
+                  'train-000008.tar': '788b9fb9c41a4e5d05ef7ccdc57df6b20b41f7421b660750fa4f2df222fb40fc',
+                  'train-000009.tar': '6a3d200657118fe7efbd83702be54643206a87dd105f828bee48844ee999a5e6',
+                  'val-000000.tar': '635e125e4f784658d8c6fca5b02d63b7901dd2fd543c64c05105d2f6385f020e',
+                  'val-000001.tar': 'de8103d908829e32528371a1e5c3ba1f411c7b70f7b77b07ca60d5bab6e19e06',
+                  'val-000002.tar': 'c3de8d5ff38490f75f3e61c8b91d650b7c7b70e052bfea8dd0a60dc969643804'}}  # from main at 55e288f
 
 
 @pytest.mark.parametrize("settings", SETTINGS)
