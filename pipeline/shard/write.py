@@ -54,34 +54,36 @@ class _Members:
     is (FILE, TEXT or SMALL), and the path or bytes it comes from."""
 
     def __init__(self, plan: ShardPlan):
-        names: list[str] = []
-        sizes: list[int] = []
-        kinds: list[int] = []
-        data: list[Any] = []  # a path (str) or the bytes themselves
-        firsts: list[int] = []
-        for i, key in enumerate(plan.keys):
-            firsts.append(len(names))
-            image, text = plan.images[i], plan.texts[i]
-            if image is not None:
-                names.append(f"{key}.{plan.image_exts[i]}")
-                sizes.append(plan.image_sizes[i])
-                kinds.append(FILE)
-                data.append(image)
-            if text is not None:
-                names.append(f"{key}.txt")
-                sizes.append(plan.text_sizes[i])
-                kinds.append(TEXT)
-                data.append(text)
-            cls, meta = str(plan.cls[i]).encode("ascii"), plan.meta[i]
-            names += (f"{key}.cls", f"{key}.json")
-            sizes += (len(cls), len(meta))
-            kinds += (SMALL, SMALL)
-            data += (cls, meta)
-        self.names, self.kinds, self.data = names, kinds, data
-        self.sizes = np.array(sizes, dtype=np.int64)
-        self.spans = tarstream.member_sizes(self.sizes)  # header + data + padding
+        has_image = np.array([p is not None for p in plan.images], dtype=bool)
+        has_text = np.array([p is not None for p in plan.texts], dtype=bool)
+        count = has_image.astype(np.int64) + has_text + 2  # members per sample: image, text, .cls, .json
+        self.firsts = np.concatenate(([0], np.cumsum(count)[:-1]))  # each sample's first member
+        at_image, at_text = self.firsts[has_image], (self.firsts + has_image)[has_text]
+        at_cls = self.firsts + has_image + has_text
+        n = int(count.sum())
+        keys, images, texts, exts = plan.keys, plan.images, plan.texts, plan.image_exts
+        cls = [str(c).encode("ascii") for c in plan.cls]
+        image_of, text_of = np.flatnonzero(has_image).tolist(), np.flatnonzero(has_text).tolist()
+        names, data = np.empty(n, dtype=object), np.empty(n, dtype=object)  # data: a path (str) or the bytes themselves
+        kinds, sizes = np.full(n, SMALL, dtype=np.int8), np.empty(n, dtype=np.int64)
+        names[at_image] = [f"{keys[i]}.{exts[i]}" for i in image_of]
+        names[at_text] = [f"{keys[i]}.txt" for i in text_of]
+        names[at_cls] = [f"{k}.cls" for k in keys]
+        names[at_cls + 1] = [f"{k}.json" for k in keys]
+        data[at_image], data[at_text] = [images[i] for i in image_of], [texts[i] for i in text_of]
+        data[at_cls], data[at_cls + 1] = cls, plan.meta
+        kinds[at_image], kinds[at_text] = FILE, TEXT
+        sizes[at_image] = np.array(plan.image_sizes, dtype=np.int64)[has_image]
+        sizes[at_text] = np.array(plan.text_sizes, dtype=np.int64)[has_text]
+        sizes[at_cls] = [len(c) for c in cls]
+        sizes[at_cls + 1] = [len(m) for m in plan.meta]
+        self.names: list[str] = names.tolist()
+        self.kinds: list[int] = kinds.tolist()
+        self.data: list[Any] = data.tolist()
+        self.size_list: list[int] = sizes.tolist()
+        self.sizes = sizes
+        self.spans = tarstream.member_sizes(sizes)  # header + data + padding
         self.starts = np.concatenate(([0], np.cumsum(self.spans)))  # offset of each member; the last: where the end goes
-        self.firsts = np.array(firsts, dtype=np.int64)
 
 
 def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntry:
@@ -91,7 +93,7 @@ def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntr
     root = os.open(clean_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with open(tmp, "wb", buffering=0) as f:
-            window = _Window(f, digest)
+            window = _Window(f, digest, int(m.starts[-1]))
             first = 0
             while first < len(m.names):
                 first = window.fill(m, heads, first, root, clean_dir)
@@ -110,9 +112,10 @@ class _Window:
     """A reused buffer of WINDOW bytes (plus a block: a file read one byte past its size, to see
     it grew, may spill over), flushed through sha256 into the shard file."""
 
-    def __init__(self, f, digest):
+    def __init__(self, f, digest, shard_bytes: int):
         self.f, self.digest = f, digest
-        self.buf = bytearray(WINDOW + BLOCK)
+        self.size = min(WINDOW, shard_bytes + BLOCK - 1) // BLOCK * BLOCK or BLOCK  # no bigger than the shard needs
+        self.buf = bytearray(self.size + BLOCK)
         self.view = memoryview(self.buf)
         self.array = np.frombuffer(self.buf, dtype=np.uint8)
         self.used = 0  # bytes of the window filled
@@ -122,7 +125,7 @@ class _Window:
         """Lay out the members from ``first`` on that fit in the window (at least one: a member
         larger than the window is streamed), flush, and return the next member's index."""
         starts = m.starts
-        last = int(np.searchsorted(starts, starts[first] + WINDOW, side="right")) - 1  # members [first, last) fit
+        last = int(np.searchsorted(starts, starts[first] + self.size, side="right")) - 1  # members [first, last) fit
         if last <= first:
             self._stream(m, heads, first, root, clean_dir)
             return first + 1
@@ -130,18 +133,29 @@ class _Window:
         span = int(starts[last]) - base
         self.array[:span] = 0  # padding, and what an earlier window left
         blocks = (starts[first:last] - base) // BLOCK
-        self.array[: WINDOW].reshape(-1, BLOCK)[blocks] = heads[first:last]
-        view, kinds, data, sizes = self.view, m.kinds, m.data, m.sizes
-        for i, at in zip(range(first, last), (starts[first:last] - base + BLOCK).tolist()):
-            kind = kinds[i]
-            if kind == SMALL:
-                d = data[i]
-                view[at : at + len(d)] = d
-            else:
-                size = int(sizes[i])
-                _read_into(root, data[i], view[at : at + size + 1], size, clean_dir)
+        self.array[: self.size].reshape(-1, BLOCK)[blocks] = heads[first:last]
+        view, rel, offsets = self.view, None, (starts[first:last] - base + BLOCK).tolist()
+        try:
+            for kind, d, size, at in zip(m.kinds[first:last], m.data[first:last], m.size_list[first:last], offsets):
+                if kind == SMALL:
+                    view[at : at + size] = d
+                    continue
+                rel = d  # the loop's hot path: one open, one readv (size + 1 bytes: a file that grew shows), one close
+                fd = os.open(d, os.O_RDONLY, dir_fd=root)
+                try:
+                    got = os.readv(fd, [view[at : at + size + 1]])
+                    if got < size:
+                        got = _read_rest(fd, view[at : at + size + 1], got, size)
+                finally:
+                    os.close(fd)
+                if got != size:
+                    raise _changed(clean_dir, d, size, got)
                 if kind == TEXT:
-                    _check_utf8(view[at : at + size], clean_dir / data[i])
+                    str(view[at : at + size], "utf-8")
+        except FileNotFoundError:
+            raise StageFailed(f"{clean_dir} changed while sharding ({rel} is gone); run pipe shard again") from None
+        except UnicodeDecodeError as e:
+            raise _not_utf8(clean_dir / str(rel), e) from None
         self.used = span
         self.flush()
         return last
@@ -180,9 +194,9 @@ class _Window:
         self._emit(tarstream.END_OF_ARCHIVE)
 
     def _emit(self, data: bytes) -> None:
-        if self.used + len(data) > WINDOW:
+        if self.used + len(data) > self.size:
             self.flush()
-        if len(data) > WINDOW:
+        if len(data) > self.size:
             self._out(memoryview(data))
             return
         self.view[self.used : self.used + len(data)] = data
@@ -208,33 +222,19 @@ def _open(root: int, rel: str, clean_dir: Path) -> int:
         raise StageFailed(f"{clean_dir} changed while sharding ({rel} is gone); run pipe shard again") from None
 
 
-def _read_into(root: int, rel: str, into: memoryview, size: int, clean_dir: Path) -> None:
-    """Read the file (``size`` bytes at load) straight into ``into`` (size + 1 bytes long: the
-    byte more shows a file that grew; it lands in padding or the next header, both written after)."""
-    fd = _open(root, rel, clean_dir)
-    try:
-        got = os.readv(fd, [into])  # all of a regular file, up to its end, in one call
-        while got < size:  # a short read (rare on a local disk), or a file that shrank
-            more = os.readv(fd, [into[got:]])
-            if not more:
-                break
-            got += more
-    finally:
-        os.close(fd)
-    if got != size:
-        raise _changed(clean_dir, rel, size, got)
+def _read_rest(fd: int, into: memoryview, got: int, size: int) -> int:
+    """After a short read (rare on a local disk, or a file that shrank): read on until the end."""
+    while got < size:
+        more = os.readv(fd, [into[got:]])
+        if not more:
+            break
+        got += more
+    return got
 
 
 def _changed(clean_dir: Path, rel: str, size: int, got: int) -> StageFailed:
     now = "more" if got > size else got
     return StageFailed(f"{clean_dir} changed while sharding ({rel} was {size} bytes, now {now}); run pipe shard again")
-
-
-def _check_utf8(data: memoryview, path: Path) -> None:
-    try:
-        str(data, "utf-8")
-    except UnicodeDecodeError as e:
-        raise _not_utf8(path, e) from None
 
 
 def _not_utf8(path: Path, e: UnicodeDecodeError) -> UsageError:
