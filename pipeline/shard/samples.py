@@ -95,7 +95,7 @@ def _load(path: Path, clean_dir: Path) -> tuple[Samples, str]:
 
     try:
         # ParquetFile, not read_table: that imports pyarrow.dataset and with it pandas (seconds)
-        manifest = pq.ParquetFile(path)
+        manifest = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering holds whole row groups: 10 MiB more at 100k rows
         names = set(manifest.schema_arrow.names)
         missing = set(REQUIRED) - names
         if missing:
@@ -128,7 +128,9 @@ def _kept(batch):
 
     from pipeline.formats.manifest import COLUMNS
 
-    batch = batch.filter(pc.equal(batch.column(NAMES.status).cast(pa.string()), Status.KEPT.value))
+    kept = pc.fill_null(pc.equal(batch.column(NAMES.status).cast(pa.string()), Status.KEPT.value), False)
+    if not pc.all(kept).as_py():  # (a copy only when some rows are not kept)
+        batch = batch.filter(kept)
     columns = []
     for name in READ_COLUMNS:
         want = COLUMNS.field(name).type
