@@ -1,11 +1,12 @@
 """`pipe shard`'s samples as columns: the kept, labelled rows of manifest.parquet, grouped by key
 (an image and its caption are one sample) and sorted by shard key.
 
-Held as arrays (Arrow strings and binaries, numpy numbers), not an object per sample: a
-million samples are a few hundred bytes each, not kilobytes of dicts and dataclasses. The
-manifest is read in column batches; only its kept rows are kept, and a Python value is made
-of a cell only while its sample is built. Each output file is stat'ed once, here: its size
-decides the shard layout before any byte is copied.
+Held as arrays (Arrow strings and binaries, numpy numbers), not an object per sample: a few
+hundred bytes a sample, not kilobytes of dicts and dataclasses. The manifest is read in column
+batches (only the columns shard uses, only the kept rows kept); grouping, the checks and the
+`.json` members are computed over whole columns with Arrow. Python visits a sample only to stat
+its files, once each, here: their sizes decide the shard layout before any byte is copied. A
+key that a check finds wrong is read row by row (`_check_rows`) for the message it always got.
 """
 
 from __future__ import annotations

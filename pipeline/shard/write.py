@@ -167,6 +167,7 @@ class _Window:
         if m.kinds[i] == SMALL:
             self._emit(rel)  # the bytes themselves
             self._emit(bytes(tarstream.padded(size) - size))
+            self.flush()
             return
         fd = _open(root, rel, clean_dir)
         try:
@@ -189,6 +190,7 @@ class _Window:
         if text_check is not None:
             text_check.finish()
         self._emit(bytes(tarstream.padded(size) - size))
+        self.flush()  # `fill` lays the next members out from the window's start
 
     def put_end(self) -> None:
         self._emit(tarstream.END_OF_ARCHIVE)

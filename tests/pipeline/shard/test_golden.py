@@ -146,3 +146,13 @@ def test_shards_are_byte_identical_to_those_of_the_writer_before(tmp_path, setti
     clean = golden_clean_dir(tmp_path / "clean")
     stage.run(stage.ShardConfig(clean, tmp_path / "out", workers=1, **SETTINGS[settings]), show_progress=False)
     assert digests(tmp_path / "out") == GOLDEN[settings]
+
+
+def test_files_larger_than_the_write_window_give_the_same_bytes(tmp_path, monkeypatch):
+    """A member larger than the writer's window is streamed through it (big images, long texts)."""
+    from pipeline.shard import write
+
+    monkeypatch.setattr(write, "WINDOW", 1024)  # most files here are larger: streamed; the rest share windows
+    clean = golden_clean_dir(tmp_path / "clean")
+    stage.run(stage.ShardConfig(clean, tmp_path / "out", workers=1, **SETTINGS["small shards"]), show_progress=False)
+    assert digests(tmp_path / "out") == GOLDEN["small shards"]

@@ -104,9 +104,14 @@ def test_the_interrupted_message_says_resume_and_the_rerun_does(tmp_path, clean,
     assert "kept from an earlier run" in r.stdout and "2 shards" in r.stdout
 
 
+@pytest.mark.parametrize("window", [None, 512])  # 512: every file is streamed through the writer's window
 @pytest.mark.parametrize("change", [b"grown", None])
-def test_a_clean_file_that_changes_size_while_sharding_stops_the_run(tmp_path, clean, monkeypatch, change):
+def test_a_clean_file_that_changes_size_while_sharding_stops_the_run(tmp_path, clean, monkeypatch, change, window):
     from pipeline.core.errors import StageFailed
+    from pipeline.shard import write
+
+    if window:
+        monkeypatch.setattr(write, "WINDOW", window)
 
     measure = stage.measure
 
