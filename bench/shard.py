@@ -1,7 +1,8 @@
 """`pipe shard` vs GNU `tar` writing the same CLEAN_DIR, as whole processes, same data, same run.
 
-    python bench/shard.py                 # 10,000 and 100,000 samples
+    python bench/shard.py                 # 10,000, 30,000 and 100,000 samples, 3 rounds each
     python bench/shard.py --sizes 10000   # one size only
+    python bench/shard.py --repeat 5      # more rounds (the median is printed)
     python bench/shard.py --quick         # 2,000 samples: a sanity run in a minute or two
 
 The data is what a new user shards (issue 15): a CLEAN_DIR written by the real `pipe clean`
@@ -15,11 +16,12 @@ fresh folder:
   into tar shards (sha256 of each shard, fsync, rename, index.json);
 * tar: `tar -cf OUT/data.tar -C CLEAN_DIR data` (GNU tar, no fsync): the same files, one archive.
 
-Printed, with the load average when measured: the wall time of each (best of --repeat), the
-ratio ours / tar (target: at most 3x), their CPU time (user + sys: what load disturbs least;
-pipe shard's wall time also holds an fsync per shard, tar's none), and each child's own peak
-memory (ru_maxrss from wait4) at every size (target: flat from 10k to 100k samples). The
-machine is shared: only ratios within one run count.
+Printed, with the load average when measured: the wall time of each (median of --repeat
+rounds, tar and pipe shard alternating), the median of the rounds' ratios ours / tar (target:
+at most 3x), their CPU time (user + sys: what load disturbs least; pipe shard's wall time also
+holds an fsync per shard, tar's none), and the peak memory of the whole pipe shard process
+(ru_maxrss from wait4; median of the rounds) at every size (target: flat from 10k to 100k
+samples). The machine is shared: only ratios within one run count.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import io
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -112,17 +115,19 @@ def bench(n: int, size: int, repeat: int) -> dict:
         tar.append(timed(tar_cmd, OUT / "tar"))
         ours.append(timed(ours_cmd, OUT / "ours"))
     shards_bytes = sum(p.stat().st_size for p in (OUT / "ours").glob("*.tar"))
+    med = statistics.median
     return {"n": n, "gen_s": gen_s, "clean_s": clean_s, "data_mb": data_bytes / 1e6, "shards_mb": shards_bytes / 1e6,
-            "ours_s": min(w for w, _, _ in ours), "tar_s": min(w for w, _, _ in tar),
-            "ours_cpu": min(c for _, c, _ in ours), "tar_cpu": min(c for _, c, _ in tar),
-            "ours_rss": max(m for _, _, m in ours), "tar_rss": max(m for _, _, m in tar), "load": os.getloadavg()}
+            "ours_s": med(w for w, _, _ in ours), "tar_s": med(w for w, _, _ in tar),
+            "ratio": med(o[0] / t[0] for o, t in zip(ours, tar)), "ratios": [o[0] / t[0] for o, t in zip(ours, tar)],
+            "ours_cpu": med(c for _, c, _ in ours), "tar_cpu": med(c for _, c, _ in tar),
+            "ours_rss": med(m for _, _, m in ours), "tar_rss": med(m for _, _, m in tar), "load": os.getloadavg()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 30_000, 100_000])
     ap.add_argument("--size", type=int, default=64, help="--size of pipe clean (output images are size x size)")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     sizes = [2000] if args.quick else args.sizes
@@ -132,12 +137,14 @@ def main() -> None:
         rows.append(r)
         print(f"{n:>7} samples ({r['data_mb']:.0f} MB of data/, shards {r['shards_mb']:.0f} MB; generated in {r['gen_s']:.0f} s, "
               f"pipe clean {r['clean_s']:.0f} s): pipe shard {r['ours_s']:.2f} s, tar {r['tar_s']:.2f} s, "
-              f"ratio {r['ours_s'] / r['tar_s']:.2f}x (target <= 3x); CPU (user+sys) pipe shard {r['ours_cpu']:.2f} s, "
+              f"ratio {r['ratio']:.2f}x (rounds: {', '.join(f'{x:.2f}' for x in r['ratios'])}; target <= 3x); "
+              f"CPU (user+sys) pipe shard {r['ours_cpu']:.2f} s, "
               f"tar {r['tar_cpu']:.2f} s; peak RSS pipe shard {r['ours_rss'] / 2**20:.0f} MiB, "
               f"tar {r['tar_rss'] / 2**20:.0f} MiB; load {' '.join(f'{x:.1f}' for x in r['load'])}", flush=True)
     if len(rows) > 1:
         a, b = rows[0], rows[-1]
-        print(f"peak memory {a['n']} -> {b['n']} samples: {a['ours_rss'] / 2**20:.0f} -> {b['ours_rss'] / 2**20:.0f} MiB "
+        curve = " -> ".join(f"{r['ours_rss'] / 2**20:.0f}" for r in rows)
+        print(f"peak memory of pipe shard at {', '.join(str(r['n']) for r in rows)} samples: {curve} MiB "
               f"({b['ours_rss'] / a['ours_rss']:.2f}x for {b['n'] / a['n']:.0f}x the samples)")
 
 

@@ -19,7 +19,7 @@ from pipeline.check.content import ImageFacts, inspect_image, text_problem
 from pipeline.check.policy import Policy
 from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.core.cores import worker_count
-from pipeline.formats.manifest_row import NAMES
+from pipeline.formats.manifest_row import ADDED_LATER, NAMES
 from pipeline.formats.vocabulary import Kind, Status
 
 IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
@@ -39,6 +39,8 @@ class CleanDir:
     needs the raw rows, and a million `ManifestRow` objects would only slow the check down."""
     problems: list[str] = field(default_factory=list)
     """Files that could not be read or parsed at all (reported by the schema check)."""
+    older: list[str] = field(default_factory=list)
+    """Columns the manifest lacks because an older pipe clean wrote it (`ADDED_LATER`): read as null."""
     input: Path | None = None
     """The raw input folder to compare the manifest with, when it is reachable."""
     input_note: str = ""
@@ -80,7 +82,7 @@ def looks_unfinished(root: Path) -> bool:
 def load(root: Path, deep: bool = False, input_override: Path | None = None, workers: int = 0) -> CleanDir:
     d = CleanDir(root, deep, workers=workers)
     d.report = _read_json(root / "report.json", d.problems)
-    d.rows = _read_manifest(root / "manifest.parquet", d.problems)
+    d.rows = _read_manifest(root / "manifest.parquet", d.problems, d.older)
     d.input, d.input_note = _find_input(root, d.settings(), input_override)
     if d.rows is not None:
         _inspect_outputs(d, workers)
@@ -97,15 +99,23 @@ def _read_json(path: Path, problems: list[str]):
     return None
 
 
-def _read_manifest(path: Path, problems: list[str]) -> list[dict] | None:
+def _read_manifest(path: Path, problems: list[str], older: list[str]) -> list[dict] | None:
+    """The rows; a manifest of an older pipe clean, without the columns added since (`ADDED_LATER`),
+    reads as if they were null (what pipe clean writes where it has no value), named in ``older``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()
+        table = pq.read_table(path)
     except (OSError, pa.ArrowException) as e:
         problems.append(f"manifest.parquet is not a readable Parquet file: {e}")
         return None
+    older += [c for c in ADDED_LATER if c not in table.column_names]
+    rows = table.to_pylist()
+    if older:
+        for r in rows:
+            r.update(dict.fromkeys(older))
+    return rows
 
 
 def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path | None, str]:
@@ -191,8 +201,10 @@ def check_schema(d: CleanDir, p: Policy) -> CheckResult:
     rows = d.rows or []
     found += [f"manifest row {rows[i].get(NAMES.source)!r}: {e}" for i, e in each_error(rows, "manifest_row")]
     n = len(d.rows or []) + (d.report is not None)
+    older = (f" (manifest.parquet is from an older pipe clean, without {', '.join(d.older)}: pipe shard decodes the "
+             "images to measure them; re-run pipe clean to record them)") if d.older else ""
     return verdict("schema", found, n, "documents break their schema",
-                   f"report.json and {len(d.rows or [])} manifest rows match their schemas")
+                   f"report.json and {len(d.rows or [])} manifest rows match their schemas{older}")
 
 
 def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:

@@ -82,6 +82,10 @@ class _ColumnNames:
 
 NAMES = _ColumnNames(FIELDS)
 
+ADDED_LATER: tuple[str, ...] = (NAMES.output_width, NAMES.output_height, NAMES.pixel_sums, NAMES.pixel_squares)
+"""Columns a manifest written by an older pipe clean lacks. Its readers take them as null: pipe
+shard then decodes the images to measure them, pipe check judges the rest of the row."""
+
 WORDS: dict[str, type[Word]] = {f.name: vocab for f in dataclasses.fields(ManifestRow) for vocab in (Kind, Status, Reason)
                                 if str(f.type).removesuffix(" | None") == vocab.__name__}
 """The columns whose values are words of the vocabulary (kind, status, reason), from the field types."""

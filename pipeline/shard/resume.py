@@ -2,7 +2,7 @@
 
 The plan is deterministic (same CLEAN_DIR, same settings: same shard names, same samples in
 each, in the same order), so a rerun would write the same bytes. After each shard is renamed
-into place its name, its plan digest (`plan_digest`: what its bytes are made of) and its index
+into place its name, its plan digest (`ShardPlan.digest`: what its bytes are made of) and its index
 entry (size, sha256, offsets) are appended to ``SHARD_DIR/.pipe/shards.jsonl``. A rerun keeps a
 shard when its plan digest is the one recorded and the file on disk still has the recorded
 size and sha256 (read back, so a damaged or replaced shard is written again); anything else is
@@ -17,24 +17,11 @@ import json
 from pathlib import Path
 from typing import TextIO
 
-from pipeline import __version__
 from pipeline.core.files import STATE_DIR, atomic_write_text
 from pipeline.formats.index import ShardEntry
 
 JOURNAL = "shards.jsonl"
 READ_CHUNK = 1 << 20
-
-
-def plan_digest(name: str, clean_dir: Path, samples: list) -> str:
-    """sha256 of everything one shard's bytes follow from: pipe's version (the tar layout), the
-    CLEAN_DIR, the shard's name and, per sample in order, its key, class, metadata and files
-    (path, size and modification time, so a file pipe clean rewrote since counts as changed)."""
-    h = hashlib.sha256(f"{__version__}\0{clean_dir.resolve()}\0{name}\n".encode())
-    for s in samples:  # s.meta: the .json member's bytes
-        fields = (s.key, s.cls, s.image_ext, s.image, s.text, s.image_stat, s.text_stat)
-        h.update(f"{len(s.meta)}\0{fields!r}\n".encode("utf-8", "surrogateescape"))
-        h.update(s.meta)
-    return h.hexdigest()
 
 
 class WrittenShards:

@@ -12,7 +12,7 @@ two samples or more, never all of them) goes to validation, group by group in a 
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,66 +23,71 @@ from pipeline.similarity.near_images import pigeonhole_bands, popcount
 CHUNK = 2048  # rows per block when comparing the hashes inside one band bucket
 
 
-class _UnionFind:
-    def __init__(self, n: int):
-        self.parent = list(range(n))
-
-    def find(self, i: int) -> int:
-        root = i
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[i] != root:
-            self.parent[i], i = root, self.parent[i]
-        return root
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
-
-
-def _close_pairs(hashes: np.ndarray, max_distance: int) -> set[tuple[int, int]]:
-    """Index pairs (i < j) of distinct hashes within ``max_distance`` bits."""
-    pairs: set[tuple[int, int]] = set()
+def _close_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
+    """Index pairs (i, j), i < j, of distinct hashes within ``max_distance`` bits, as a (k, 2)
+    array (a pair close in several bands appears once per band)."""
+    found = [np.zeros((0, 2), dtype=np.int64)]
     for shift, width in pigeonhole_bands(max_distance):
         band = (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
         order = np.argsort(band, kind="stable")
-        sorted_band = band[order]
-        cuts = np.flatnonzero(np.diff(sorted_band)) + 1
-        for bucket in np.split(order, cuts):
-            if len(bucket) < 2:
-                continue
-            bucket = np.sort(bucket)
+        cuts = np.flatnonzero(np.diff(band[order])) + 1
+        starts, ends = np.concatenate(([0], cuts)), np.concatenate((cuts, [len(order)]))
+        shared = np.flatnonzero(ends - starts > 1)  # buckets of one hash hold no pair: skipped at once
+        for begin, end in zip(starts[shared].tolist(), ends[shared].tolist()):
+            bucket = np.sort(order[begin:end])
             h = hashes[bucket]
             for lo in range(0, len(bucket), CHUNK):
-                rows = h[lo : lo + CHUNK]
-                dist = popcount(rows[:, None] ^ h[None, :])
+                dist = popcount(h[lo : lo + CHUNK, None] ^ h[None, :])
                 ii, jj = np.nonzero(dist <= max_distance)
-                for a, b in zip(ii + lo, jj):
-                    if a < b:
-                        pairs.add((int(bucket[a]), int(bucket[b])))
-    return pairs
+                ii += lo
+                keep = ii < jj
+                found.append(np.stack([bucket[ii[keep]], bucket[jj[keep]]], axis=1))
+    return np.concatenate(found)
+
+
+def _components(n: int, pairs: np.ndarray) -> np.ndarray:
+    """The smallest member of each item's connected component (items 0..n-1, edges ``pairs``):
+    labels spread along the edges, then jump to their label's label, until nothing changes."""
+    label = np.arange(n)
+    if not len(pairs):
+        return label
+    a, b = pairs[:, 0], pairs[:, 1]
+    while True:
+        low = np.minimum(label[a], label[b])
+        before = label.copy()
+        np.minimum.at(label, a, low)
+        np.minimum.at(label, b, low)
+        label = label[label]
+        if np.array_equal(label, before):
+            return label
+
+
+def group_ids(hashes: np.ndarray, has_hash: np.ndarray, max_distance: int) -> np.ndarray:
+    """`near_duplicate_groups` of hashes given as arrays (uint64 values, and whether there is one)."""
+    n = len(hashes)
+    ids = np.arange(n)
+    items = np.flatnonzero(has_hash)
+    if max_distance < 0 or not len(items):
+        return ids
+    unique, inverse = np.unique(hashes[items], return_inverse=True)  # identical hashes join at once; compare each value once
+    inverse = inverse.reshape(-1)
+    pairs = _close_pairs(unique, max_distance) if len(unique) > 1 else np.zeros((0, 2), dtype=np.int64)
+    of_item = _components(len(unique), pairs)[inverse]
+    smallest = np.full(len(unique), n, dtype=np.int64)
+    np.minimum.at(smallest, of_item, items)  # a group's id: its smallest member index
+    ids[items] = smallest[of_item]
+    return ids
+
+
+def hash_arrays(phashes: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes as a list (None: no hash) -> (uint64 values, whether there is one)."""
+    has = np.array([h is not None for h in phashes], dtype=bool)
+    return np.array([h or 0 for h in phashes], dtype=np.uint64), has
 
 
 def near_duplicate_groups(phashes: list[int | None], max_distance: int) -> list[int]:
     """Group id (the smallest member index) of every item; items without a hash stand alone."""
-    uf = _UnionFind(len(phashes))
-    if max_distance < 0:
-        return list(range(len(phashes)))
-    first_of: dict[int, int] = {}
-    for i, h in enumerate(phashes):  # identical hashes join at once; compare each value once
-        if h is None:
-            continue
-        if h in first_of:
-            uf.union(first_of[h], i)
-        else:
-            first_of[h] = i
-    values = list(first_of)
-    if len(values) > 1:
-        arr = np.array(values, dtype=np.uint64)
-        for a, b in _close_pairs(arr, max_distance):
-            uf.union(first_of[values[a]], first_of[values[b]])
-    return [uf.find(i) for i in range(len(phashes))]
+    return group_ids(*hash_arrays(phashes), max_distance).tolist()
 
 
 def val_target(n: int, fraction: float) -> int:
@@ -102,39 +107,70 @@ class SplitResult:
 
 def split(labels: list[str], phashes: list[int | None], val_fraction: float, seed: int, max_distance: int) -> SplitResult:
     """Decide train or val for each sample (given in canonical order: sorted by key)."""
-    group_of = near_duplicate_groups(phashes, max_distance)
-    members: dict[int, list[int]] = defaultdict(list)
-    for i, g in enumerate(group_of):
-        members[g].append(i)
-    n_class = Counter(labels)
-    target = {c: val_target(n, val_fraction) for c, n in n_class.items()}
-    by_primary: dict[str, list[int]] = defaultdict(list)
-    for g, idx in members.items():
-        counts = Counter(labels[i] for i in idx)
-        primary = min(counts, key=lambda c: (-counts[c], c))  # most common label, then by name
-        by_primary[primary].append(g)
+    names = sorted(set(labels))
+    index = {c: i for i, c in enumerate(names)}
+    lab = np.fromiter((index[x] for x in labels), dtype=np.int64, count=len(labels))
+    return split_arrays(lab, names, *hash_arrays(phashes), val_fraction, seed, max_distance)
 
-    in_val: dict[int, bool] = {}
-    taken: Counter = Counter()
+
+def split_arrays(lab: np.ndarray, names: list[str], hashes: np.ndarray, has_hash: np.ndarray,
+                 val_fraction: float, seed: int, max_distance: int) -> SplitResult:
+    """`split` of samples given as arrays: class indices into ``names`` (sorted), hashes as `group_ids` takes them.
+
+    Per class (in name order), its groups in a seeded order go to val while the counts of every
+    class they hold stay within target. Most groups are one sample (no near duplicate): those
+    are handled as arrays, and only classes with bigger groups take the loop over groups."""
+    gid = group_ids(hashes, has_hash, max_distance)
+    size = np.bincount(gid, minlength=len(lab))
+    n_class = np.bincount(lab, minlength=len(names))
+    target = np.array([val_target(int(n), val_fraction) for n in n_class], dtype=np.int64)
+    members = _multi_members(gid, size)
+    need = {g: Counter(lab[idx].tolist()) for g, idx in members.items()}  # class -> count, of groups of two or more
+    groups = np.flatnonzero(size)  # every group's id, ascending
+    primary = lab[groups]  # a group of one: its sample's class
+    mixed = set()  # classes that are the primary of a group of two or more
+    for g, counts in need.items():
+        c = min(counts, key=lambda c: (-counts[c], c))  # most common label, then by name
+        primary[np.searchsorted(groups, g)] = c
+        mixed.add(c)
+    in_val = np.zeros(len(lab), dtype=bool)  # by group id
+    taken = np.zeros(len(names), dtype=np.int64)
     rng = rng_for(seed, 1)
-    for c in sorted(by_primary):
-        groups = sorted(by_primary[c])
-        for k in rng.permutation(len(groups)):
-            g = groups[int(k)]
-            need = Counter(labels[i] for i in members[g])
-            if all(taken[x] + n <= target[x] for x, n in need.items()):
+    by_primary = [groups[primary == c] for c in range(len(names))]
+    for c, mine in enumerate(by_primary):
+        if not len(mine):
+            continue
+        order = mine[rng.permutation(len(mine))]
+        if c not in mixed:  # all groups of one: the first that fit go
+            room = max(0, int(target[c] - taken[c]))
+            in_val[order[:room]] = True
+            taken[c] += min(room, len(order))
+            continue
+        for g in order.tolist():
+            want = need.get(g) or {c: 1}
+            if all(taken[x] + n <= target[x] for x, n in want.items()):
                 in_val[g] = True
-                taken.update(need)
-    for c in sorted(by_primary):  # a class left out of val by big groups: its smallest group, if one fits
+                for x, n in want.items():
+                    taken[x] += n
+    for c, mine in enumerate(by_primary):  # a class left out of val by big groups: its smallest group, if one fits
         if target[c] == 0 or taken[c] > 0:
             continue
-        for g in sorted(by_primary[c], key=lambda g: (len(members[g]), g)):
-            need = Counter(labels[i] for i in members[g])
-            if not in_val.get(g) and all(taken[x] + n <= n_class[x] - 1 for x, n in need.items()):
+        for g in sorted(mine.tolist(), key=lambda g: (size[g], g)):
+            want = need.get(g) or {c: 1}
+            if not in_val[g] and all(taken[x] + n <= n_class[x] - 1 for x, n in want.items()):
                 in_val[g] = True
-                taken.update(need)
+                for x, n in want.items():
+                    taken[x] += n
                 break
-    is_val = [bool(in_val.get(group_of[i])) for i in range(len(labels))]
-    multi = [idx for idx in members.values() if len(idx) > 1]
-    missing = sorted(c for c in n_class if target[c] > 0 and taken[c] == 0)
-    return SplitResult(is_val, len(multi), sum(map(len, multi)), missing)
+    missing = [names[c] for c in range(len(names)) if target[c] > 0 and taken[c] == 0]
+    return SplitResult(in_val[gid].tolist(), len(members), int(size[size > 1].sum()), missing)
+
+
+def _multi_members(gid: np.ndarray, size: np.ndarray) -> dict[int, np.ndarray]:
+    """Group id -> its member indices (ascending), for the groups of two or more."""
+    multi = np.flatnonzero(size[gid] > 1)
+    if not len(multi):
+        return {}
+    order = multi[np.argsort(gid[multi], kind="stable")]
+    cuts = np.flatnonzero(np.diff(gid[order])) + 1
+    return {int(gid[part[0]]): part for part in np.split(order, cuts)}

@@ -73,3 +73,15 @@ def test_a_size_tar_cannot_hold_and_a_long_name_are_refused():
         tarstream.header("a.jpg", 8**11)
     with pytest.raises(ValueError, match="longer than"):
         tarstream.header("x" * 101, 1)
+
+
+def test_many_headers_at_once_are_each_the_one_header():
+    """pipe shard makes a shard's headers in one call: every row must be `header`'s bytes."""
+    names = ["a", "s00001.jpg", "cats__c0.json", "k" * 80 + ".json", "x" * 100]
+    sizes = [0, 1, 511, 512, 8**11 - 1]
+    rows = tarstream.headers(names, sizes)
+    assert [bytes(r) for r in rows] == [tarstream.header(n, s) for n, s in zip(names, sizes)]
+    with pytest.raises(ValueError, match="overflow"):
+        tarstream.headers(["a.jpg", "b.jpg"], [1, 8**11])
+    with pytest.raises(ValueError, match="longer than"):
+        tarstream.headers(["a.jpg", "x" * 101], [1, 1])

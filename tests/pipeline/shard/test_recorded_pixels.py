@@ -1,16 +1,18 @@
 """pipe shard takes image sizes and pixel sums from the manifest pipe clean wrote instead of
 decoding every image: the same shards and index as decoding gives (lossy outputs included), no
-image decoded, and a manifest of an older pipe (without those columns) still shards the same."""
+image decoded, and a manifest of an older pipe (without those columns) still shards the same, the
+summary saying in one line that the images were decoded and that re-running pipe clean avoids it."""
 
 import hashlib
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.formats.manifest import COLUMNS
-from pipeline.shard import stage
+from pipeline.shard import samples, stage
 from tests.factories import photo, write
 
 NEW_COLUMNS = ["output_width", "output_height", "pixel_sums", "pixel_squares"]
@@ -39,7 +41,7 @@ def cleaned(request, tmp_path, cli):
 
 def test_recorded_numbers_give_the_bytes_decoding_every_image_gives(cleaned, tmp_path, monkeypatch):
     run(cleaned, tmp_path / "recorded")
-    monkeypatch.setattr(stage, "recorded_pixels", lambda row: None)  # as if the manifest had none
+    monkeypatch.setattr(samples, "recorded_pixels", lambda width, *rest: np.full((len(width), 8), samples.UNRECORDED))  # none recorded
     run(cleaned, tmp_path / "decoded")
     assert files(tmp_path / "recorded") == files(tmp_path / "decoded")
     assert json.loads((tmp_path / "recorded" / "index.json").read_text())["image_size"] == 48
@@ -56,11 +58,12 @@ def test_with_recorded_numbers_no_image_is_decoded(cleaned, tmp_path, monkeypatc
 
 
 def test_a_manifest_of_an_older_pipe_shards_to_the_same_index_and_bytes(cleaned, tmp_path):
-    run(cleaned, tmp_path / "new")
+    assert not any("older pipe clean" in w for w in run(cleaned, tmp_path / "new")["warnings"])
     manifest = cleaned / "manifest.parquet"
     table = pq.read_table(manifest)
     pq.write_table(table.drop_columns(NEW_COLUMNS), manifest)  # what pipe clean wrote before these columns
-    run(cleaned, tmp_path / "old")
+    notes = [w for w in run(cleaned, tmp_path / "old")["warnings"] if "older pipe clean" in w]
+    assert len(notes) == 1 and "re-run pipe clean" in notes[0] and "\n" not in notes[0]  # one line, saying what to do
     new, old = files(tmp_path / "new"), files(tmp_path / "old")
     assert {k: v for k, v in new.items() if k != "index.json"} == {k: v for k, v in old.items() if k != "index.json"}
     new_index, old_index = (json.loads(d.pop("index.json")) for d in (new, old))

@@ -35,11 +35,11 @@ def count_writes(monkeypatch, stop_after=None):
     """Record the name of every shard written; with ``stop_after``, interrupt (Ctrl-C) the run then."""
     written = []
 
-    def write_shard(path, samples, clean_dir):
+    def write_shard(plan, clean_dir, out_dir):
         if stop_after is not None and len(written) == stop_after:
             raise KeyboardInterrupt
-        entry = WRITE_SHARD(path, samples, clean_dir)
-        written.append(path.name)
+        entry = WRITE_SHARD(plan, clean_dir, out_dir)
+        written.append(plan.name)
         return entry
 
     monkeypatch.setattr(stage, "write_shard", write_shard)
@@ -104,15 +104,19 @@ def test_the_interrupted_message_says_resume_and_the_rerun_does(tmp_path, clean,
     assert "kept from an earlier run" in r.stdout and "2 shards" in r.stdout
 
 
+@pytest.mark.parametrize("window", [None, 512])  # 512: every file is streamed through the writer's window
 @pytest.mark.parametrize("change", [b"grown", None])
-def test_a_clean_file_that_changes_size_while_sharding_stops_the_run(tmp_path, clean, monkeypatch, change):
+def test_a_clean_file_that_changes_size_while_sharding_stops_the_run(tmp_path, clean, monkeypatch, change, window):
     from pipeline.core.errors import StageFailed
+    from pipeline.shard import write
+
+    if window:
+        monkeypatch.setattr(write, "WINDOW", window)
 
     measure = stage.measure
 
     def measure_then_change_a_file(cfg, samples, is_val, show_progress):  # between load and write
-        text = next(s for s in samples if s.text is not None)
-        path = clean / text.text
+        path = clean / next(t for t in samples.text.to_pylist() if t is not None)
         path.write_bytes(path.read_bytes() + change if change else path.read_bytes()[:-1])
         return measure(cfg, samples, is_val, show_progress)
 

@@ -1,0 +1,262 @@
+"""Write one shard from its `ShardPlan`: a plain function of (plan entry, paths) -> index entry.
+
+The shard's layout is known before a byte is copied (every file was stat'ed at load), so the
+headers of all its members are made at once (`tarstream.headers`) and the bytes are assembled
+in a reused window of a few MiB: headers placed with one array operation, each file read
+straight into its place (one ``readv``, no intermediate bytes), small members copied in, the
+padding left zero. Each full window is hashed and written in one call: sha256 while writing,
+no file read twice, memory bounded by the window whatever the shard's size. A member larger
+than the window is streamed through it.
+
+The shard is written under a temporary name, fsynced, then renamed; a failed write removes the
+temporary file (left behind on a full disk, it would keep the disk full).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.files import tmp_name
+from pipeline.formats import index as shard_index
+from pipeline.formats import tarstream
+from pipeline.shard.plan import ShardPlan
+
+BLOCK = tarstream.BLOCK
+WINDOW = 4 << 20  # bytes assembled before one hash update and one write
+STREAM_CHUNK = 1 << 20  # a file larger than the window goes through in pieces of this size
+FILE, TEXT, SMALL = 0, 1, 2  # what a member's data is: an image file, a text file (checked UTF-8), bytes in the plan
+
+
+def write_shard(plan: ShardPlan, clean_dir: Path, out_dir: Path) -> shard_index.ShardEntry:
+    """Write ``plan``'s shard into ``out_dir`` (atomically), reading its files from ``clean_dir``;
+    return its index entry (sample offsets, size, sha256)."""
+    path = out_dir / plan.name
+    tmp = tmp_name(path)
+    try:
+        entry = _write(plan, clean_dir, tmp)
+        os.replace(tmp, path)
+        return entry
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+class _Members:
+    """The shard's members in order, as parallel lists and arrays: name, data size, what the data
+    is (FILE, TEXT or SMALL), and the path or bytes it comes from."""
+
+    def __init__(self, plan: ShardPlan):
+        has_image = np.array([p is not None for p in plan.images], dtype=bool)
+        has_text = np.array([p is not None for p in plan.texts], dtype=bool)
+        count = has_image.astype(np.int64) + has_text + 2  # members per sample: image, text, .cls, .json
+        self.firsts = np.concatenate(([0], np.cumsum(count)[:-1]))  # each sample's first member
+        at_image, at_text = self.firsts[has_image], (self.firsts + has_image)[has_text]
+        at_cls = self.firsts + has_image + has_text
+        n = int(count.sum())
+        keys, images, texts, exts = plan.keys, plan.images, plan.texts, plan.image_exts
+        cls = [str(c).encode("ascii") for c in plan.cls]
+        image_of, text_of = np.flatnonzero(has_image).tolist(), np.flatnonzero(has_text).tolist()
+        names, data = np.empty(n, dtype=object), np.empty(n, dtype=object)  # data: a path (str) or the bytes themselves
+        kinds, sizes = np.full(n, SMALL, dtype=np.int8), np.empty(n, dtype=np.int64)
+        names[at_image] = [f"{keys[i]}.{exts[i]}" for i in image_of]
+        names[at_text] = [f"{keys[i]}.txt" for i in text_of]
+        names[at_cls] = [f"{k}.cls" for k in keys]
+        names[at_cls + 1] = [f"{k}.json" for k in keys]
+        data[at_image], data[at_text] = [images[i] for i in image_of], [texts[i] for i in text_of]
+        data[at_cls], data[at_cls + 1] = cls, plan.meta
+        kinds[at_image], kinds[at_text] = FILE, TEXT
+        sizes[at_image] = np.array(plan.image_sizes, dtype=np.int64)[has_image]
+        sizes[at_text] = np.array(plan.text_sizes, dtype=np.int64)[has_text]
+        sizes[at_cls] = [len(c) for c in cls]
+        sizes[at_cls + 1] = [len(m) for m in plan.meta]
+        self.names: list[str] = names.tolist()
+        self.kinds: list[int] = kinds.tolist()
+        self.data: list[Any] = data.tolist()
+        self.size_list: list[int] = sizes.tolist()
+        self.sizes = sizes
+        self.spans = tarstream.member_sizes(sizes)  # header + data + padding
+        self.starts = np.concatenate(([0], np.cumsum(self.spans)))  # offset of each member; the last: where the end goes
+
+
+def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntry:
+    m = _Members(plan)
+    heads = tarstream.headers(m.names, m.sizes)
+    digest = hashlib.sha256()
+    root = os.open(clean_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with open(tmp, "wb", buffering=0) as f:
+            window = _Window(f, digest, int(m.starts[-1]))
+            first = 0
+            while first < len(m.names):
+                first = window.fill(m, heads, first, root, clean_dir)
+            window.put_end()
+            window.flush()
+            os.fsync(f.fileno())
+    finally:
+        os.close(root)
+    total = int(m.starts[-1]) + len(tarstream.END_OF_ARCHIVE)
+    if window.written != total:
+        raise AssertionError(f"{plan.name}: wrote {window.written} bytes, planned {total}")
+    return shard_index.ShardEntry(plan.name, plan.split, len(plan), total, digest.hexdigest(), m.starts[m.firsts].tolist())
+
+
+class _Window:
+    """A reused buffer of WINDOW bytes (plus a block: a file read one byte past its size, to see
+    it grew, may spill over), flushed through sha256 into the shard file."""
+
+    def __init__(self, f, digest, shard_bytes: int):
+        self.f, self.digest = f, digest
+        self.size = min(WINDOW, shard_bytes + BLOCK - 1) // BLOCK * BLOCK or BLOCK  # no bigger than the shard needs
+        self.buf = bytearray(self.size + BLOCK)
+        self.view = memoryview(self.buf)
+        self.array = np.frombuffer(self.buf, dtype=np.uint8)
+        self.used = 0  # bytes of the window filled
+        self.written = 0  # bytes of the shard written
+
+    def fill(self, m: _Members, heads: np.ndarray, first: int, root: int, clean_dir: Path) -> int:
+        """Lay out the members from ``first`` on that fit in the window (at least one: a member
+        larger than the window is streamed), flush, and return the next member's index."""
+        starts = m.starts
+        last = int(np.searchsorted(starts, starts[first] + self.size, side="right")) - 1  # members [first, last) fit
+        if last <= first:
+            self._stream(m, heads, first, root, clean_dir)
+            return first + 1
+        base = int(starts[first])
+        span = int(starts[last]) - base
+        self.array[:span] = 0  # padding, and what an earlier window left
+        blocks = (starts[first:last] - base) // BLOCK
+        self.array[: self.size].reshape(-1, BLOCK)[blocks] = heads[first:last]
+        view, rel, offsets = self.view, None, (starts[first:last] - base + BLOCK).tolist()
+        try:
+            for kind, d, size, at in zip(m.kinds[first:last], m.data[first:last], m.size_list[first:last], offsets):
+                if kind == SMALL:
+                    view[at : at + size] = d
+                    continue
+                rel = d  # the loop's hot path: one open, one readv (size + 1 bytes: a file that grew shows), one close
+                fd = os.open(d, os.O_RDONLY, dir_fd=root)
+                try:
+                    got = os.readv(fd, [view[at : at + size + 1]])
+                    if got < size:
+                        got = _read_rest(fd, view[at : at + size + 1], got, size)
+                finally:
+                    os.close(fd)
+                if got != size:
+                    raise _changed(clean_dir, d, size, got)
+                if kind == TEXT:
+                    str(view[at : at + size], "utf-8")
+        except FileNotFoundError:
+            raise StageFailed(f"{clean_dir} changed while sharding ({rel} is gone); run pipe shard again") from None
+        except UnicodeDecodeError as e:
+            raise _not_utf8(clean_dir / str(rel), e) from None
+        self.used = span
+        self.flush()
+        return last
+
+    def _stream(self, m: _Members, heads: np.ndarray, i: int, root: int, clean_dir: Path) -> None:
+        """One member larger than the window: its header, then its file in pieces, then its padding."""
+        self._emit(heads[i].tobytes())
+        size, rel = int(m.sizes[i]), m.data[i]
+        if m.kinds[i] == SMALL:
+            self._emit(rel)  # the bytes themselves
+            self._emit(bytes(tarstream.padded(size) - size))
+            self.flush()
+            return
+        fd = _open(root, rel, clean_dir)
+        try:
+            done = 0
+            text_check = _Utf8Check(clean_dir / rel) if m.kinds[i] == TEXT else None
+            while done <= size:  # one byte past the size: a file that grew shows
+                chunk = os.read(fd, min(STREAM_CHUNK, size + 1 - done))
+                if not chunk:
+                    break
+                done += len(chunk)
+                if done > size:
+                    break
+                if text_check is not None:
+                    text_check.feed(chunk)
+                self._emit(chunk)
+        finally:
+            os.close(fd)
+        if done != size:
+            raise _changed(clean_dir, rel, size, done)
+        if text_check is not None:
+            text_check.finish()
+        self._emit(bytes(tarstream.padded(size) - size))
+        self.flush()  # `fill` lays the next members out from the window's start
+
+    def put_end(self) -> None:
+        self._emit(tarstream.END_OF_ARCHIVE)
+
+    def _emit(self, data: bytes) -> None:
+        if self.used + len(data) > self.size:
+            self.flush()
+        if len(data) > self.size:
+            self._out(memoryview(data))
+            return
+        self.view[self.used : self.used + len(data)] = data
+        self.used += len(data)
+
+    def flush(self) -> None:
+        if self.used:
+            self._out(self.view[: self.used])
+            self.used = 0
+
+    def _out(self, data: memoryview) -> None:
+        self.digest.update(data)
+        done = 0
+        while done < len(data):
+            done += self.f.write(data[done:])
+        self.written += len(data)
+
+
+def _open(root: int, rel: str, clean_dir: Path) -> int:
+    try:
+        return os.open(rel, os.O_RDONLY, dir_fd=root)
+    except FileNotFoundError:
+        raise StageFailed(f"{clean_dir} changed while sharding ({rel} is gone); run pipe shard again") from None
+
+
+def _read_rest(fd: int, into: memoryview, got: int, size: int) -> int:
+    """After a short read (rare on a local disk, or a file that shrank): read on until the end."""
+    while got < size:
+        more = os.readv(fd, [into[got:]])
+        if not more:
+            break
+        got += more
+    return got
+
+
+def _changed(clean_dir: Path, rel: str, size: int, got: int) -> StageFailed:
+    now = "more" if got > size else got
+    return StageFailed(f"{clean_dir} changed while sharding ({rel} was {size} bytes, now {now}); run pipe shard again")
+
+
+def _not_utf8(path: Path, e: UnicodeDecodeError) -> UsageError:
+    return UsageError(f"{path} is not UTF-8 ({e.reason} at byte {e.start}): was CLEAN_DIR changed? re-run pipe clean")
+
+
+class _Utf8Check:
+    """UTF-8 validity of a text read in pieces (a character may straddle two)."""
+
+    def __init__(self, path: Path):
+        import codecs
+
+        self.path, self.decoder, self.at = path, codecs.getincrementaldecoder("utf-8")(), 0
+
+    def feed(self, chunk: bytes, final: bool = False) -> None:
+        try:
+            self.decoder.decode(chunk, final)
+        except UnicodeDecodeError as e:
+            raise _not_utf8(self.path, UnicodeDecodeError(e.encoding, e.object, self.at + e.start, self.at + e.end, e.reason)) from None
+        self.at += len(chunk)
+
+    def finish(self) -> None:
+        self.feed(b"", final=True)

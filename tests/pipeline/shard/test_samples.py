@@ -1,0 +1,65 @@
+"""A manifest pipe clean would never write is refused with the one-line reason it always got,
+naming the first wrong key in key order, though the rows are now checked as whole columns."""
+
+import pytest
+
+from pipeline.core.errors import UsageError
+from pipeline.shard import samples
+from tests.clean_dirs import Spec, make_clean_dir
+
+
+def row(**kw) -> dict:
+    from tests.clean_dirs import _row
+
+    return _row(**kw)
+
+
+def manifest(tmp_path, *extra):
+    specs = [Spec(f"k{i}", "cat", seed=i, text="a caption" if i % 2 else None) for i in range(6)]
+    return make_clean_dir(tmp_path / "clean", specs, extra_rows=list(extra))
+
+
+BAD = {
+    "two images": ([row(source="cat/k1b.jpg", key="k1", kind="image", label="cat", output="data/cat/k0.jpg")],
+                   "manifest key 'k1' has 2 kept images and 1 kept texts"),
+    "other labels": ([row(source="dog/k2.txt", key="k2", kind="text", label="dog", output="data/cat/k1.txt")],
+                     "manifest key 'k2' has rows with different labels ['cat', 'dog']"),
+    "outside": ([row(source="cat/k0x.jpg", key="k0x", kind="image", label="cat", output="data/../../etc/passwd")],
+                "manifest row for 'cat/k0x.jpg' is kept but has no usable output path ('data/../../etc/passwd')"),
+    "no output": ([row(source="cat/k0x.txt", key="k0x", kind="text", label="cat", output="")],
+                  "manifest row for 'cat/k0x.txt' is kept but has no usable output path ('')"),
+    "not an image": ([row(source="cat/k0x.txt", key="k0x", kind="image", label="cat", output="data/cat/k1.txt")],
+                     "data/cat/k1.txt: not a .jpg, .png or .webp image"),
+    "missing": ([row(source="cat/k0x.jpg", key="k0x", kind="image", label="cat", output="data/cat/gone.jpg")],
+                "data/cat/gone.jpg is listed as kept in the manifest but is missing"),
+    "missing caption": ([row(source="cat/k0x.jpg", key="k0x", kind="image", label="cat", output="data/cat/k0.jpg",
+                             caption="data/cat/gone.txt")], "data/cat/gone.txt is listed as kept in the manifest but is missing"),
+    "unlabelled, two texts": ([row(source="a.txt", key="zz", kind="text", label=None, output="data/x.txt"),
+                               row(source="b.txt", key="zz", kind="text", label=None, output="data/y.txt")],
+                              "manifest key 'zz' has 0 kept images and 2 kept texts"),
+    "other kind": ([row(source="cat/k9.bin", key="k9", kind="other", label="cat", output="data/cat/k0.jpg")],
+                   "manifest key 'k9' has 0 kept images and 0 kept texts"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_wrong_manifest_is_refused_with_its_reason(tmp_path, case):
+    extra, message = BAD[case]
+    clean = manifest(tmp_path, *extra)
+    with pytest.raises(UsageError) as err:
+        samples.load(clean)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_first_wrong_key_in_key_order_is_named(tmp_path):
+    clean = manifest(tmp_path, row(source="cat/k4.jpg", key="k4", kind="image", label="cat", output="data/cat/gone.jpg"),
+                     row(source="dog/k2.txt", key="k2", kind="text", label="dog", output="data/cat/k1.txt"))
+    with pytest.raises(UsageError, match="manifest key 'k2' has rows with different labels"):
+        samples.load(clean)
+
+
+def test_unlabelled_samples_are_counted_not_checked(tmp_path):
+    clean = manifest(tmp_path, row(source="x/k0x.jpg", key="k0x", kind="image", label=None, output="data/gone.jpg"),
+                     row(source="x/k0y.jpg", key="k0y", kind="image", label="", output=""))
+    got, _ = samples.load(clean)
+    assert (len(got), got.unlabelled, got.unlabelled_examples) == (6, 2, ["k0x", "k0y"])
