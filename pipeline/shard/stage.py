@@ -39,6 +39,7 @@ from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker, tmp_name
 from pipeline.core.rng import rng_for
 from pipeline.core.ui import progress
+from pipeline.distribute.executors import require
 from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
 from pipeline.formats.manifest_row import NAMES, ManifestRow
@@ -84,6 +85,10 @@ class ShardConfig:
     """Processes that decode images to measure them; 0 = one per core."""
     overwrite: bool = False
     """Replace a SHARD_DIR pipe shard wrote from other input or settings instead of refusing."""
+    executor: str = "local"
+    """Where shards are written: local (this process) or ray (one Ray task per shard, the plan made here)."""
+    ray_address: str = "auto"
+    """The Ray cluster to join with --executor ray: auto (the one started on this machine, or RAY_ADDRESS) or HOST:PORT."""
 
     # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
     OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")
@@ -130,6 +135,7 @@ def validate(cfg: ShardConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    require(cfg.executor)
     if not cfg.input.is_dir():
         raise UsageError(f"CLEAN_DIR not found: {cfg.input}")
     if not (cfg.input / "manifest.parquet").is_file():
@@ -544,7 +550,8 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
         "schema_version": shard_index.SCHEMA_VERSION,
         "created_by": f"pipe shard {__version__}",
         "manifest_sha256": manifest_sha,
-        "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite")},
+        "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite", "executor",
+                                                                           "ray_address")},
         "classes": classes,
         "image_size": image_size,
         "mean": mean,
@@ -586,10 +593,13 @@ def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool],
     resumed = 0
     try:
         with progress("write shards", len(samples), show_progress) as advance:
-            for path, part in _plan(cfg, samples, is_val):
-                plan = plan_digest(path.name, cfg.input, part)
-                entry = journal.reusable(path, plan)
+            jobs = list(_plan(cfg, samples, is_val))
+            plans = [plan_digest(path.name, cfg.input, part) for path, part in jobs]
+            kept = [journal.reusable(path, plan) for (path, _), plan in zip(jobs, plans)]
+            written = _write_on_ray(cfg, jobs, plans, kept, journal, advance) if cfg.executor == "ray" else {}
+            for (path, part), plan, entry in zip(jobs, plans, kept):
                 resumed += entry is not None
+                entry = entry or written.get(path.name)
                 if entry is None:
                     try:
                         entry = write_shard(path, part, cfg.input)
@@ -597,7 +607,7 @@ def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool],
                     except OSError as err:
                         raise StageFailed(f"could not write {path}: {err}") from None
                 done.append((entry, plan))
-                for _ in part:
+                for _ in part if path.name not in written else ():
                     advance(True)
     finally:
         journal.close()
@@ -610,6 +620,27 @@ def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool],
     except OSError as err:
         raise StageFailed(f"could not finish writing {out}: {err}") from None
     return [e for e, _ in done], resumed
+
+
+def _write_on_ray(cfg: ShardConfig, jobs: list[tuple[Path, list[Sample]]], plans: list[str],
+                  kept: list[shard_index.ShardEntry | None], journal, advance) -> dict[str, shard_index.ShardEntry]:
+    """--executor ray: one Ray task writes each shard the journal cannot reuse, with the same
+    `write_shard` (`pipeline.distribute.ray_executor`); return the entries by shard name."""
+    from pipeline.distribute.ray_executor import write_shards
+
+    todo = [i for i, entry in enumerate(kept) if entry is None]
+    written: dict[str, shard_index.ShardEntry] = {}
+
+    def done(k: int, entry: shard_index.ShardEntry) -> None:
+        path, part = jobs[todo[k]]
+        journal.add(entry, plans[todo[k]])
+        written[path.name] = entry
+        for _ in part:
+            advance(True)
+
+    if todo:
+        write_shards(cfg.ray_address, [jobs[i] for i in todo], cfg.input, done)
+    return written
 
 
 def _prepare_output(cfg: ShardConfig) -> None:

@@ -1,0 +1,176 @@
+"""`--executor ray`: the one module that imports Ray (the `ray` extra). Everything here runs the
+same per-item functions a local run runs; only where they run changes.
+
+clean: the driver plans parts (`parts.plan`), reuses those whose results file a previous run left
+(and whose files are unchanged), and runs one Ray task per remaining part. A task runs
+`pipeline.clean.process.process` over its part in the same one-worker `OrderedPool` a local run
+uses (so a decoder that crashes or hangs on one file gets the same verdict as locally), writes
+each file's output, then the part's results file last. A task whose worker process or node dies
+is retried by Ray (`max_retries`); its retry rewrites the same bytes. The driver reads the
+results files in part order and returns them: the stage then decides, finalizes and writes the
+manifest exactly as a local run does.
+
+shard: the plan is made once on the driver; one task writes each shard with the same function a
+local run uses (`pipeline.shard.stage.write_shard`) and returns its index entry; the driver
+writes `index.json` last.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import StageFailed, UsageError
+from pipeline.distribute.executors import INSTALL_RAY
+
+# Ray retries a task whose worker process or node died this many times (a node lost twice in one
+# part's life is bad luck; five times is a broken cluster, and the run stops saying so).
+MAX_RETRIES = 5
+
+
+def connect(address: str):
+    """Join the cluster at ``address`` ("auto": the one `ray start` started on this machine, or
+    RAY_ADDRESS); return the ray module. Usage errors name what to do."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(f"--executor ray needs Ray, which is not installed: {INSTALL_RAY}") from None
+    if ray.is_initialized():
+        return ray
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=True)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise UsageError(f"no Ray cluster at --ray-address {address} ({str(e).splitlines()[0][:200]}); "
+                         "start one with `ray start --head` or pass its address") from None
+    return ray
+
+
+def disconnect(ray) -> None:
+    ray.shutdown()
+
+
+@dataclass
+class PartRun:
+    """What the report says about one part: where and how long it ran (absent when reused)."""
+
+    part: str
+    files: int
+    seconds: float
+    node: str
+
+    def as_dict(self) -> dict:
+        return {"part": self.part, "files": self.files, "seconds": round(self.seconds, 3), "node": self.node}
+
+
+def run_tasks(ray, fn: Callable, calls: Sequence[tuple], on_done: Callable[[int, Any], None],
+              window: int | None = None) -> None:
+    """Run ``fn(*call)`` as a Ray task for every call, at most ``window`` in flight (the driver's
+    memory and the object store hold only those), calling ``on_done(i, result)`` as each ends."""
+    remote = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(fn)
+    if window is None:
+        window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    pending: dict[Any, int] = {}
+    todo = iter(enumerate(calls))
+    try:
+        while True:
+            for i, call in todo:
+                pending[remote.remote(*call)] = i
+                if len(pending) >= window:
+                    break
+            if not pending:
+                return
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                i = pending.pop(ref)
+                on_done(i, _get(ray, ref))
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+
+
+def _get(ray, ref):
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:  # our own error inside the task: say it as the task said it
+        cause = e.as_instanceof_cause()
+        if isinstance(cause, (StageFailed, UsageError)):
+            raise cause from None
+        raise StageFailed(f"a Ray task failed: {str(e).strip().splitlines()[-1][:300]}") from None
+    except ray.exceptions.RayError as e:
+        raise StageFailed(f"a Ray task was lost after {MAX_RETRIES} retries: {type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[0][:300]}") from None
+
+
+# ---------------------------------------------------------------- clean
+
+
+def clean_part(settings, clean_dir: str, part, candidates: list, file_timeout: float) -> PartRun:
+    """A Ray task: process one part's files as a local run would, outputs first, results file last."""
+    from pipeline.clean.process import crashed, init_worker, process, timed_out
+    from pipeline.core.executor import OrderedPool
+    from pipeline.distribute.parts import write_results
+
+    t = time.perf_counter()
+    pool = OrderedPool(process, 1, initializer=init_worker, initargs=(settings,))
+    try:
+        results = list(pool.map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out))
+    finally:
+        pool.close()
+    try:
+        write_results(Path(clean_dir), part, results)
+    except OSError as e:
+        raise StageFailed(f"could not write the cleaned output: {e}") from None
+    return PartRun(part.name, len(results), time.perf_counter() - t, _node())
+
+
+def _node() -> str:
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001 - only for the report
+        return socket.gethostname()
+
+
+def process_parts(address: str, settings, clean_dir: Path, parts: Sequence, candidates: Sequence, file_timeout: float,
+                  todo: Sequence[int], on_part: Callable[[int, PartRun], None]) -> None:
+    """Run the parts whose indexes are in ``todo`` on the cluster, calling ``on_part`` as each ends."""
+    ray = connect(address)
+    try:
+        calls = [(settings, os.fspath(clean_dir), parts[i], list(candidates[parts[i].begin:parts[i].end]), file_timeout)
+                 for i in todo]
+        run_tasks(ray, clean_part, _lazy(calls), lambda k, run: on_part(todo[k], run))
+    finally:
+        disconnect(ray)
+
+
+def _lazy(calls: list) -> Iterator:
+    yield from calls
+
+
+# ---------------------------------------------------------------- shard
+
+
+def shard_task(path: str, samples: list, clean_dir: str):
+    """A Ray task: write one shard with the function a local run uses; return its index entry."""
+    from pipeline.shard.stage import write_shard
+
+    try:
+        return write_shard(Path(path), samples, Path(clean_dir))
+    except OSError as err:
+        raise StageFailed(f"could not write {path}: {err}") from None
+
+
+def write_shards(address: str, jobs: Sequence[tuple[Path, list]], clean_dir: Path,
+                 on_done: Callable[[int, Any], None]) -> None:
+    """Write each (path, samples) shard in a Ray task; ``on_done(i, entry)`` as each ends."""
+    ray = connect(address)
+    try:
+        run_tasks(ray, shard_task, [(os.fspath(p), s, os.fspath(clean_dir)) for p, s in jobs], on_done)
+    finally:
+        disconnect(ray)
