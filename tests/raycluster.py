@@ -39,6 +39,9 @@ def ray_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", RAY_DISABLE_DOCKER_CPU_WARNING="1",
                RAY_ENABLE_UV_RUN_RUNTIME_ENV="0", OPENBLAS_NUM_THREADS="1",
+               # a killed node is noticed in seconds, not the default half minute
+               RAY_health_check_initial_delay_ms="1000", RAY_health_check_period_ms="1000",
+               RAY_health_check_timeout_ms="1000", RAY_health_check_failure_threshold="3",
                # the workers import this checkout's pipeline, not an installed one
                PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     return env
@@ -95,19 +98,26 @@ class Node:
     log: Path
 
     def pids(self) -> list[int]:
-        """Every live process of this node: its process group, plus anything naming its temp dir."""
+        """Every live process of this node: the descendants of its `ray start` (Ray retitles its
+        workers and may give them their own process groups), its process group, and anything
+        naming its temp dir."""
+        parent: dict[int, int] = {}
         found = set()
         for p in Path("/proc").iterdir():
             if not p.name.isdigit():
                 continue
             try:
-                if os.getpgid(int(p.name)) == self.proc.pid:
-                    found.add(int(p.name))
-                    continue
-                if str(self.temp_dir) in (p / "cmdline").read_bytes().decode(errors="replace"):
-                    found.add(int(p.name))
-            except (OSError, ProcessLookupError):
+                pid = int(p.name)
+                parent[pid] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if os.getpgid(pid) == self.proc.pid or str(self.temp_dir) in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    found.add(pid)
+            except (OSError, ProcessLookupError, ValueError, IndexError):
                 pass
+        changed = True
+        while changed:
+            more = {pid for pid, pp in parent.items() if pp in found or pp == self.proc.pid} - found
+            found |= more
+            changed = bool(more)
         return sorted(found)
 
     def kill(self) -> None:
@@ -148,6 +158,16 @@ class Cluster:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 if any(b"default_worker.py" in c for c in cmd):
                     out.append(pid)
+        return out
+
+    def task_pids(self, name: str, node: Node | None = None) -> list[int]:
+        """Worker processes running the task ``name`` now (Ray titles them ``ray::NAME``)."""
+        out = []
+        for n in [node] if node is not None else [self.head, self.worker]:
+            for pid in n.pids():
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(f"ray::{name}".encode()):
+                        out.append(pid)
         return out
 
     def listeners(self) -> tuple[list[str], list[str], list[str]]:

@@ -32,9 +32,9 @@ from pipeline.core.config import parse_byte_size
 from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.executor import OrderedPool
-from pipeline.distribute.executors import EXECUTORS, require
-from pipeline.distribute.parts import PART_FILES
 from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atomic_write_text, occupied, output_lock, read_marker, sweep_tmp
+from pipeline.distribute.executors import require
+from pipeline.distribute.parts import PART_FILES
 from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
 from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings

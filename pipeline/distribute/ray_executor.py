@@ -17,10 +17,11 @@ writes `index.json` last.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def connect(address: str):
     if ray.is_initialized():
         return ray
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=True)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise UsageError(f"no Ray cluster at --ray-address {address} ({str(e).splitlines()[0][:200]}); "
                          "start one with `ray start --head` or pass its address") from None
@@ -67,7 +68,7 @@ class PartRun:
         return {"part": self.part, "files": self.files, "seconds": round(self.seconds, 3), "node": self.node}
 
 
-def run_tasks(ray, fn: Callable, calls: Sequence[tuple], on_done: Callable[[int, Any], None],
+def run_tasks(ray, fn: Callable, calls: Iterable[tuple], on_done: Callable[[int, Any], None],
               window: int | None = None) -> None:
     """Run ``fn(*call)`` as a Ray task for every call, at most ``window`` in flight (the driver's
     memory and the object store hold only those), calling ``on_done(i, result)`` as each ends."""
@@ -142,15 +143,12 @@ def process_parts(address: str, settings, clean_dir: Path, parts: Sequence, cand
     """Run the parts whose indexes are in ``todo`` on the cluster, calling ``on_part`` as each ends."""
     ray = connect(address)
     try:
-        calls = [(settings, os.fspath(clean_dir), parts[i], list(candidates[parts[i].begin:parts[i].end]), file_timeout)
-                 for i in todo]
-        run_tasks(ray, clean_part, _lazy(calls), lambda k, run: on_part(todo[k], run))
+        # a generator: a part's arguments are made when it is submitted, so only those in flight are held
+        calls = ((settings, os.fspath(clean_dir), parts[i], list(candidates[parts[i].begin:parts[i].end]), file_timeout)
+                 for i in todo)
+        run_tasks(ray, clean_part, calls, lambda k, run: on_part(todo[k], run))
     finally:
         disconnect(ray)
-
-
-def _lazy(calls: list) -> Iterator:
-    yield from calls
 
 
 # ---------------------------------------------------------------- shard

@@ -596,10 +596,10 @@ def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool],
             jobs = list(_plan(cfg, samples, is_val))
             plans = [plan_digest(path.name, cfg.input, part) for path, part in jobs]
             kept = [journal.reusable(path, plan) for (path, _), plan in zip(jobs, plans)]
-            written = _write_on_ray(cfg, jobs, plans, kept, journal, advance) if cfg.executor == "ray" else {}
+            on_ray = _write_on_ray(cfg, jobs, plans, kept, journal, advance) if cfg.executor == "ray" else {}
             for (path, part), plan, entry in zip(jobs, plans, kept):
                 resumed += entry is not None
-                entry = entry or written.get(path.name)
+                entry = entry or on_ray.get(path.name)
                 if entry is None:
                     try:
                         entry = write_shard(path, part, cfg.input)
@@ -607,7 +607,7 @@ def _write_all(cfg: ShardConfig, samples: list[Sample], is_val: list[bool],
                     except OSError as err:
                         raise StageFailed(f"could not write {path}: {err}") from None
                 done.append((entry, plan))
-                for _ in part if path.name not in written else ():
+                for _ in part if path.name not in on_ray else ():
                     advance(True)
     finally:
         journal.close()
