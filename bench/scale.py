@@ -113,7 +113,7 @@ def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
             twin = i - 1 if i % 50 == 49 else i
             key = f"f{i:09d}"
             r = FileResult(f"class{i % 100}/{key}.jpg", key, Kind.IMAGE, f"class{i % 100}", bytes=50_000 + i % 1000,
-                           sha256=f"{rng.getrandbits(256):064x}", mtime_ns=1_700_000_000_000_000_000 + i, ctime_ns=1_700_000_000_000_000_000 + i,
+                           sha256=f"{rng.getrandbits(256):064x}", mtime_ns=1_700_000_000 * 10**9 + i, ctime_ns=1_700_000_000 * 10**9 + i,
                            width=640, height=480, content_hash=f"{twin:032x}", phash=rng.getrandbits(64),
                            output=f"data/class{i % 100}/{key}.jpg", output_bytes=20_000, output_width=256, output_height=256,
                            pixel_sums=[i * 3, i * 5, i * 7], pixel_squares=[i * 11, i * 13, i * 17])
@@ -124,6 +124,7 @@ def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
 def driver_child(clean_dir: str) -> None:
     """What the driver does after the parts: gather, decide, manifest rows. Prints one JSON line."""
     from pipeline.clean.decide import DecideSettings, Outputs, decide
+    from pipeline.clean.discover import Candidate
     from pipeline.clean.records import FileResult
     from pipeline.distribute import parts as partlib
     from pipeline.formats.manifest import ManifestWriter, row
@@ -135,6 +136,8 @@ def driver_child(clean_dir: str) -> None:
     for name in sorted(os.listdir(folder)):
         results.extend(FileResult.from_json(line) for line in (folder / name).read_text(encoding="utf-8").splitlines())
     gather = time.perf_counter() - t
+    # the listing the driver holds all run long (discovery's candidates), as the real driver does
+    candidates = [Candidate(r.source, f"/raw/{r.source}", r.kind, "jpeg", r.label, r.key) for r in results]
     gathered = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
     outcome = decide(results, DecideSettings(), Outputs(Path(clean_dir), ".pipe/parked", "pad"))
@@ -148,7 +151,7 @@ def driver_child(clean_dir: str) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"rows": len(results), "gather_s": gather, "decide_s": decide_s, "manifest_s": manifest_s,
                       "base_kib": base, "gathered_kib": gathered, "peak_kib": peak,
-                      "by_status": dict(Counter(str(d.status.value) for d in outcome.decisions))}))
+                      "candidates": len(candidates), "by_status": dict(Counter(str(d.status.value) for d in outcome.decisions))}))
 
 
 def driver(sizes: list[int], part_files: int) -> None:

@@ -17,6 +17,7 @@ writes `index.json` last.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -34,25 +35,27 @@ from pipeline.distribute.executors import INSTALL_RAY
 MAX_RETRIES = 5
 
 
-def connect(address: str):
+@contextlib.contextmanager
+def connected(address: str):
     """Join the cluster at ``address`` ("auto": the one `ray start` started on this machine, or
-    RAY_ADDRESS); return the ray module. Usage errors name what to do."""
+    RAY_ADDRESS) for the block; yield the ray module. A session the caller already had is used
+    and left open. Usage errors name what to do."""
     try:
         import ray
     except ImportError:
         raise UsageError(f"--executor ray needs Ray, which is not installed: {INSTALL_RAY}") from None
     if ray.is_initialized():
-        return ray
+        yield ray
+        return
     try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise UsageError(f"no Ray cluster at --ray-address {address} ({str(e).splitlines()[0][:200]}); "
                          "start one with `ray start --head` or pass its address") from None
-    return ray
-
-
-def disconnect(ray) -> None:
-    ray.shutdown()
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 @dataclass
@@ -141,14 +144,11 @@ def _node() -> str:
 def process_parts(address: str, settings, clean_dir: Path, parts: Sequence, candidates: Sequence, file_timeout: float,
                   todo: Sequence[int], on_part: Callable[[int, PartRun], None]) -> None:
     """Run the parts whose indexes are in ``todo`` on the cluster, calling ``on_part`` as each ends."""
-    ray = connect(address)
-    try:
+    with connected(address) as ray:
         # a generator: a part's arguments are made when it is submitted, so only those in flight are held
         calls = ((settings, os.fspath(clean_dir), parts[i], list(candidates[parts[i].begin:parts[i].end]), file_timeout)
                  for i in todo)
         run_tasks(ray, clean_part, calls, lambda k, run: on_part(todo[k], run))
-    finally:
-        disconnect(ray)
 
 
 # ---------------------------------------------------------------- shard
@@ -167,8 +167,5 @@ def shard_task(path: str, samples: list, clean_dir: str):
 def write_shards(address: str, jobs: Sequence[tuple[Path, list]], clean_dir: Path,
                  on_done: Callable[[int, Any], None]) -> None:
     """Write each (path, samples) shard in a Ray task; ``on_done(i, entry)`` as each ends."""
-    ray = connect(address)
-    try:
+    with connected(address) as ray:
         run_tasks(ray, shard_task, [(os.fspath(p), s, os.fspath(clean_dir)) for p, s in jobs], on_done)
-    finally:
-        disconnect(ray)
