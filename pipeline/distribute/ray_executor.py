@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.executor import OrderedPool
 from pipeline.distribute.executors import INSTALL_RAY
 
 # Ray retries a task whose worker process or node died this many times (a node lost twice in one
@@ -113,18 +114,41 @@ def _get(ray, ref):
 # ---------------------------------------------------------------- clean
 
 
+class _KeptPool(OrderedPool):
+    """The one-worker pool of a Ray worker process, kept from one part to the next: `map` ends
+    by closing its pool, and starting a worker (a fresh interpreter importing the decoders) for
+    every part would cost more than a part of small files. Its worker dies with the Ray worker."""
+
+    def close(self) -> None:
+        """Kept open for the next part (`map` calls this when it ends); `shut` really closes."""
+
+    def shut(self) -> None:
+        super().close()
+
+
+_KEPT: tuple[object, _KeptPool] | None = None
+
+
+def _pool_for(settings) -> _KeptPool:
+    global _KEPT
+    if _KEPT is None or _KEPT[0] != settings:
+        if _KEPT is not None:
+            _KEPT[1].shut()
+        from pipeline.clean.process import init_worker, process
+
+        _KEPT = (settings, _KeptPool(process, 1, initializer=init_worker, initargs=(settings,)))
+    return _KEPT[1]
+
+
 def clean_part(settings, clean_dir: str, part, candidates: list, file_timeout: float) -> PartRun:
-    """A Ray task: process one part's files as a local run would, outputs first, results file last."""
-    from pipeline.clean.process import crashed, init_worker, process, timed_out
-    from pipeline.core.executor import OrderedPool
+    """A Ray task: process one part's files as a local run would (the same `process` in the same
+    one-worker pool: a decoder that crashes or hangs on a file gets the same verdict), its outputs
+    first, its results file last."""
+    from pipeline.clean.process import crashed, timed_out
     from pipeline.distribute.parts import write_results
 
     t = time.perf_counter()
-    pool = OrderedPool(process, 1, initializer=init_worker, initargs=(settings,))
-    try:
-        results = list(pool.map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out))
-    finally:
-        pool.close()
+    results = list(_pool_for(settings).map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out))
     try:
         write_results(Path(clean_dir), part, results)
     except OSError as e:
