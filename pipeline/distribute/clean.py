@@ -4,6 +4,7 @@ would. Ray itself is imported only when some part has to run (`ray_executor`).""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +40,8 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
             for r in found[i]:
                 advance(r.reason is None, True)
 
+        tell = PartsLine(len(todo), len(candidates) - reused_files, show_progress)
+
         def done(i: int, run) -> None:
             results = partlib.read_results(cfg.output, plan[i])
             if results is None:
@@ -47,6 +50,7 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
             runs.append(run.as_dict())
             for r in results:
                 advance(r.reason is None, False)
+            tell.part_done(len(results))
 
         if todo:
             from pipeline.distribute.ray_executor import process_parts
@@ -65,3 +69,30 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
               "files_per_s": round(redone_files / seconds, 2) if seconds > 0 else None,
               "runs": sorted(runs, key=lambda r: r["part"])}
     return results, reused_files, report
+
+
+class PartsLine:
+    """Progress across the cluster, beside the files bar: parts done, files/s, time left; one
+    line every 10 s at most (and for the last part), so a million parts do not flood a log."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, parts: int, files: int, enabled: bool):
+        self.parts, self.files, self.enabled = parts, files, enabled
+        self.start = self.last = time.monotonic()
+        self.parts_done = self.files_done = 0
+
+    def part_done(self, files: int) -> None:
+        from pipeline.core.ui import duration
+
+        self.parts_done += 1
+        self.files_done += files
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < self.EVERY_S and self.parts_done < self.parts):
+            return
+        self.last = now
+        rate = self.files_done / max(now - self.start, 1e-9)
+        left = (self.files - self.files_done) / rate if rate > 0 else 0.0
+        sys.stderr.write(f"ray: {self.parts_done}/{self.parts} parts done, {rate:.0f} files/s"
+                         f"{f', about {duration(left)} left' if self.parts_done < self.parts else ''}\n")
+        sys.stderr.flush()

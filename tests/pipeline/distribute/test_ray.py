@@ -101,6 +101,9 @@ def test_clean_and_shard_on_ray_equal_local(cluster, raw, local, tmp_path):
     p = cluster.pipe(_clean_args(raw, tmp_path / "clean", cluster))
     assert p.returncode == 0, p.stderr
     _same_clean(tmp_path / "clean", local / "clean")
+    from pipeline.core.schemas import errors
+
+    assert errors(_report(tmp_path / "clean"), "report") == []
     parts = _report(tmp_path / "clean")["parts"]
     assert parts["parts"] == 8 and parts["redone_parts"] == 8 and len(parts["runs"]) == 8
     assert {r["node"] for r in parts["runs"]} <= {"127.0.0.2", "127.0.0.3"}
