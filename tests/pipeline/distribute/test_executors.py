@@ -45,3 +45,19 @@ def test_an_unknown_executor_is_refused(pipe_proc, tmp_path):
     (tmp_path / "raw").mkdir()
     p = pipe_proc("clean", tmp_path / "raw", "-o", tmp_path / "out", "--executor", "dask")
     assert p.returncode == 2 and "--executor must be one of local, ray" in p.stderr
+
+
+def test_the_toml_config_sets_the_executor_and_its_schema_refuses_others(pipe_proc, tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.txt").write_text("hello")
+    good = tmp_path / "pipe.toml"
+    good.write_text('[clean]\nexecutor = "ray"\nray_address = "127.0.0.9:1"\npart_files = 10\n')
+    code = ("import sys\nsys.modules['ray'] = None\nfrom pipeline.cli.app import main\n"
+            "sys.argv = ['pipe'] + sys.argv[1:]\nmain()\n")
+    p = subprocess.run([sys.executable, "-c", code, "clean", str(tmp_path / "raw"), "-o", str(tmp_path / "out"), "--config", str(good)],
+                       capture_output=True, text=True, env=pipe_env())
+    assert p.returncode == 2 and "pip install 'pipe-ml[ray]'" in p.stderr, p.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[shard]\nexecutor = "spark"\n')
+    p = pipe_proc("shard", tmp_path / "clean", "-o", tmp_path / "shards", "--config", bad)
+    assert p.returncode == 2 and "executor" in p.stderr, p.stderr
