@@ -101,10 +101,12 @@ def run_tasks(ray, fn: Callable, calls: Iterable[tuple], on_done: Callable[[int,
 def _get(ray, ref):
     try:
         return ray.get(ref)
-    except ray.exceptions.RayTaskError as e:  # our own error inside the task: say it as the task said it
-        cause = e.as_instanceof_cause()
-        if isinstance(cause, (StageFailed, UsageError)):
-            raise cause from None
+    except ray.exceptions.RayTaskError as e:  # our own error inside the task: say it as the task said it, in one line
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, UsageError):
+            raise UsageError(str(cause)) from None
+        if isinstance(cause, StageFailed):
+            raise StageFailed(str(cause)) from None
         raise StageFailed(f"a Ray task failed: {str(e).strip().splitlines()[-1][:300]}") from None
     except ray.exceptions.RayError as e:
         raise StageFailed(f"a Ray task was lost after {MAX_RETRIES} retries: {type(e).__name__}: "
