@@ -97,7 +97,7 @@ def test_nothing_listens_beyond_loopback(cluster):
     assert outside == []  # nothing of the cluster listens in the machine's own namespace
 
 
-def test_clean_and_shard_on_ray_equal_local(cluster, raw, local, tmp_path):
+def test_clean_and_shard_on_ray_equal_local_and_shard_resumes(cluster, raw, local, tmp_path):
     p = cluster.pipe(_clean_args(raw, tmp_path / "clean", cluster))
     assert p.returncode == 0, p.stderr
     _same_clean(tmp_path / "clean", local / "clean")
@@ -109,12 +109,21 @@ def test_clean_and_shard_on_ray_equal_local(cluster, raw, local, tmp_path):
     assert {r["node"] for r in parts["runs"]} <= {"127.0.0.2", "127.0.0.3"}
     assert all(r["files"] <= PART and r["seconds"] > 0 for r in parts["runs"])
 
-    p = cluster.pipe(["shard", tmp_path / "clean", "-o", tmp_path / "shards", "--max-count", "5", "--executor", "ray",
-                      "--ray-address", cluster.address, "--json"])
+    shard_args = ["shard", tmp_path / "clean", "-o", tmp_path / "shards", "--max-count", "5", "--executor", "ray",
+                  "--ray-address", cluster.address, "--json"]
+    p = cluster.pipe(shard_args)
     assert p.returncode == 0, p.stderr
     shards = _files(tmp_path / "shards", skip=(".pipe",))
     assert len([n for n in shards if n.endswith(".tar")]) >= 3
     assert shards == _files(local / "shards", skip=(".pipe",))
+
+    # as if killed before the last shard and the index: the rerun keeps the finished shards
+    (tmp_path / "shards" / "index.json").unlink()
+    (tmp_path / "shards" / "val-000000.tar").unlink()
+    p = cluster.pipe(shard_args)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["reused_shards"] == len([n for n in shards if n.endswith(".tar")]) - 1
+    assert _files(tmp_path / "shards", skip=(".pipe",)) == shards
 
 
 def _wait(what, timeout: float = 120, every: float = 0.05):
@@ -156,19 +165,6 @@ def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished
     assert parts["reused"] == finished
     assert parts["redone_parts"] == 8 - len(finished) == len(parts["runs"])
     _same_clean(out, local / "clean")
-
-
-def test_shard_rerun_on_ray_keeps_finished_shards(cluster, local, tmp_path):
-    out = tmp_path / "shards"
-    args = ["shard", local / "clean", "-o", out, "--max-count", "5", "--executor", "ray", "--ray-address", cluster.address,
-            "--json"]
-    assert cluster.pipe(args).returncode == 0
-    (out / "index.json").unlink()
-    (out / "val-000000.tar").unlink()  # as if the run was killed before this shard and the index
-    p = cluster.pipe(args)
-    assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["reused_shards"] >= 2
-    assert _files(out, skip=(".pipe",)) == _files(local / "shards", skip=(".pipe",))
 
 
 def test_the_worker_node_killed_mid_run_the_run_completes(cluster, raw, local, tmp_path):
