@@ -79,3 +79,18 @@ def test_sweep_removes_only_results_of_other_plans(tmp_path: Path):
     stale.write_text("")
     parts.sweep(tmp_path, plan)
     assert sorted(x.name for x in (tmp_path / parts.PARTS_DIR).iterdir()) == [p.name for p in plan]
+
+
+def test_progress_across_the_cluster_says_parts_done_files_per_second_and_time_left(capsys):
+    from pipeline.distribute.clean import PartsLine
+
+    line = PartsLine(parts=3, files=30, enabled=True)
+    line.EVERY_S = 0.0  # a line for every part here, to see each
+    for _ in range(3):
+        line.part_done(10)
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split(",")[0] for ln in lines] == ["ray: 1/3 parts done", "ray: 2/3 parts done", "ray: 3/3 parts done"]
+    assert "files/s" in lines[0] and "left" in lines[0] and "left" not in lines[-1]
+    quiet = PartsLine(parts=3, files=30, enabled=False)
+    quiet.part_done(10)
+    assert capsys.readouterr().err == ""
