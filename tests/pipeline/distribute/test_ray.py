@@ -23,7 +23,8 @@ from tests.factories import photo, write
 from tests.raycluster import Cluster, start_cluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
-PART = 5  # files per part: the 36 files below make 8 parts
+PART = 3  # files per part: the 36 files below make 12 parts
+PARTS = 12
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_clean_and_shard_on_ray_equal_local_and_shard_resumes(cluster, raw, loca
 
     assert errors(_report(tmp_path / "clean"), "report") == []
     parts = _report(tmp_path / "clean")["parts"]
-    assert parts["parts"] == 8 and parts["redone_parts"] == 8 and len(parts["runs"]) == 8
+    assert parts["parts"] == PARTS and parts["redone_parts"] == PARTS and len(parts["runs"]) == PARTS
     assert {r["node"] for r in parts["runs"]} <= {"127.0.0.2", "127.0.0.3"}
     assert all(r["files"] <= PART and r["seconds"] > 0 for r in parts["runs"])
 
@@ -149,7 +150,7 @@ def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished
     out = tmp_path / "clean"
     parts_dir = out / ".pipe" / "parts"
     driver = cluster.driver(_clean_args(raw, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait(lambda: parts_dir.is_dir() and len(os.listdir(parts_dir)) >= 2)
+    _wait(lambda: parts_dir.is_dir() and any(n.endswith(".jsonl") for n in os.listdir(parts_dir)))
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     assert not (out / "manifest.parquet").exists()
@@ -157,13 +158,13 @@ def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished
     _wait(lambda: not cluster.task_pids("clean_part"), every=0.5)
     time.sleep(1)
     finished = sorted(n for n in os.listdir(parts_dir) if n.endswith(".jsonl"))
-    assert 2 <= len(finished) < 8, finished
+    assert 1 <= len(finished) < PARTS, finished
 
     p = cluster.pipe(_clean_args(raw, out, cluster))
     assert p.returncode == 0, p.stderr
     parts = _report(out)["parts"]
     assert parts["reused"] == finished
-    assert parts["redone_parts"] == 8 - len(finished) == len(parts["runs"])
+    assert parts["redone_parts"] == PARTS - len(finished) == len(parts["runs"])
     _same_clean(out, local / "clean")
 
 
