@@ -33,6 +33,8 @@ from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.executor import OrderedPool
 from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atomic_write_text, occupied, output_lock, read_marker, sweep_tmp
+from pipeline.distribute.executors import require
+from pipeline.distribute.parts import PART_FILES
 from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
 from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings
@@ -94,6 +96,12 @@ class CleanConfig:
     """Seconds one file may take before its worker is stopped and the file quarantined as timeout (0 = no limit)."""
     overwrite: bool = False
     """Replace an existing CLEAN_DIR made from other input or settings instead of refusing."""
+    executor: str = "local"
+    """Where files are processed: local (a process pool on this machine) or ray (a Ray cluster, in parts)."""
+    ray_address: str = "auto"
+    """The Ray cluster to join with --executor ray: auto (the one started on this machine, or RAY_ADDRESS) or HOST:PORT."""
+    part_files: int = PART_FILES
+    """Files in one part with --executor ray: a part is one Ray task, and what a killed run redoes at most."""
 
     # settings that change what a worker writes for a file; a resumed run must match them
     OUTPUT_SETTINGS = ("size", "resize_mode", "format", "quality", "min_size", "max_pixels", "background",
@@ -153,10 +161,12 @@ def validate(cfg: CleanConfig) -> CleanConfig:
         (0 <= cfg.near_image_distance <= 12, f"--near-image-distance must be between 0 and 12 bits, got {cfg.near_image_distance}"),
         (cfg.file_timeout >= 0, f"--file-timeout must be 0 (no limit) or more seconds, got {cfg.file_timeout}"),
         (0.5 <= cfg.near_text_jaccard <= 1, f"--near-text-jaccard must be between 0.5 and 1, got {cfg.near_text_jaccard}"),
+        (cfg.part_files >= 1, f"--part-files must be at least 1, got {cfg.part_files}"),
     ]
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    require(cfg.executor)
     parse_colour(cfg.background)
     cfg.max_text_bytes = parse_byte_size(cfg.max_text_bytes, "--max-text-bytes")
     if cfg.labels is not None and not cfg.labels.is_file():
@@ -265,7 +275,8 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     journal = prepare_output(cfg)
     (cfg.output / "manifest.parquet").unlink(missing_ok=True)  # no manifest until this run is complete
     # a fresh run decodes everything: start the workers now, their start-up overlaps discovery
-    pool = _pool(cfg, worker_count(cfg.workers)).start() if not journal.path.exists() else None
+    fresh = not journal.path.exists() and cfg.executor == "local"
+    pool = _pool(cfg, worker_count(cfg.workers)).start() if fresh else None
     _warm_up_manifest_writer()
     try:
         sweep_tmp(cfg.output)
@@ -280,7 +291,13 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
         timings["discover_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        results, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+        parts_report = None
+        if cfg.executor == "ray":
+            from pipeline.distribute.clean import process_in_parts
+
+            results, reused, parts_report = process_in_parts(cfg, candidates, _worker_settings(cfg), _reusable, show_progress)
+        else:
+            results, reused = _process_all(cfg, candidates, journal, show_progress, pool)
         if lab is not None:
             from pipeline.clean.labels import attach_captions
 
@@ -301,7 +318,8 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
 
     t = time.perf_counter()
     extra = {"reused": reused, **({"labels": label_notes} if label_notes else {}),
-             "label_conflicts": outcome.label_conflicts, "near_duplicate_search": outcome.near}
+             "label_conflicts": outcome.label_conflicts, "near_duplicate_search": outcome.near,
+             **({"parts": parts_report} if parts_report is not None else {})}
     report = _finalize(cfg, results, outcome.decisions, journal, extra, timings)
     timings["finalize_s"] = time.perf_counter() - t
     return report
@@ -339,15 +357,18 @@ def _labels(cfg: CleanConfig):
     return read_labels(cfg.labels, Path(cfg.input))
 
 
-def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
-    settings = WorkerSettings(
+def _worker_settings(cfg: CleanConfig) -> WorkerSettings:
+    return WorkerSettings(
         output=str(cfg.output),
         image=ImageSettings(cfg.size, cfg.resize_mode, cfg.format, cfg.quality, cfg.min_size, cfg.max_pixels,
                             parse_colour(cfg.background)),
         text=TextSettings(max_bytes=cfg.text_limit()),
         input_url=open_folder(str(cfg.input)).url if is_remote(cfg.input) else "",
     )
-    return OrderedPool(process, workers, initializer=init_worker, initargs=(settings,))
+
+
+def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
+    return OrderedPool(process, workers, initializer=init_worker, initargs=(_worker_settings(cfg),))
 
 
 def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal, show_progress: bool,

@@ -39,6 +39,10 @@ def clean(
     file_timeout: Annotated[float, typer.Option(
         help="Seconds one file may take before it is quarantined as timeout (0 = no limit).")] = 120.0,
     overwrite: Annotated[bool, typer.Option(help="Replace a CLEAN_DIR made from other input or settings.")] = False,
+    executor: Annotated[str, typer.Option(help="local (a process pool here) or ray (a Ray cluster, in parts; "
+                                               "pip install 'pipe-ml[ray]').")] = "local",
+    ray_address: Annotated[str, typer.Option(help="The Ray cluster for --executor ray: auto or HOST:PORT.")] = "auto",
+    part_files: Annotated[int, typer.Option(help="Files per part (one Ray task) with --executor ray.")] = 1000,
     config: Annotated[Path | None, typer.Option(help="TOML file whose \\[clean] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
 ) -> None:

@@ -26,6 +26,9 @@ def shard(
     expected_workers: Annotated[int, typer.Option(help="Dataloader workers per rank you expect to train with.")] = 4,
     workers: Annotated[int, typer.Option(help="Processes that decode images to measure them (0 = one per core).")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a SHARD_DIR pipe shard made from other input or settings.")] = False,
+    executor: Annotated[str, typer.Option(help="local (shards written here) or ray (one Ray task per shard; "
+                                               "pip install 'pipe-ml[ray]').")] = "local",
+    ray_address: Annotated[str, typer.Option(help="The Ray cluster for --executor ray: auto or HOST:PORT.")] = "auto",
     config: Annotated[Path | None, typer.Option(help="TOML file whose \\[shard] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:

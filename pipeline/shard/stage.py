@@ -37,6 +37,7 @@ from pipeline import __version__
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker
 from pipeline.core.ui import progress
+from pipeline.distribute.executors import require
 from pipeline.formats import index as shard_index
 from pipeline.formats.pixels import ImagePixels
 from pipeline.shard.plan import SPLITS, Span, entry, make_plan
@@ -75,6 +76,10 @@ class ShardConfig:
     """Processes that decode images to measure them; 0 = one per core."""
     overwrite: bool = False
     """Replace a SHARD_DIR pipe shard wrote from other input or settings instead of refusing."""
+    executor: str = "local"
+    """Where shards are written: local (this process) or ray (one Ray task per shard, the plan made here)."""
+    ray_address: str = "auto"
+    """The Ray cluster to join with --executor ray: auto (the one started on this machine, or RAY_ADDRESS) or HOST:PORT."""
 
     # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
     OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")
@@ -104,6 +109,7 @@ def validate(cfg: ShardConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    require(cfg.executor)
     if not cfg.input.is_dir():
         raise UsageError(f"CLEAN_DIR not found: {cfg.input}")
     if not (cfg.input / "manifest.parquet").is_file():
@@ -314,7 +320,8 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
         "schema_version": shard_index.SCHEMA_VERSION,
         "created_by": f"pipe shard {__version__}",
         "manifest_sha256": manifest_sha,
-        "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite")},
+        "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite", "executor",
+                                                                           "ray_address")},
         "classes": classes,
         "image_size": image_size,
         "mean": mean,
@@ -360,7 +367,9 @@ def _write_all(cfg: ShardConfig, samples: Samples, spans: list[Span],
     resumed = 0
     try:
         with progress("write shards", len(spans), show_progress, counts=False) as advance:
-            for span in spans:
+            if cfg.executor == "ray":
+                resumed = _write_on_ray(cfg, samples, spans, journal, done, advance)
+            for span in spans if cfg.executor != "ray" else ():
                 plan = entry(samples, span)
                 digest = plan.digest(cfg.input, __version__)
                 found = journal.reusable(out / span.name, digest)
@@ -384,6 +393,37 @@ def _write_all(cfg: ShardConfig, samples: Samples, spans: list[Span],
     except OSError as err:
         raise StageFailed(f"could not finish writing {out}: {err}") from None
     return [e for e, _ in done], resumed
+
+
+def _write_on_ray(cfg: ShardConfig, samples: Samples, spans: list[Span], journal, done: list,
+                  advance) -> int:
+    """--executor ray: one Ray task writes each shard the journal cannot reuse, with the same
+    `write_shard` (`pipeline.distribute.ray_executor`); fill ``done`` in plan order (index.json's
+    order), return how many shards were reused. Plans are made as tasks are handed out."""
+    from pipeline.distribute.ray_executor import write_shards
+
+    slots: list[tuple[shard_index.ShardEntry, str] | None] = [None] * len(spans)
+    todo: list[tuple[int, str]] = []
+    for i, span in enumerate(spans):
+        digest = entry(samples, span).digest(cfg.input, __version__)
+        found = journal.reusable(cfg.output / span.name, digest)
+        if found is not None:
+            slots[i] = (found, digest)
+            advance(True)
+        else:
+            todo.append((i, digest))
+
+    def finished(k: int, written: shard_index.ShardEntry) -> None:
+        i, digest = todo[k]
+        journal.add(written, digest)
+        slots[i] = (written, digest)
+        advance(True)
+
+    if todo:
+        plans = (entry(samples, spans[i]) for i, _ in todo)
+        write_shards(cfg.ray_address, plans, cfg.input, cfg.output, finished)
+    done.extend(s for s in slots if s is not None)
+    return len(spans) - len(todo)
 
 
 def _prepare_output(cfg: ShardConfig) -> None:

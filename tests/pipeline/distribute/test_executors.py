@@ -1,0 +1,63 @@
+"""--executor: local needs nothing (Ray is never imported), ray without Ray installed is one
+line saying how to install it, and an unknown one is refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import pipe_env
+
+
+def test_local_runs_never_import_ray(tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.txt").write_text("hello")
+    code = (
+        "import sys; from pathlib import Path; from pipeline.clean import stage as clean; from pipeline.shard import stage as shard; "
+        f"clean.run(clean.CleanConfig(Path({str(tmp_path / 'raw')!r}), Path({str(tmp_path / 'out')!r}), workers=1), show_progress=False); "
+        "import pipeline.cli.app; "
+        "assert 'ray' not in sys.modules, 'ray imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
+
+
+def test_executor_ray_without_ray_is_one_line_saying_how_to_install_it(tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.txt").write_text("hello")
+    # a Ray that cannot be imported, as on a machine without the extra
+    code = (
+        "import sys\n"
+        "sys.modules['ray'] = None\n"
+        "from pipeline.cli.app import main\n"
+        "sys.argv = ['pipe'] + sys.argv[1:]\n"
+        "main()\n"
+    )
+    for cmd in (["clean", tmp_path / "raw", "-o", tmp_path / "out"], ["shard", tmp_path / "clean", "-o", tmp_path / "shards"]):
+        p = subprocess.run([sys.executable, "-c", code, *map(str, cmd), "--executor", "ray"], capture_output=True, text=True,
+                           env=pipe_env())
+        assert p.returncode == 2, p.stderr
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "pip install 'pipe-ml[ray]'" in lines[0], p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_executor_is_refused(pipe_proc, tmp_path):
+    (tmp_path / "raw").mkdir()
+    p = pipe_proc("clean", tmp_path / "raw", "-o", tmp_path / "out", "--executor", "dask")
+    assert p.returncode == 2 and "--executor must be one of local, ray" in p.stderr
+
+
+def test_the_toml_config_sets_the_executor_and_its_schema_refuses_others(pipe_proc, tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.txt").write_text("hello")
+    good = tmp_path / "pipe.toml"
+    good.write_text('[clean]\nexecutor = "ray"\nray_address = "127.0.0.9:1"\npart_files = 10\n')
+    code = ("import sys\nsys.modules['ray'] = None\nfrom pipeline.cli.app import main\n"
+            "sys.argv = ['pipe'] + sys.argv[1:]\nmain()\n")
+    p = subprocess.run([sys.executable, "-c", code, "clean", str(tmp_path / "raw"), "-o", str(tmp_path / "out"), "--config", str(good)],
+                       capture_output=True, text=True, env=pipe_env())
+    assert p.returncode == 2 and "pip install 'pipe-ml[ray]'" in p.stderr, p.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[shard]\nexecutor = "spark"\n')
+    p = pipe_proc("shard", tmp_path / "clean", "-o", tmp_path / "shards", "--config", bad)
+    assert p.returncode == 2 and "executor" in p.stderr, p.stderr

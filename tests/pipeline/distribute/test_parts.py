@@ -1,0 +1,96 @@
+"""Parts: the planner covers every candidate exactly once, in order, the same way every time;
+a part's results file is the part's, whole, and a re-run finds it under the same name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.clean.discover import Candidate
+from pipeline.clean.records import FileResult
+from pipeline.distribute import parts
+from pipeline.formats.vocabulary import Kind, Reason
+
+
+def _cands(n: int, tag: str = "") -> list[Candidate]:
+    return [Candidate(f"c/{i:05d}{tag}.jpg", f"/raw/c/{i:05d}.jpg", Kind.IMAGE, "jpeg", key=f"k{i}") for i in range(n)]
+
+
+@given(st.integers(0, 500), st.integers(1, 60))
+def test_cut_covers_every_item_once_in_order(n, max_files):
+    ranges = parts.cut(n, max_files)
+    flat = [i for b, e in ranges for i in range(b, e)]
+    assert flat == list(range(n))
+    assert all(0 < e - b <= max_files for b, e in ranges)
+    assert ranges == parts.cut(n, max_files)  # deterministic
+
+
+@given(st.lists(st.integers(0, 1000), max_size=300), st.integers(1, 50), st.integers(1, 3000))
+def test_cut_by_bytes_keeps_parts_under_the_limit_unless_one_item_is_larger(sizes, max_files, max_bytes):
+    ranges = parts.cut(len(sizes), max_files, sizes, max_bytes)
+    assert [i for b, e in ranges for i in range(b, e)] == list(range(len(sizes)))
+    for b, e in ranges:
+        assert e - b <= max_files
+        assert sum(sizes[b:e]) <= max_bytes or e - b == 1
+
+
+@given(st.integers(0, 300), st.integers(1, 40))
+def test_plan_names_are_deterministic_unique_and_sort_in_part_order(n, max_files):
+    cands = _cands(n)
+    plan = parts.plan(cands, {"size": 64}, max_files)
+    again = parts.plan(_cands(n), {"size": 64}, max_files)
+    assert [p.name for p in plan] == [p.name for p in again]
+    assert [p.name for p in plan] == sorted(p.name for p in plan)
+    assert len({p.name for p in plan}) == len(plan)
+    assert sum(len(p) for p in plan) == n
+
+
+def test_a_part_whose_files_or_settings_change_gets_another_name():
+    base = parts.plan(_cands(30), {"size": 64}, 10)
+    renamed = _cands(30)
+    renamed[15] = Candidate("c/other.jpg", "/raw/c/other.jpg", Kind.IMAGE, "jpeg", key="k15")
+    changed = parts.plan(renamed, {"size": 64}, 10)
+    assert [a.name == b.name for a, b in zip(base, changed)] == [True, False, True]
+    assert all(a.name != b.name for a, b in zip(base, parts.plan(_cands(30), {"size": 128}, 10)))
+
+
+def test_results_file_round_trips_and_a_short_one_is_not_a_finished_part(tmp_path: Path):
+    cands = _cands(3)
+    (p,) = parts.plan(cands, {}, 10)
+    results = [FileResult(c.source, c.key, c.kind, bytes=7, sha256="ab") for c in cands]
+    results[1].reason = Reason.CORRUPT
+    assert parts.read_results(tmp_path, p) is None
+    parts.write_results(tmp_path, p, results)
+    first = (tmp_path / parts.PARTS_DIR / p.name).read_bytes()
+    assert parts.read_results(tmp_path, p) == results
+    parts.write_results(tmp_path, p, results)  # a retried part: the same bytes
+    assert (tmp_path / parts.PARTS_DIR / p.name).read_bytes() == first
+    (tmp_path / parts.PARTS_DIR / p.name).write_bytes(first.split(b"\n", 1)[1])
+    assert parts.read_results(tmp_path, p) is None
+
+
+def test_sweep_removes_only_results_of_other_plans(tmp_path: Path):
+    plan = parts.plan(_cands(20), {}, 10)
+    for p in plan:
+        parts.write_results(tmp_path, p, [])
+    stale = tmp_path / parts.PARTS_DIR / "000009.0123456789abcdef.jsonl"
+    stale.write_text("")
+    parts.sweep(tmp_path, plan)
+    assert sorted(x.name for x in (tmp_path / parts.PARTS_DIR).iterdir()) == [p.name for p in plan]
+
+
+def test_progress_across_the_cluster_says_parts_done_files_per_second_and_time_left(capsys):
+    from pipeline.distribute.clean import PartsLine
+
+    line = PartsLine(parts=3, files=30, enabled=True)
+    line.EVERY_S = 0.0  # a line for every part here, to see each
+    for _ in range(3):
+        line.part_done(10)
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split(",")[0] for ln in lines] == ["ray: 1/3 parts done", "ray: 2/3 parts done", "ray: 3/3 parts done"]
+    assert "files/s" in lines[0] and "left" in lines[0] and "left" not in lines[-1]
+    quiet = PartsLine(parts=3, files=30, enabled=False)
+    quiet.part_done(10)
+    assert capsys.readouterr().err == ""

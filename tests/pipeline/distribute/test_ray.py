@@ -1,0 +1,178 @@
+"""`--executor ray` on a real 2-node cluster (tests/raycluster.py): the result equals a local
+run's, byte for byte, and stays so when a worker process, a node or the driver is killed.
+
+Every run is a real `python -m pipeline` process in the cluster's network namespace. The
+cluster is started once for the module (it costs tens of seconds); the test that kills the
+worker node runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import pipe_env
+from tests.factories import photo, write
+from tests.raycluster import Cluster, start_cluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+PART = 3  # files per part: the 36 files below make 12 parts
+PARTS = 12
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = start_cluster()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    """Two classes of photos with an exact and a near copy, texts, a broken file and one large
+    photo (a part that takes a while)."""
+    root = tmp_path_factory.mktemp("raw")
+    for i in range(20):
+        photo(root / ("cats" if i % 2 else "dogs") / f"p{i:02d}.jpg", 96, 80, seed=i)
+    (root / "cats" / "copy.jpg").write_bytes((root / "cats" / "p01.jpg").read_bytes())
+    photo(root / "dogs" / "near.png", 96, 80, seed=2, fmt="PNG")
+    for i in range(12):
+        write(root / "cats" / f"t{i:02d}.txt", f"a caption number {i} about a cat " * (i + 1))
+    write(root / "dogs" / "broken.jpg", b"\xff\xd8\xff\xe0 not really a jpeg")
+    photo(root / "dogs" / "big.jpg", 2400, 1800, seed=99)
+    return root
+
+
+@pytest.fixture(scope="module")
+def local(raw, tmp_path_factory) -> Path:
+    """The local run every Ray run is compared with: clean with 2 workers, then shard."""
+    out = tmp_path_factory.mktemp("local")
+    _run_local(["clean", raw, "-o", out / "clean", "--size", "64", "--workers", "2", "--json"])
+    _run_local(["shard", out / "clean", "-o", out / "shards", "--max-count", "5", "--json"])
+    return out
+
+
+def _run_local(args: list) -> None:
+    p = subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], capture_output=True, text=True, env=pipe_env(),
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+
+
+def _clean_args(raw: Path, out: Path, cluster: Cluster) -> list:
+    return ["clean", raw, "-o", out, "--size", "64", "--executor", "ray", "--ray-address", cluster.address,
+            "--part-files", PART, "--json"]
+
+
+def _files(folder: Path, skip: tuple[str, ...] = (".pipe", "report.json")) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.relative_to(folder).parts[0] not in skip}
+
+
+def _same_clean(ray_out: Path, local_out: Path) -> None:
+    """Same manifest rows and the same output files, byte for byte (report.json holds timings)."""
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(ray_out / "manifest.parquet").to_pylist() == pq.read_table(local_out / "manifest.parquet").to_pylist()
+    ray_files, local_files = _files(ray_out), _files(local_out)
+    assert sorted(ray_files) == sorted(local_files)
+    assert ray_files == local_files
+
+
+def _report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def test_nothing_listens_beyond_loopback(cluster):
+    interfaces, inside, outside = cluster.listeners()
+    assert interfaces == ["lo"]  # the namespace's "all addresses" are loopback
+    assert inside and all(a.startswith(("127.", "[::ffff:127.", "*:", "[::]:", "[::1]")) for a in inside), inside
+    assert outside == []  # nothing of the cluster listens in the machine's own namespace
+
+
+def test_clean_and_shard_on_ray_equal_local_and_shard_resumes(cluster, raw, local, tmp_path):
+    p = cluster.pipe(_clean_args(raw, tmp_path / "clean", cluster))
+    assert p.returncode == 0, p.stderr
+    _same_clean(tmp_path / "clean", local / "clean")
+    from pipeline.core.schemas import errors
+
+    assert errors(_report(tmp_path / "clean"), "report") == []
+    parts = _report(tmp_path / "clean")["parts"]
+    assert parts["parts"] == PARTS and parts["redone_parts"] == PARTS and len(parts["runs"]) == PARTS
+    assert {r["node"] for r in parts["runs"]} <= {"127.0.0.2", "127.0.0.3"}
+    assert all(r["files"] <= PART and r["seconds"] > 0 for r in parts["runs"])
+
+    shard_args = ["shard", tmp_path / "clean", "-o", tmp_path / "shards", "--max-count", "5", "--executor", "ray",
+                  "--ray-address", cluster.address, "--json"]
+    p = cluster.pipe(shard_args)
+    assert p.returncode == 0, p.stderr
+    shards = _files(tmp_path / "shards", skip=(".pipe",))
+    assert len([n for n in shards if n.endswith(".tar")]) >= 3
+    assert shards == _files(local / "shards", skip=(".pipe",))
+
+    # as if killed before the last shard and the index: the rerun keeps the finished shards
+    (tmp_path / "shards" / "index.json").unlink()
+    (tmp_path / "shards" / "val-000000.tar").unlink()
+    p = cluster.pipe(shard_args)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["reused_shards"] == len([n for n in shards if n.endswith(".tar")]) - 1
+    assert _files(tmp_path / "shards", skip=(".pipe",)) == shards
+
+
+def _wait(what, timeout: float = 120, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_worker_process_killed_during_a_part_is_retried(cluster, raw, local, tmp_path):
+    driver = cluster.driver(_clean_args(raw, tmp_path / "clean", cluster), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    victim = _wait(lambda: cluster.task_pids("clean_part"))[0]
+    os.kill(victim, signal.SIGKILL)
+    _, err = driver.communicate(timeout=300)
+    assert driver.returncode == 0, err
+    _same_clean(tmp_path / "clean", local / "clean")
+
+
+def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished_parts(cluster, raw, local, tmp_path):
+    out = tmp_path / "clean"
+    parts_dir = out / ".pipe" / "parts"
+    driver = cluster.driver(_clean_args(raw, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(lambda: parts_dir.is_dir() and any(n.endswith(".jsonl") for n in os.listdir(parts_dir)))
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    assert not (out / "manifest.parquet").exists()
+    # the dead driver's tasks are ended by Ray; wait until none runs, then count what they left
+    _wait(lambda: not cluster.task_pids("clean_part"), every=0.5)
+    time.sleep(1)
+    finished = sorted(n for n in os.listdir(parts_dir) if n.endswith(".jsonl"))
+    assert 1 <= len(finished) < PARTS, finished
+
+    p = cluster.pipe(_clean_args(raw, out, cluster))
+    assert p.returncode == 0, p.stderr
+    parts = _report(out)["parts"]
+    assert parts["reused"] == finished
+    assert parts["redone_parts"] == PARTS - len(finished) == len(parts["runs"])
+    _same_clean(out, local / "clean")
+
+
+def test_the_worker_node_killed_mid_run_the_run_completes(cluster, raw, local, tmp_path):
+    driver = cluster.driver(_clean_args(raw, tmp_path / "clean", cluster), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait(lambda: cluster.task_pids("clean_part", cluster.worker))
+    cluster.worker.kill()  # the last test of the module: the head alone finishes the run (and nothing after it)
+    _, err = driver.communicate(timeout=300)
+    assert driver.returncode == 0, err
+    _same_clean(tmp_path / "clean", local / "clean")
+    assert {r["node"] for r in _report(tmp_path / "clean")["parts"]["runs"]} <= {"127.0.0.2", "127.0.0.3"}
