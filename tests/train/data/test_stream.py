@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.shard import stage
 from tests.clean_dirs import make_clean_dir, simple_specs
-from train.data import stream
+from train.data import sources
 from train.data.stream import SampleDecodeError, SampleReader
 
 
@@ -46,8 +46,8 @@ READ_PATHS = {"mapped": (0, True), "aligned read": (0, False), "small read": (1 
 @pytest.fixture(params=sorted(READ_PATHS))
 def read_path(request, monkeypatch):
     map_from, can_map = READ_PATHS[request.param]
-    monkeypatch.setattr(stream, "MAP_FROM", map_from)
-    monkeypatch.setattr(stream, "_CAN_MAP", can_map)
+    monkeypatch.setattr(sources, "MAP_FROM", map_from)
+    monkeypatch.setattr(sources, "_CAN_MAP", can_map)
     return request.param
 
 
