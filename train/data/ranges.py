@@ -60,7 +60,8 @@ def plan_reads(wants: Iterable[Want], cap: int) -> Iterator[Read]:
     """
     if cap < 1:
         raise ValueError(f"the read cap must be at least 1 byte, got {cap}")
-    rel, start, end, group = "", 0, 0, []
+    rel, start, end = "", 0, 0
+    group: list[Want] = []
     for w in wants:
         if group and w.rel == rel and w.start == end and end - start + w.length <= cap:
             group.append(w)
@@ -91,9 +92,10 @@ class ShardReadError(SampleDecodeError):
 
 @dataclass(frozen=True)
 class Retry:
-    """Exponential backoff with full jitter: attempt k waits uniform(0, min(most, first x 2^k))
-    seconds; at most ``attempts`` tries and ``budget`` seconds of waiting in all. The defaults ride
-    out an object store that restarts (seconds) and give up on one that is gone (about a minute)."""
+    """Exponential backoff with full jitter: after failure k wait uniform(0, min(most, first x 2^k))
+    seconds; at most ``attempts`` tries, and none begun once ``budget`` seconds have passed since
+    the first. The defaults ride out an object store that restarts (seconds) and give up on one
+    that is gone within about a minute."""
 
     attempts: int = 10
     first: float = 0.2
@@ -101,25 +103,22 @@ class Retry:
     budget: float = 60.0
 
     def delays(self, rng: random.Random) -> Iterator[float]:
-        spent = 0.0
         for k in range(self.attempts - 1):
-            d = min(rng.uniform(0, min(self.most, self.first * 2**k)), self.budget - spent)
-            if d < 0:
-                return
-            spent += d
-            yield d
+            yield rng.uniform(0, min(self.most, self.first * 2**k))
 
 
 DEFAULT_RETRY = Retry()
 
 
 def read_with_retries(source: Source, read: Read, retry: Retry = DEFAULT_RETRY,
-                      sleep: Callable[[float], None] = time.sleep) -> bytes | memoryview:
+                      sleep: Callable[[float], None] = time.sleep, exact: bool = True) -> bytes | memoryview:
     """The bytes of ``read``, retried while ``source.transient`` says a failure may pass.
 
     A read that comes back short is the shard's fault, not the network's: `ShardReadError`
-    at once ("shorter than index.json says"), as is a failure the source calls permanent."""
+    at once ("shorter than index.json says"), as is a failure the source calls permanent.
+    ``exact=False``: a short read is returned as it is (the object ends there)."""
     delays = retry.delays(random.Random())
+    began, tries = time.monotonic(), 1
     while True:
         try:
             data = source.read_range(read.rel, read.start, read.length)
@@ -129,11 +128,12 @@ def read_with_retries(source: Source, read: Read, retry: Retry = DEFAULT_RETRY,
                 raise ShardReadError(f"{source.url(read.rel)}: cannot read bytes {read.start}-{read.start + read.length}: "
                                      f"{_describe(e)}") from None
             wait = next(delays, None)
-            if wait is None:
+            if wait is None or time.monotonic() - began + wait > retry.budget:
                 raise ShardReadError(f"{source.url(read.rel)}: cannot read bytes {read.start}-{read.start + read.length} "
-                                     f"after {retry.attempts} tries: {_describe(e)}") from None
+                                     f"after {tries} tries in {time.monotonic() - began:.0f} s: {_describe(e)}") from None
+            tries += 1
             sleep(wait)
-    if len(data) != read.length:
+    if exact and len(data) != read.length:
         raise ShardReadError(f"{source.url(read.rel)}: the file is shorter than index.json says "
                              f"(wanted bytes {read.start}-{read.start + read.length})")
     return data

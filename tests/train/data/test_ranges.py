@@ -56,8 +56,9 @@ class Flaky:
 
     cap, ahead = 1 << 20, 0
 
-    def __init__(self, fails=0, error=ConnectionError("connection reset by peer"), transient=True, data=None):
-        self.fails, self.error, self.is_transient = fails, error, transient
+    def __init__(self, fails=0, error=None, transient=True, data=None):
+        self.fails, self.is_transient = fails, transient
+        self.error = error or ConnectionError("connection reset by peer")
         self.data = data if data is not None else {"x.tar": bytes(range(256)) * 64}
         self.calls = 0
         self.lock = threading.Lock()
@@ -98,7 +99,7 @@ def test_transient_failures_are_retried_with_growing_jittered_waits():
                              sleep=waits.append)
     assert data == source.data["x.tar"][10:30] and source.calls == 5
     assert len(waits) == 4 and all(0 <= w <= 2**k for k, w in enumerate(waits))
-    delays = [list(Retry(first=1.0, most=100.0, budget=1e9).delays(random.Random(s))) for s in range(200)]
+    delays = [list(Retry(first=1.0, most=100.0).delays(random.Random(s))) for s in range(200)]
     assert all(len(d) == 9 for d in delays)
     assert sum(d[8] for d in delays) > 10 * sum(d[0] for d in delays)  # exponential on average
     assert len({d[3] for d in delays}) == 200  # jittered: no two workers wait in step
@@ -106,9 +107,14 @@ def test_transient_failures_are_retried_with_growing_jittered_waits():
 
 def test_retries_are_bounded_and_the_error_names_the_shard_url():
     source = Flaky(fails=100, error=ConnectionError("Could not connect to the endpoint URL: \"http://h/b/x.tar?X-Amz-Signature=s3cret\""))
-    with pytest.raises(ShardReadError, match=r"^s3://bucket/shards/x\.tar: cannot read bytes 0-10 after 6 tries: ") as e:
+    with pytest.raises(ShardReadError, match=r"^s3://bucket/shards/x\.tar: cannot read bytes 0-10 after 6 tries in 0 s: ") as e:
         read_with_retries(source, Read("x.tar", 0, 10, ()), FAST)
     assert source.calls == 6 and "s3cret" not in str(e.value) and "\n" not in str(e.value)
+    slow = Flaky(fails=100)
+    began = time.monotonic()
+    with pytest.raises(ShardReadError, match="after [23] tries"):  # the time budget ends it before the tries do
+        read_with_retries(slow, Read("x.tar", 0, 10, ()), Retry(attempts=100, first=0.05, most=0.05, budget=0.12))
+    assert time.monotonic() - began < 1
     assert isinstance(e.value, SampleDecodeError)  # the loop's one-line data failure
 
 

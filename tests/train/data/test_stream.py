@@ -74,3 +74,21 @@ def test_reading_does_not_import_torch(shards):
             "assert n > 0 and 'torch' not in sys.modules, 'torch imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_local_training_run_never_imports_boto3(shards, tmp_path):
+    """boto3 is the s3 extra: `pipe train` on a local folder (checks, launch, ranks, workers) must
+    run without it. A boto3/botocore that fails on import stands in front of the real ones."""
+    from tests.conftest import pipe_env
+
+    for name in ("boto3", "botocore"):
+        (tmp_path / "poison" / name).mkdir(parents=True)
+        (tmp_path / "poison" / name / "__init__.py").write_text(f"raise ImportError('{name} imported for a local run')\n")
+    env = pipe_env()
+    env["PYTHONPATH"] = f"{tmp_path / 'poison'}:{env['PYTHONPATH']}"
+    done = subprocess.run([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(tmp_path / "run"),
+                           "--data-only", "--workers", "1", "--batch-size", "4", "--verify", "--record-keys",
+                           "--cache-dir", str(tmp_path / "cache")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "run" / "keys" / "epoch0-rank0.txt").read_text().count("\n") == 40 // 4 * 4
