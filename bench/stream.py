@@ -5,9 +5,10 @@ The same SHARD_DIR (`bench/loader.py`'s data: seeded 512x512 JPEGs through `pipe
 `rclone serve s3` on 127.0.0.4 holding the same objects (tests/s3server.py's server, listing
 cache on). Two measurements, each as samples/s and the S3 / local ratio (target >= 0.8):
 
-1. Training's view: `ShardReader` batches through `make_loader` with ``--workers`` forked
-   dataloader workers, images decoded at ``--image-size`` (as `pipe train` decodes for a 64 px
-   built-in model), one epoch.
+1. Training's view: `ShardReader` batches through `make_loader` with ``--workers`` forked,
+   persistent dataloader workers, images decoded at ``--image-size`` (as `pipe train` decodes
+   for a 64 px built-in model); ``--epochs`` epochs timed after a first one (worker start-up and
+   each worker's S3 client are paid once per run, as in training).
 2. Bytes only: `SampleReader.samples` in this process, no decode, ``--passes`` epochs: the
    reader's own cost (merged ranged GETs of up to 8 MiB, 4 in flight) with nothing to hide it.
 
@@ -60,17 +61,25 @@ def upload(server, shards: Path, bucket: str, prefix: str) -> str:
     return f"s3://{bucket}/{prefix}"
 
 
-def decoded(where: str, batch: int, workers: int, image_size: int, seed: int) -> tuple[int, float]:
+def decoded(where: str, batch: int, workers: int, image_size: int, seed: int, epochs: int) -> tuple[int, float]:
+    """Samples and seconds of ``epochs`` epochs after a first, unmeasured one: persistent workers,
+    as `pipe train` runs them, so starting a worker (and its S3 client) is paid once per run,
+    not counted per epoch."""
     from train.data.reader import ShardReader, close_loader, make_loader
 
     reader = ShardReader(where, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",), image_size=image_size)
-    loader = make_loader(reader, workers)
-    reader.set_epoch(0)
-    t = time.perf_counter()
-    n = sum(len(b["key"]) for b in loader)
-    seconds = time.perf_counter() - t
-    close_loader(loader)
-    return n, seconds
+    loader = make_loader(reader, workers, persistent_workers=True)
+    try:
+        reader.set_epoch(0)
+        sum(len(b["key"]) for b in loader)
+        t = time.perf_counter()
+        n = 0
+        for e in range(1, epochs + 1):
+            reader.set_epoch(e)
+            n += sum(len(b["key"]) for b in loader)
+        return n, time.perf_counter() - t
+    finally:
+        close_loader(loader)
 
 
 def raw(where: str, batch: int, passes: int, seed: int) -> tuple[int, float]:
@@ -89,6 +98,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=2, help="measured epochs of decoded batches (after one unmeasured)")
     ap.add_argument("--passes", type=int, default=3, help="epochs of the bytes-only measurement")
     ap.add_argument("--max-count", type=int, default=250, help="pipe shard --max-count")
     ap.add_argument("--repeats", type=int, default=3)
@@ -108,8 +118,8 @@ def main() -> None:
         size = json.loads((shards / "index.json").read_text())["shards"]
         print(f"{a.images} images, {len(size)} shards, {sum(s['bytes'] for s in size) / 1e6:.0f} MB; "
               f"S3: rclone serve s3 on {server.endpoint}; load {os.getloadavg()[0]:.1f}")
-        for name, fn in ((f"decoded batches (ShardReader, {a.workers} workers, {a.image_size} px)",
-                          lambda w: decoded(w, a.batch_size, a.workers, a.image_size, 0)),
+        for name, fn in ((f"decoded batches (ShardReader, {a.workers} persistent workers, {a.image_size} px, {a.epochs} epochs after one)",
+                          lambda w: decoded(w, a.batch_size, a.workers, a.image_size, 0, a.epochs)),
                          (f"bytes only (SampleReader.samples, {a.passes} epochs)",
                           lambda w: raw(w, a.batch_size, a.passes, 0))):
             best: dict[str, float] = {}

@@ -97,6 +97,13 @@ class LocalSource:
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """For a spawned dataloader worker: the folder only (descriptors and the lock are per process)."""
+        return {"root": self.root}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"])  # type: ignore[misc]
+
     def url(self, rel: str) -> str:
         return rel  # a local shard is named by its file name, as every message did before
 

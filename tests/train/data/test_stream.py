@@ -92,3 +92,13 @@ def test_a_local_training_run_never_imports_boto3(shards, tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "run" / "keys" / "epoch0-rank0.txt").read_text().count("\n") == 40 // 4 * 4
+
+
+def test_a_reader_travels_to_a_spawned_worker(shards):
+    """Where workers are spawned (macOS, Windows) the reader is pickled: it must survive that."""
+    import pickle
+
+    reader = SampleReader(shards, batch_size=4)
+    next(reader.samples(0))  # descriptors open
+    again = pickle.loads(pickle.dumps(reader))
+    assert [s.key for _, s in again.samples(1)] == [s.key for _, s in reader.samples(1)]
