@@ -16,6 +16,7 @@ each block is emitted in its seeded shuffle order.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 from collections.abc import Iterator
@@ -119,7 +120,7 @@ class SampleReader:
                     parts.append(self._part(started[run[0].tag[0] - done], run, view, r.start))
                     run = []
                 run.append(w)
-                if w.tag[3]:  # the block's last sample
+                if w.tag[4]:  # the block's last samples
                     parts.append(self._part(started[w.tag[0] - done], run, view, r.start))
                     run = []
                     yield started.pop(0), parts
@@ -129,23 +130,44 @@ class SampleReader:
                 parts.append(self._part(started[run[0].tag[0] - done], run, view, r.start))
 
     def _wants(self, blocks: Iterator[Block], started: list[Block]) -> Iterator[Want]:
-        """Every sample of every block, in reading order, as a byte range; tag (block number,
-        segment number, sample index, last of its block)."""
+        """The samples of every block, in reading order, as byte ranges: runs of adjacent samples
+        up to the source's cap (`sample_runs`: the work is per run, not per sample); tag (block
+        number, segment number, first sample, end sample, last run of its block)."""
+        cap = self.source.cap
         for j, b in enumerate(blocks):
             started.append(b)
             last_seg = len(b.segments) - 1
             for k, seg in enumerate(b.segments):
                 shard = self.shards[seg.shard]
-                name, offsets, end = shard["name"], shard["offsets"], _end(shard)
-                for i in range(seg.begin, seg.end):
-                    stop = offsets[i + 1] if i + 1 < shard["count"] else end
-                    yield Want(name, offsets[i], stop - offsets[i], (j, k, i, k == last_seg and i == seg.end - 1))
+                name, offsets = shard["name"], shard["offsets"]
+                for i, e, start, stop in sample_runs(offsets, _end(shard), seg.begin, seg.end, cap):
+                    yield Want(name, start, stop - start, (j, k, i, e, k == last_seg and e == seg.end))
 
     def _part(self, block: Block, run: list[Want], view: memoryview, read_start: int) -> Part:
         seg = block.segments[run[0].tag[1]]
         first, last = run[0], run[-1]
-        return Part(seg.shard, first.tag[2], last.tag[2] + 1, seg.valid,
+        return Part(seg.shard, first.tag[2], last.tag[3], seg.valid,
                     view[first.start - read_start : last.start + last.length - read_start])
+
+
+def sample_runs(offsets: list[int], end: int, begin: int, stop: int, cap: int) -> Iterator[tuple[int, int, int, int]]:
+    """Samples ``begin..stop-1`` of a shard (sample i spans ``offsets[i]`` to the next offset, the
+    last one to ``end``) as runs (first, end sample, first byte, end byte) of at most ``cap``
+    bytes each, a single sample where one is larger; found by bisection, not sample by sample."""
+    count = len(offsets)
+
+    def boundary(x: int) -> int:
+        return offsets[x] if x < count else end
+
+    i = begin
+    while i < stop:
+        top = min(stop, count - 1)  # candidate ends below the last sample are offsets
+        e = bisect.bisect_right(offsets, offsets[i] + cap, i + 1, top + 1) - 1
+        if stop == count and e == count - 1 and end - offsets[i] <= cap:
+            e = count
+        e = min(max(e, i + 1), stop)
+        yield i, e, offsets[i], boundary(e)
+        i = e
 
 
 def _end(shard: dict) -> int:

@@ -146,3 +146,22 @@ def test_stopping_early_does_not_wait_for_queued_reads():
     it.close()
     time.sleep(0.1)
     assert source.calls < 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 5_000), min_size=1, max_size=40), st.data(), st.integers(1, 12_000))
+def test_sample_runs_cut_a_segment_at_sample_boundaries_within_the_cap(sizes, data, cap):
+    from train.data.stream import sample_runs
+
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    end = sum(sizes)
+    begin = data.draw(st.integers(0, len(sizes) - 1))
+    stop = data.draw(st.integers(begin + 1, len(sizes)))
+    runs = list(sample_runs(offsets, end, begin, stop, cap))
+    assert runs[0][0] == begin and runs[-1][1] == stop
+    assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))  # contiguous, in order
+    for i, e, start, stop_byte in runs:
+        assert start == offsets[i] and stop_byte == (offsets[e] if e < len(sizes) else end)
+        assert stop_byte - start <= cap or e == i + 1  # over the cap only as one sample
+        if e < stop:  # as long as allowed: one more sample would not fit
+            assert (offsets[e + 1] if e + 1 < len(sizes) else end) - start > cap
