@@ -25,7 +25,8 @@ RUN = "Checkpoints and monitoring"
 @exits_cleanly
 def train(
     ctx: typer.Context,
-    shard_dir: Annotated[Path, typer.Argument(help="SHARD_DIR written by pipe shard.", show_default=False)],
+    shard_dir: Annotated[str, typer.Argument(
+        help="SHARD_DIR written by pipe shard: a folder or s3://bucket/prefix.", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="RUN_DIR to write (checkpoints, metrics.jsonl, tb/).", show_default=False)],
     # -- schedule and batch -------------------------------------------------------------------
     epochs: Annotated[int, typer.Option(help="Passes over the train split.", rich_help_panel=OPTIM)] = 3,
@@ -72,6 +73,10 @@ def train(
         "--record-keys", help="Write RUN_DIR/keys/epoch{E}-rank{R}.txt (--data-only).", rich_help_panel=DATA)] = False,
     verify: Annotated[bool, typer.Option(
         "--verify", help="Check every shard's sha256 against index.json before training.", rich_help_panel=DATA)] = False,
+    cache_dir: Annotated[Path | None, typer.Option(
+        help="Keep whole shards read from SHARD_DIR here (shared by this machine's ranks).", rich_help_panel=DATA)] = None,
+    cache_max_gb: Annotated[float | None, typer.Option(
+        help="Size cap of --cache-dir in GB; least recently used shards go first.", rich_help_panel=DATA)] = None,
     # -- checkpoints and monitoring -------------------------------------------------------------------
     checkpoint_every: Annotated[int, typer.Option(
         help="Write last.pt every N optimizer steps (0 = at epoch ends only).", rich_help_panel=RUN)] = 200,
@@ -118,14 +123,14 @@ def check(cfg):
     """Mistakes found before any rank starts: one line, exit 2. Returns the config with the
     batch arithmetic resolved (--batch-size, --global-batch and --accum all set)."""
     from pipeline.core.errors import UsageError
-    from pipeline.formats import index as shard_index
     from train.config import check_epoch_fits, resolve_batch
     from train.config import validate as validate_train
+    from train.data import sources
     from train.data.plan import epoch_plan
     from train.distributed.launch import validate, world_size
 
     validate(cfg.launch_config())
-    index = shard_index.load(cfg.shard_dir)
+    index, _ = sources.read_index(cfg.shard_dir)
     world = world_size(cfg.launch_config())
     validate_train(cfg, world)
     if cfg.backend == "nccl":
@@ -155,31 +160,39 @@ def check(cfg):
     return cfg
 
 
-def verify_shards(shard_dir: Path, index: dict) -> None:
+def verify_shards(shard_dir: str, index: dict) -> None:
     """--verify: every shard's size and sha256 as index.json records them, before any rank reads one.
 
     The reader trusts the index's offsets and decodes what it finds; a shard changed or damaged
     since `pipe shard` (or swapped by someone else) would be trained on silently. Here it stops the
     run naming the shard: StageFailed, exit 1 (the data is bad, not the command). Runs where the
-    command runs: once per node under the built-in launcher, on each rank under an outside torchrun."""
+    command runs: once per node under the built-in launcher, on each rank under an outside torchrun.
+    Shards are read from where they are (a folder or s3://), a few MiB per read, reads retried."""
     import hashlib
 
     from pipeline.core.errors import StageFailed
+    from train.data import sources
+    from train.data.ranges import Read, SampleDecodeError, read_with_retries
 
-    for entry in index["shards"]:
-        path = Path(shard_dir) / entry["name"]
-        digest, size = hashlib.sha256(), 0
-        try:
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except OSError as e:
-            raise StageFailed(f"--verify: shard {entry['name']} cannot be read: {e.strerror or e}") from None
-        if size != entry["bytes"] or digest.hexdigest() != entry["sha256"]:
-            raise StageFailed(f"--verify: shard {entry['name']} does not match index.json ({size} bytes, sha256 "
-                              f"{digest.hexdigest()[:12]}...; indexed {entry['bytes']} bytes, sha256 {entry['sha256'][:12]}...): "
-                              f"it changed since pipe shard wrote it; restore it or run pipe shard again")
+    source = sources.open_source(shard_dir)
+    try:
+        for entry in index["shards"]:
+            digest, size, name = hashlib.sha256(), 0, entry["name"]
+            try:
+                for at in range(0, entry["bytes"] + 1, source.cap):  # one byte past the indexed end: a longer file
+                    data = read_with_retries(source, Read(name, at, source.cap, ()), exact=False)
+                    digest.update(data)
+                    size += len(data)
+                    if len(data) < source.cap:
+                        break
+            except (OSError, SampleDecodeError) as e:
+                raise StageFailed(f"--verify: shard {name} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+            if size != entry["bytes"] or digest.hexdigest() != entry["sha256"]:
+                raise StageFailed(f"--verify: shard {name} does not match index.json ({size} bytes, sha256 "
+                                  f"{digest.hexdigest()[:12]}...; indexed {entry['bytes']} bytes, sha256 {entry['sha256'][:12]}...): "
+                                  f"it changed since pipe shard wrote it; restore it or run pipe shard again")
+    finally:
+        source.close()
 
 
 def _check_modalities(cfg, index: dict) -> None:

@@ -21,14 +21,14 @@ def main(cfg: TrainConfig) -> dict:
     import torch.distributed as dist
 
     from pipeline.core.errors import StageFailed
-    from pipeline.formats import index as shard_index
+    from train.data import sources
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
     from train.distributed.group import process_group
 
     if cfg.batch_size is None:  # train/command.py's check resolves the batch arithmetic before any rank starts
         raise ValueError("data_only.main needs a config whose batch size is resolved")
     batch_size = cfg.batch_size
-    index = shard_index.load(cfg.shard_dir)
+    index, _ = sources.read_index(cfg.shard_dir)
     counts = index["counts"]["train"]
     fields = tuple(f for f, n in (("image", counts["images"]), ("text", counts["texts"])) if n)  # what the data has
     # images at the size training would decode them: a built-in model's --resolution
@@ -36,7 +36,8 @@ def main(cfg: TrainConfig) -> dict:
     image_size = min(cfg.resolution, stored) if stored and "image" in fields and cfg.model in BUILTIN_MODELS else None
     with process_group(cfg.backend) as me:
         reader = ShardReader(cfg.shard_dir, "train", me.rank, me.world_size, batch_size=batch_size,
-                             seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, image_size=image_size)
+                             seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, image_size=image_size,
+                             cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes)
         loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0)
         rates = []
         try:

@@ -31,7 +31,6 @@ from torch import nn
 from pipeline.core.cores import available_cores
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
-from pipeline.formats import index as shard_index
 from train.components import checkpoint as ckpt
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
@@ -88,13 +87,15 @@ class DataSource:
     one-line failure naming the shard and key, not as an internal error."""
 
 
-def read_index(shard_dir: Path) -> tuple[dict, str]:
-    """index.json (`pipeline.formats.index.load`: schema-checked) and its fingerprint (the hash
-    every rank must agree on)."""
-    index = shard_index.load(shard_dir)
+def read_index(shard_dir: str | Path) -> tuple[dict, str]:
+    """index.json (schema-checked; from a folder or s3://) and its fingerprint (the hash every
+    rank must agree on)."""
+    from train.data import sources
+
+    index, raw = sources.read_index(shard_dir)
     if not index["classes"]:
         raise UsageError(f"{shard_dir}/index.json lists no classes: there is nothing to classify")
-    return index, hashlib.sha256((Path(shard_dir) / shard_index.INDEX_NAME).read_bytes()).hexdigest()[:16]
+    return index, hashlib.sha256(raw).hexdigest()[:16]
 
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
@@ -111,7 +112,8 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
     def reader(split: str):
         return ShardReader(cfg.shard_dir, split=split, rank=d.rank, world_size=d.world_size, batch_size=plan.batch_size,
                            seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, max_text_len=cfg.max_text_len,
-                           image_size=image_size, mean=mean, std=std, tokenize=tokenize)
+                           image_size=image_size, mean=mean, std=std, tokenize=tokenize,
+                           cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes)
 
     has_val = any(s.get("split") == "val" and s.get("count", 0) > 0 for s in index.get("shards", []))
     readers = [reader("train")] + ([reader("val")] if has_val else [])

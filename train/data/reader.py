@@ -4,7 +4,7 @@
 ``batch_size=None``), so a worker always hands over full batches of its own contiguous piece and
 every rank runs exactly `steps_per_epoch` steps. Which samples a rank and worker read, and in
 which order, is decided by the pure functions in `train/data/plan.py` (property-tested); the reading
-is `train/data/stream.py`'s (no torch): one read per run of samples from index.json's offsets, the
+is `train/data/stream.py`'s (no torch): merged ranged reads at index.json's offsets (local disk or s3://), the
 tar members parsed in place (`pipeline.formats.tarstream`). This module decodes them through the codec
 (`pipeline.formats.sample`) one image at a time straight into the batch tensor, normalized there with
 the index's mean and std; inside a worker that tensor lives in shared memory, so the batch
@@ -32,7 +32,6 @@ Usage::
 
 from __future__ import annotations
 
-import hashlib
 import math
 import multiprocessing as mp
 import os
@@ -43,7 +42,6 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from pipeline.formats import index as shard_index
 from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
 from pipeline.media.image.resize import dct_scale, fit, scaled_size
 from train.data.stream import SampleDecodeError, SampleReader, read_samples
@@ -68,8 +66,11 @@ class ShardReader(SampleReader, IterableDataset):
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
                  fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
-                 image_size: int | None = None, mean=None, std=None, tokenize=None):
-        """``image_size``: the side images are decoded at, e.g. the model's input size; at most
+                 image_size: int | None = None, mean=None, std=None, tokenize=None,
+                 cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None):
+        """``shard_dir``: a local folder or ``s3://bucket/prefix``; ``cache_dir``/``cache_max_bytes``:
+        a local cache of whole shards (`train.data.stream.SampleReader`).
+        ``image_size``: the side images are decoded at, e.g. the model's input size; at most
         the stored size (enlarging adds nothing). None: the stored size (index.json's).
         ``mean``/``std``: the normalisation the model was trained with (`train.models.norm`);
         None: the index's. ``tokenize``: texts -> a dict of [B, L] tensors (the model's
@@ -78,8 +79,8 @@ class ShardReader(SampleReader, IterableDataset):
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
-        SampleReader.__init__(self, shard_dir, split, rank, world_size, batch_size, seed, shuffle_buffer)
-        self.fingerprint = hashlib.sha256((self.shard_dir / shard_index.INDEX_NAME).read_bytes()).hexdigest()
+        SampleReader.__init__(self, shard_dir, split, rank, world_size, batch_size, seed, shuffle_buffer,
+                              cache_dir=cache_dir, cache_max_bytes=cache_max_bytes)
         self.fields, self.max_text_len = tuple(fields), max_text_len
         self.num_classes = len(self.index["classes"])
         self.stored_size = self.index["image_size"]  # the side of every image in the shards

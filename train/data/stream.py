@@ -1,56 +1,76 @@
 """The byte side of the streaming reader: a rank's samples, undecoded, in the plan's order.
 
 No torch here (like `train/data/plan.py`), so the read path can be used, tested and benchmarked on
-its own (`bench/loader.py` compares it with `cat`) without paying for torch's import.
-`train/data/reader.py`'s `ShardReader` is a `SampleReader` that also decodes and collates.
+its own (`bench/loader.py` compares it with `cat`, `bench/stream.py` object storage with local
+disk) without paying for torch's import. `train/data/reader.py`'s `ShardReader` is a
+`SampleReader` that also decodes and collates.
 
-A worker reads its piece of the epoch (from the plan) block by block (`SampleReader.reads`):
-one read per contiguous run of samples in a shard, from index.json's offsets (never a whole
-shard for a few samples). The read maps the bytes from the page cache rather than copying
-them (`read_range`); the tar members are then parsed in place (`parse_samples`), each member's
-bytes a view into the read, and the block is emitted in its seeded shuffle order.
+A worker reads its piece of the epoch (from the plan) block by block. The samples it needs, each
+a byte range at index.json's offsets, are merged into a few large reads (`train.data.ranges`:
+adjacent samples of a shard in one read, up to the source's cap, never a whole shard for a few
+samples), fetched from the folder's source (`train.data.sources`: local disk, ``s3://``, a local
+cache) a few ahead where the source is remote, retried while a failure looks transient. The tar
+members are then parsed in place (`parse_samples`), each member's bytes a view into its read, and
+each block is emitted in its seeded shuffle order.
 """
 
 from __future__ import annotations
 
-import mmap
+import bisect
+import hashlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
-import numpy as np
-
-from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
 from pipeline.formats.sample import RawSample, split_name
-from train.data.plan import Block, EpochPlan, Segment, batches_done, epoch_plan, worker_blocks, worker_spans
+from train.data import sources
+from train.data.plan import Block, EpochPlan, batches_done, epoch_plan, worker_blocks, worker_spans
+from train.data.ranges import DEFAULT_RETRY, Retry, SampleDecodeError, ShardReadError, Want, plan_reads, prefetched
+from train.data.sources import read_range
 
-ALIGN = 64  # bytes: where buffers of large plain reads start (a cache line)
-MAP_FROM = 4 << 20  # bytes: ranges this large are mapped, smaller ones read (measured crossover)
-_CAN_MAP = hasattr(mmap, "MAP_SHARED")  # POSIX
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: read and map every page at once
+__all__ = ["SampleDecodeError", "SampleReader", "ShardReadError", "parse_samples", "read_samples", "read_span"]
 
 
-class SampleDecodeError(RuntimeError):
-    """A sample in a shard could not be read or decoded; the message names the shard and key."""
+@dataclass(frozen=True)
+class Part:
+    """Samples ``begin..end-1`` of split shard number ``shard``, as the bytes ``view`` (a slice of one read)."""
+
+    shard: int
+    begin: int
+    end: int
+    valid: bool
+    view: memoryview
 
 
 class SampleReader:
-    """One rank's view of a split of a shard folder, as undecoded samples (see the module docstring)."""
+    """One rank's view of a split of a shard folder, as undecoded samples (see the module docstring).
+
+    ``shard_dir``: a local folder or ``s3://bucket/prefix``; index.json is read from it.
+    ``cache_dir``/``cache_max_bytes``: keep whole shards in a local folder, least recently used
+    evicted past the cap (`train.data.sources.CachedSource`). ``source``: read the shards from
+    this object instead (anything with `train.data.sources.LocalSource`'s methods).
+    """
 
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
-                 batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512):
+                 batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
+                 cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, source=None,
+                 retry: Retry = DEFAULT_RETRY):
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        self.shard_dir = Path(shard_dir)
-        self.index = shard_index.load(self.shard_dir)
+        self.shard_dir: str | Path = str(shard_dir) if sources.is_remote(shard_dir) else Path(shard_dir)
+        self.index, raw = sources.read_index(self.shard_dir)
+        self.fingerprint = hashlib.sha256(raw).hexdigest()
         self.split, self.rank, self.world_size = split, rank, world_size
         self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
         self.shards = [s for s in self.index["shards"] if s["split"] == split]
         self.counts = [s["count"] for s in self.shards]
+        self.retry = retry
+        self.source = source if source is not None else sources.open_source(
+            self.shard_dir, cache_dir, cache_max_bytes, {s["name"]: (s["bytes"], s["sha256"]) for s in self.index["shards"]})
 
     def plan(self, epoch: int) -> EpochPlan:
         return epoch_plan(self.counts, self.world_size, self.batch_size, self.seed, epoch, train=self.split == "train")
@@ -58,15 +78,19 @@ class SampleReader:
     def samples(self, epoch: int, consumed: int = 0, worker: int = 0, workers: int = 1) -> Iterator[tuple[bool, RawSample]]:
         """(valid, undecoded sample) that dataloader worker ``worker`` of ``workers`` reads in
         ``epoch``, in order, once the rank consumed ``consumed`` samples (whole batches)."""
-        for block, views in self.reads(epoch, consumed, worker, workers):
-            read = [(seg.valid, s) for seg, view in zip(block.segments, views)
-                    for s in parse_samples(view, self.shards[seg.shard], seg.begin, seg.end)]
+        for block, parts in self.parts(epoch, consumed, worker, workers):
+            read = [(p.valid, s) for p in parts for s in parse_samples(p.view, self.shards[p.shard], p.begin, p.end)]
             for o in block.order:
                 yield read[o]
 
     def reads(self, epoch: int, consumed: int = 0, worker: int = 0, workers: int = 1) -> Iterator[tuple[Block, list[memoryview]]]:
         """The byte path under `samples`: each block of the worker's piece with the bytes of its
-        segments (one read each), in reading order, nothing parsed."""
+        samples (views into the merged reads), in reading order, nothing parsed."""
+        for block, parts in self.parts(epoch, consumed, worker, workers):
+            yield block, [p.view for p in parts]
+
+    def parts(self, epoch: int, consumed: int = 0, worker: int = 0, workers: int = 1) -> Iterator[tuple[Block, list[Part]]]:
+        """Each block of the worker's piece with its samples' bytes, as runs of samples (`Part`)."""
         plan = self.plan(epoch)
         steps_done = consumed // self.batch_size
         # the DataLoader restarts its round-robin at worker 0 on resume: worker 0 takes the piece
@@ -75,19 +99,80 @@ class SampleReader:
         piece = worker_spans(plan.spans[self.rank], plan.steps, self.batch_size, workers)[logical]
         skip = batches_done(steps_done, logical, workers) * self.batch_size
         block = self.shuffle_buffer if self.split == "train" else 0
-        files: dict[int, BinaryIO] = {}
+        blocks = worker_blocks(piece, block, (self.seed, epoch, self.rank, logical), skip)
         try:
-            for b in worker_blocks(piece, block, (self.seed, epoch, self.rank, logical), skip):
-                yield b, [self._read_segment(seg, files) for seg in b.segments]
+            yield from self._assemble(blocks)
         finally:
-            for f in files.values():
-                f.close()
+            self.source.close()
 
-    def _read_segment(self, seg: Segment, files: dict[int, BinaryIO]) -> memoryview:
-        f = files.get(seg.shard)
-        if f is None:
-            f = files[seg.shard] = open(self.shard_dir / self.shards[seg.shard]["name"], "rb", buffering=0)
-        return read_span(f, self.shards[seg.shard], seg.begin, seg.end)
+    def _assemble(self, blocks: Iterator[Block]) -> Iterator[tuple[Block, list[Part]]]:
+        """Blocks with their parts, from the merged reads: a block is complete when the read
+        holding its last sample arrives (reads come in the order their samples are needed)."""
+        started: list[Block] = []  # blocks whose samples were handed to the planner, not yet emitted
+        reads = plan_reads(self._wants(blocks, started), self.source.cap)
+        parts: list[Part] = []
+        done = 0  # blocks emitted
+        for r, data in prefetched(self.source, reads, self.source.ahead, self.retry):
+            view = memoryview(data)
+            run: list[Want] = []
+            for w in r.wants:
+                if run and (w.tag[0] != run[0].tag[0] or w.tag[1] != run[0].tag[1]):
+                    parts.append(self._part(started[run[0].tag[0] - done], run, view, r.start))
+                    run = []
+                run.append(w)
+                if w.tag[4]:  # the block's last samples
+                    parts.append(self._part(started[w.tag[0] - done], run, view, r.start))
+                    run = []
+                    yield started.pop(0), parts
+                    done += 1
+                    parts = []
+            if run:
+                parts.append(self._part(started[run[0].tag[0] - done], run, view, r.start))
+
+    def _wants(self, blocks: Iterator[Block], started: list[Block]) -> Iterator[Want]:
+        """The samples of every block, in reading order, as byte ranges: runs of adjacent samples
+        up to the source's cap (`sample_runs`: the work is per run, not per sample); tag (block
+        number, segment number, first sample, end sample, last run of its block)."""
+        cap = self.source.cap
+        for j, b in enumerate(blocks):
+            started.append(b)
+            last_seg = len(b.segments) - 1
+            for k, seg in enumerate(b.segments):
+                shard = self.shards[seg.shard]
+                name, offsets = shard["name"], shard["offsets"]
+                for i, e, start, stop in sample_runs(offsets, _end(shard), seg.begin, seg.end, cap):
+                    yield Want(name, start, stop - start, (j, k, i, e, k == last_seg and e == seg.end))
+
+    def _part(self, block: Block, run: list[Want], view: memoryview, read_start: int) -> Part:
+        seg = block.segments[run[0].tag[1]]
+        first, last = run[0], run[-1]
+        return Part(seg.shard, first.tag[2], last.tag[3], seg.valid,
+                    view[first.start - read_start : last.start + last.length - read_start])
+
+
+def sample_runs(offsets: list[int], end: int, begin: int, stop: int, cap: int) -> Iterator[tuple[int, int, int, int]]:
+    """Samples ``begin..stop-1`` of a shard (sample i spans ``offsets[i]`` to the next offset, the
+    last one to ``end``) as runs (first, end sample, first byte, end byte) of at most ``cap``
+    bytes each, a single sample where one is larger; found by bisection, not sample by sample."""
+    count = len(offsets)
+
+    def boundary(x: int) -> int:
+        return offsets[x] if x < count else end
+
+    i = begin
+    while i < stop:
+        top = min(stop, count - 1)  # candidate ends below the last sample are offsets
+        e = bisect.bisect_right(offsets, offsets[i] + cap, i + 1, top + 1) - 1
+        if stop == count and e == count - 1 and end - offsets[i] <= cap:
+            e = count
+        e = min(max(e, i + 1), stop)
+        yield i, e, offsets[i], boundary(e)
+        i = e
+
+
+def _end(shard: dict) -> int:
+    """Where the shard's last sample ends: before tar's end-of-archive blocks."""
+    return shard["bytes"] - len(tarstream.END_OF_ARCHIVE)
 
 
 def read_samples(f, shard: dict, begin: int, end: int) -> list[RawSample]:
@@ -100,7 +185,7 @@ def read_span(f, shard: dict, begin: int, end: int) -> memoryview:
     """The bytes of samples ``begin..end-1`` of one shard, from index.json's offsets."""
     offsets = shard["offsets"]
     start = offsets[begin]
-    stop = offsets[end] if end < shard["count"] else shard["bytes"] - len(tarstream.END_OF_ARCHIVE)
+    stop = offsets[end] if end < shard["count"] else _end(shard)
     try:
         view = read_range(f.fileno(), start, stop - start)
     except OSError as e:
@@ -129,47 +214,3 @@ def parse_samples(view: memoryview, shard: dict, begin: int, end: int) -> list[R
         raise SampleDecodeError(f"{name}: samples {begin}-{end - 1} do not match index.json's offsets "
                                 "(the shard was changed after pipe shard wrote it)")
     return samples
-
-
-def read_range(fd: int, offset: int, n: int) -> memoryview:
-    """Up to ``n`` bytes of the file at ``offset`` (fewer only where the file ends), as a view.
-
-    A large range (a block of samples) is mapped from the page cache where the file system
-    allows it: no copy (a read into fresh memory costs about twice the kernel time of `cat`,
-    whose small buffer stays in the CPU cache), and every page is brought in and mapped now
-    (MAP_POPULATE), so the bytes are read here, not on first touch. A small range (one
-    validation sample, a block of short texts) is read plainly: below a few MiB setting up and
-    tearing down a mapping costs more than the copy. So is any range where mapping fails
-    (some network and FUSE file systems).
-    """
-    if n < MAP_FROM:
-        return memoryview(os.pread(fd, n, offset))
-    n = max(0, min(n, os.fstat(fd).st_size - offset))  # never map past the end: touching that is SIGBUS
-    if n and _CAN_MAP:
-        base = offset - offset % mmap.ALLOCATIONGRANULARITY
-        try:
-            mapped = mmap.mmap(fd, offset - base + n, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ, offset=base)
-        except (OSError, ValueError):
-            pass
-        else:
-            return memoryview(mapped)[offset - base : offset - base + n]
-    return read_aligned(fd, offset, n)
-
-
-def read_aligned(fd: int, offset: int, n: int) -> memoryview:
-    """Up to ``n`` bytes at ``offset`` read into fresh, 64-byte aligned memory.
-
-    Not `os.pread`: the kernel copies into a `bytes` object's buffer at whatever address malloc
-    gave, measured up to twice as slow for some alignments, and its fresh 4 KiB pages fault one
-    by one; numpy aligns large arrays better and asks for huge pages where the kernel has them.
-    """
-    raw = np.empty(n + ALIGN, dtype=np.uint8)
-    skip = -raw.ctypes.data % ALIGN
-    view = raw.data[skip : skip + n]  # the array's own memoryview
-    got = 0
-    while got < n:
-        k = os.preadv(fd, [view[got:]], offset + got)
-        if k == 0:
-            break
-        got += k
-    return view[:got]

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.shard import stage
 from tests.clean_dirs import make_clean_dir, simple_specs
-from train.data import stream
+from train.data import sources
 from train.data.stream import SampleDecodeError, SampleReader
 
 
@@ -46,8 +46,8 @@ READ_PATHS = {"mapped": (0, True), "aligned read": (0, False), "small read": (1 
 @pytest.fixture(params=sorted(READ_PATHS))
 def read_path(request, monkeypatch):
     map_from, can_map = READ_PATHS[request.param]
-    monkeypatch.setattr(stream, "MAP_FROM", map_from)
-    monkeypatch.setattr(stream, "_CAN_MAP", can_map)
+    monkeypatch.setattr(sources, "MAP_FROM", map_from)
+    monkeypatch.setattr(sources, "_CAN_MAP", can_map)
     return request.param
 
 
@@ -74,3 +74,31 @@ def test_reading_does_not_import_torch(shards):
             "assert n > 0 and 'torch' not in sys.modules, 'torch imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_local_training_run_never_imports_boto3(shards, tmp_path):
+    """boto3 is the s3 extra: `pipe train` on a local folder (checks, launch, ranks, workers) must
+    run without it. A boto3/botocore that fails on import stands in front of the real ones."""
+    from tests.conftest import pipe_env
+
+    for name in ("boto3", "botocore"):
+        (tmp_path / "poison" / name).mkdir(parents=True)
+        (tmp_path / "poison" / name / "__init__.py").write_text(f"raise ImportError('{name} imported for a local run')\n")
+    env = pipe_env()
+    env["PYTHONPATH"] = f"{tmp_path / 'poison'}:{env['PYTHONPATH']}"
+    done = subprocess.run([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(tmp_path / "run"),
+                           "--data-only", "--workers", "1", "--batch-size", "4", "--verify", "--record-keys",
+                           "--cache-dir", str(tmp_path / "cache")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "run" / "keys" / "epoch0-rank0.txt").read_text().count("\n") == 40 // 4 * 4
+
+
+def test_a_reader_travels_to_a_spawned_worker(shards):
+    """Where workers are spawned (macOS, Windows) the reader is pickled: it must survive that."""
+    import pickle
+
+    reader = SampleReader(shards, batch_size=4)
+    next(reader.samples(0))  # descriptors open
+    again = pickle.loads(pickle.dumps(reader))
+    assert [s.key for _, s in again.samples(1)] == [s.key for _, s in reader.samples(1)]
