@@ -25,7 +25,7 @@ from pathlib import Path
 from pipeline import __version__
 from pipeline.clean.discover import Candidate, discover
 from pipeline.clean.journal import STATE_DIR, Journal
-from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
+from pipeline.clean.process import WORKER_MODULES, WorkerSettings, crashed, init_worker, output_path, process, timed_out
 from pipeline.clean.records import FileResult
 from pipeline.clean.report import ReportBuilder
 from pipeline.core.config import parse_byte_size
@@ -322,7 +322,7 @@ def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
                             parse_colour(cfg.background)),
         text=TextSettings(max_bytes=cfg.text_limit()),
     )
-    return OrderedPool(process, workers, initializer=init_worker, initargs=(settings,))
+    return OrderedPool(process, workers, initializer=init_worker, initargs=(settings,), preload=WORKER_MODULES)
 
 
 def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal, show_progress: bool,
