@@ -250,7 +250,6 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     (cfg.output / "manifest.parquet").unlink(missing_ok=True)  # no manifest until this run is complete
     # a fresh run decodes everything: start the workers now, their start-up overlaps discovery
     pool = _pool(cfg, worker_count(cfg.workers)).start() if not journal.path.exists() else None
-    _warm_up_manifest_writer()
     try:
         sweep_tmp(cfg.output)
         lab = _labels(cfg)
@@ -289,6 +288,16 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     report = _finalize(cfg, results, outcome.decisions, journal, extra, timings)
     timings["finalize_s"] = time.perf_counter() - t
     return report
+
+
+def _after_first(results, then):
+    """``results``, calling ``then()`` once the first has come: by then every worker has its
+    first files, and ``then`` no longer holds up the start (the main thread's discovery and
+    first submissions, which a thread importing modules slows down: they share the GIL)."""
+    for i, r in enumerate(results):
+        yield r
+        if i == 0:
+            then()
 
 
 def _warm_up_manifest_writer() -> None:
@@ -337,6 +346,9 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
     results: list[FileResult] = []
     with progress("clean", len(candidates), show_progress) as advance:
         computed = pool.map(todo, on_crash=crashed, timeout=cfg.file_timeout, on_timeout=timed_out) if todo else iter(())
+        computed = _after_first(computed, _warm_up_manifest_writer) if todo else computed
+        if not todo:
+            _warm_up_manifest_writer()
         try:
             for c in candidates:
                 r = reuse.get(c.source)
