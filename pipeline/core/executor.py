@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Generic, TypeVar
@@ -37,7 +37,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _nothing() -> None:
+def _nothing(fn=None) -> None:
+    """A no-op call; given the pool's function (pickled by name), the worker imports its module
+    to receive it, so a worker that ran it is ready for real items."""
     return None
 
 
@@ -82,6 +84,7 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
 
 
 LIFELINE = "pipeline.core.lifeline"
+START_WAIT = 60.0  # seconds a pool may take to start before items are timed all the same
 
 
 def _single_threaded_workers() -> None:
@@ -154,6 +157,7 @@ class OrderedPool(Generic[T, R]):
         self.initializer, self.initargs = initializer, initargs
         self.preload = tuple(preload)
         self._pool: ProcessPoolExecutor | None = None
+        self._starting: list[Future] = []  # start's no-op calls, done once a worker runs
 
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
         _single_threaded_workers()
@@ -175,17 +179,26 @@ class OrderedPool(Generic[T, R]):
         decoders) overlaps with what the caller does before `map` (discovery, resume)."""
         if self._pool is None:
             self._pool = self._new_pool(self.workers)
-            for _ in range(self.workers):
-                self._pool.submit(_nothing)
+            self._starting = [self._pool.submit(_nothing, self.fn) for _ in range(self.workers)]
         return self
+
+    def _started(self) -> None:
+        """Wait (at most `START_WAIT` s) until the workers of the pool `start` made have run a
+        first call (and imported the function's module): a timeout counts from the moment an
+        item is the oldest in flight, and a pool's start-up (long on a loaded machine) must not
+        be blamed on the first item it gets."""
+        starting, self._starting = self._starting, []
+        if starting:
+            wait(starting, timeout=START_WAIT)
 
     def map(self, items: Iterable[T], on_crash: Callable[[T, BaseException], R], window: int | None = None,
             timeout: float | None = None, on_timeout: Callable[[T, float], R] | None = None) -> Iterator[R]:
         """Results in input order. ``timeout`` counts from the moment an item is the oldest in
         flight: in FIFO dispatch it is running by then, so it is never cut short."""
         window = window or self.workers * 4
-        if self._pool is None:
-            self._pool = self._new_pool(self.workers)
+        self.start()
+        if timeout:
+            self._started()
         pending: deque[tuple[T, Future]] = deque()
         it = iter(items)
         try:
@@ -235,6 +248,8 @@ class OrderedPool(Generic[T, R]):
         while pending:
             item, _ = pending.popleft()
             solo = self._new_pool(1)
+            if timeout:
+                wait([solo.submit(_nothing, self.fn)], timeout=START_WAIT)
             try:
                 yield solo.submit(self.fn, item).result(timeout=timeout or None)
             except BrokenProcessPool as e:
@@ -244,17 +259,22 @@ class OrderedPool(Generic[T, R]):
                 yield _timed_out(item, timeout, on_timeout)
             finally:
                 solo.shutdown(wait=True, cancel_futures=True)
-        self._pool = self._new_pool(self.workers)
+        self._pool = None
+        self.start()
+        if timeout:
+            self._started()
 
     def _restart(self, pending: deque) -> None:
         """Kill the workers (one is stuck) and run the other in-flight items again in a new pool."""
         _kill(self._running())
-        self._pool = self._new_pool(self.workers)
+        self._pool = None
+        self.start()._started()
         items = [item for item, _ in pending]
         pending.clear()
         pending.extend((item, self._submit(item)) for item in items)
 
     def close(self) -> None:
+        self._starting = []
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
