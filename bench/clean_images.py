@@ -242,7 +242,7 @@ def mean_psnr(clean_dir: Path, naive_dir: Path) -> float:
             continue
         a = np.asarray(Image.open(clean_dir / r["output"]).convert("RGB"), np.float64)
         b = np.asarray(Image.open(naive_dir / (Path(r["source"]).stem + ".jpg")).convert("RGB"), np.float64)
-        mse = np.mean((a - b) ** 2)
+        mse = float(np.mean((a - b) ** 2))
         values.append(10 * np.log10(255**2 / max(mse, 1e-10)))
     return float(np.mean(values))
 

@@ -19,7 +19,6 @@ from typing import TextIO
 from pipeline.clean.records import FileResult
 from pipeline.core.files import STATE_DIR, atomic_write_text
 
-
 FLUSH_EVERY = 0.2  # seconds
 
 
