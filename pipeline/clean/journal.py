@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import TextIO
 
 from pipeline.clean.records import FileResult
 from pipeline.core.files import STATE_DIR, atomic_write_text
+
+FLUSH_EVERY = 0.2  # seconds
 
 
 class Journal:
@@ -26,6 +29,7 @@ class Journal:
         self.state_path = self.dir / "state.json"
         self._f: TextIO | None = None  # opened by the first append
         self._since_sync = 0
+        self._flushed = 0.0  # time.monotonic() of the last flush
 
     def read_state(self) -> dict | None:
         try:
@@ -54,13 +58,20 @@ class Journal:
         return records
 
     def append(self, r: FileResult) -> None:
+        """Buffered: the lines reach the file at most `FLUSH_EVERY` seconds apart (a write per
+        file cost as much as a small file's whole decode). A killed run loses the last fraction
+        of a second of lines, and the next run redoes those files; a line cut short is ignored."""
         if self._f is None:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "a", encoding="utf-8")
+            self._f = open(self.path, "a", encoding="utf-8", buffering=1 << 16)
         self._f.write(r.to_json() + "\n")
-        self._f.flush()
         self._since_sync += 1
+        now = time.monotonic()
+        if now - self._flushed >= FLUSH_EVERY:
+            self._f.flush()
+            self._flushed = now
         if self._since_sync >= 256:
+            self._f.flush()
             os.fsync(self._f.fileno())
             self._since_sync = 0
 

@@ -13,11 +13,17 @@ from pathlib import Path
 from pipeline.clean.discover import Candidate
 from pipeline.clean.records import FileResult
 from pipeline.core.files import atomic_write_bytes
+from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.image.clean import ImageSettings
 from pipeline.media.text.clean import TextSettings
 
 HASH_CHUNK = 1 << 20
+# What the workers import, all of it at start-up rather than on their first file: the fork
+# server imports these once, and every worker forks from it ready (see pipeline.core.executor)
+WORKER_MODULES = ("pipeline.clean.process", "pipeline.media.image.decode", "pipeline.media.image.resize",
+                  "pipeline.similarity.perceptual", "pipeline.media.text.encodings", "pipeline.formats.sample",
+                  "cykooz_resizer", "simplejpeg", "xxhash")
 _SETTINGS: WorkerSettings | None = None  # set once per worker process by init_worker
 
 
@@ -76,9 +82,9 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
     if cand.kind == Kind.OTHER:
         r.reason, r.detail = Reason.UNSUPPORTED_FORMAT, f"{cand.fmt}: not an image or a text"
         return r
-    payload = None
+    payload, px = None, None
     try:
-        payload, ext = (_image if cand.kind == Kind.IMAGE else _text)(r, data, s)
+        payload, ext, px = (_image if cand.kind == Kind.IMAGE else _text)(r, data, s)
     except MemoryError:
         r.reason, r.detail = Reason.DECOMPRESSION_BOMB, "ran out of memory while decoding"
     except Exception as e:  # noqa: BLE001 - a decoder bug on hostile input is a verdict, not a crash
@@ -89,7 +95,7 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
         atomic_write_bytes(Path(s.output) / r.output, payload)
         r.output_bytes = len(payload)
         if cand.kind == Kind.IMAGE:
-            _measure_output(r, payload, ext)
+            _measure_output(r, payload, ext, px)
     return r
 
 
@@ -103,18 +109,20 @@ def _open_input(cand: Candidate, s: WorkerSettings):
     return open_folder(s.input_url).open(cand.path[len(s.input_url) + 1:])
 
 
-def _measure_output(r: FileResult, payload: bytes, ext: str) -> None:
-    """Record the written image's size and pixel sums as a reader decodes it (a lossy format
-    is decoded again: its pixels are not those it was encoded from), so pipe shard need not
-    decode it. Our own output failing to decode leaves them None: pipe shard then decodes
-    the file itself and says what is wrong with it."""
+def _measure_output(r: FileResult, payload: bytes, ext: str, px: ImagePixels | None = None) -> None:
+    """Record the written image's size and pixel sums as a reader decodes it, so pipe shard
+    need not decode it. ``px``: those numbers already taken from the pixels in hand (a lossless
+    output); a lossy format is decoded again, since its pixels are not those it was encoded
+    from and the sums must be exactly what a reader gets. Our own output failing to decode
+    leaves them None: pipe shard then decodes the file itself and says what is wrong with it."""
     from pipeline.formats.pixels import measure
     from pipeline.formats.sample import DecodeError
 
-    try:
-        px = measure(payload, ext)
-    except DecodeError:
-        return
+    if px is None:
+        try:
+            px = measure(payload, ext)
+        except DecodeError:
+            return
     r.output_width, r.output_height = px.width, px.height
     r.pixel_sums, r.pixel_squares = list(px.sums), list(px.squares)
 
@@ -126,24 +134,24 @@ def _hash_stream(f) -> str:
     return h.hexdigest()
 
 
-def _image(r: FileResult, data: bytes, s) -> tuple[bytes | None, str]:
+def _image(r: FileResult, data: bytes, s) -> tuple[bytes | None, str, ImagePixels | None]:
     from pipeline.media.image.clean import clean_image
 
     o = clean_image(data, s.image)
     r.width, r.height, r.notes = o.width, o.height, o.notes
     r.reason, r.detail = o.reason, o.detail
     r.content_hash, r.phash = o.content_hash, o.phash
-    return o.data, o.ext
+    return o.data, o.ext, o.output_pixels
 
 
-def _text(r: FileResult, data: bytes, s) -> tuple[bytes | None, str]:
+def _text(r: FileResult, data: bytes, s) -> tuple[bytes | None, str, None]:
     from pipeline.media.text.clean import clean_text
 
     o = clean_text(data, s.text)
     r.encoding, r.encoding_confidence, r.notes = o.encoding, o.confidence, o.notes
     r.reason, r.detail = o.reason, o.detail
     r.content_hash, r.minhash = o.content_hash, o.minhash
-    return (o.text.encode("utf-8") if o.text is not None else None), "txt"
+    return (o.text.encode("utf-8") if o.text is not None else None), "txt", None
 
 
 def crashed(cand: Candidate, exc: BaseException) -> FileResult:

@@ -25,7 +25,7 @@ from pathlib import Path
 from pipeline import __version__
 from pipeline.clean.discover import Candidate, discover
 from pipeline.clean.journal import STATE_DIR, Journal
-from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
+from pipeline.clean.process import WORKER_MODULES, WorkerSettings, crashed, init_worker, output_path, process, timed_out
 from pipeline.clean.records import FileResult
 from pipeline.clean.report import ReportBuilder
 from pipeline.core.config import parse_byte_size
@@ -277,7 +277,6 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     # a fresh run decodes everything: start the workers now, their start-up overlaps discovery
     fresh = not journal.path.exists() and cfg.executor == "local"
     pool = _pool(cfg, worker_count(cfg.workers)).start() if fresh else None
-    _warm_up_manifest_writer()
     try:
         sweep_tmp(cfg.output)
         lab = _labels(cfg)
@@ -325,6 +324,16 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     return report
 
 
+def _after_first(results, then):
+    """``results``, calling ``then()`` once the first has come: by then every worker has its
+    first files, and ``then`` no longer holds up the start (the main thread's discovery and
+    first submissions, which a thread importing modules slows down: they share the GIL)."""
+    for i, r in enumerate(results):
+        yield r
+        if i == 0:
+            then()
+
+
 def _warm_up_manifest_writer() -> None:
     """Importing pyarrow, numpy and the decide stage takes 0.2-0.5 s: let that happen on a spare
     core while the workers decode, instead of after them, before the manifest is written."""
@@ -368,7 +377,8 @@ def _worker_settings(cfg: CleanConfig) -> WorkerSettings:
 
 
 def _pool(cfg: CleanConfig, workers: int) -> OrderedPool:
-    return OrderedPool(process, workers, initializer=init_worker, initargs=(_worker_settings(cfg),))
+    return OrderedPool(process, workers, initializer=init_worker, initargs=(_worker_settings(cfg),),
+                        preload=WORKER_MODULES)
 
 
 def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal, show_progress: bool,
@@ -383,6 +393,9 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
     results: list[FileResult] = []
     with progress("clean", len(candidates), show_progress) as advance:
         computed = pool.map(todo, on_crash=crashed, timeout=cfg.file_timeout, on_timeout=timed_out) if todo else iter(())
+        computed = _after_first(computed, _warm_up_manifest_writer) if todo else computed
+        if not todo:
+            _warm_up_manifest_writer()
         try:
             for c in candidates:
                 r = reuse.get(c.source)

@@ -7,6 +7,14 @@ the items in flight are retried one by one in a fresh pool, and the one that cra
 handed to ``on_crash``. A file that keeps its worker busy longer than ``timeout`` seconds (a
 fuzzer-made "oom-" or "timeout-" file can hold a decoder for minutes) has its worker killed and
 is handed to ``on_timeout``; the other items in flight are simply run again.
+
+Workers are forked from a fork server (Linux) when the caller names the modules they need
+(``preload``): the server imports them once, early (`warm_up`), and each worker then starts in
+milliseconds instead of a fresh interpreter importing numpy and the decoders (~0.3 s a worker,
+paid again by every pool a crash or a timeout replaces). Without ``preload`` (or off Linux)
+workers are spawned. Either way a worker dies with its caller: the kernel kills it when its
+parent dies (PR_SET_PDEATHSIG), and the fork server, whose children the workers are, is tied
+to the caller the same way (`pipeline.core.lifeline`, the first module it imports).
 """
 
 from __future__ import annotations
@@ -19,8 +27,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Generic, TypeVar
@@ -29,14 +37,17 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _nothing() -> None:
+def _nothing(fn=None) -> None:
+    """A no-op call; given the pool's function (pickled by name), the worker imports its module
+    to receive it, so a worker that ran it is ready for real items."""
     return None
 
 
 def _start_worker(parent: int, initializer, initargs) -> None:
-    """Runs first in every worker process. ``parent`` is the caller's pid as the caller saw it: a
-    caller killed while this worker was still starting is already gone here, and ``os.getppid()``
-    would name the reaper that adopted us, which never dies (the worker outlived its caller)."""
+    """Runs first in every worker process. ``parent`` is the pid of the process that started
+    it (the caller, or the fork server) as the caller saw it: a parent killed while this worker
+    was still starting is already gone here, and ``os.getppid()`` would name the reaper that
+    adopted us, which never dies (the worker outlived its caller)."""
     _kill_me_with_parent()
     if os.getppid() != parent:  # died before the kernel could be asked to kill us with it
         os._exit(1)
@@ -72,16 +83,93 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
             os._exit(1)
 
 
+LIFELINE = "pipeline.core.lifeline"
+START_WAIT = 60.0  # seconds a pool may take to start before items are timed all the same
+
+
+def _single_threaded_workers() -> None:
+    """One worker per core, so no thread pools inside them: OpenBLAS (numpy) would start one
+    thread per core in each worker, and its import is ~30% faster without them. Set before a
+    worker or the fork server starts: they take the environment of that moment."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def warm_up(preload: Sequence[str]) -> None:
+    """Start the fork server now, importing ``preload`` (the modules the workers run), so that
+    its start-up overlaps what the caller still has to do (parse its command line, import its
+    stage, discover the input): the first worker then forks from it ready to work. Call it from
+    the main thread (the server dies with the thread that started it); off Linux it does nothing."""
+    if _server_context(preload) is not None:
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _server_context(preload: Sequence[str]):
+    """The fork-server context with ``preload`` registered, or None where workers are spawned
+    (no preload asked for, not Linux, or no fork server in this Python)."""
+    if not preload or not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
+        return None
+    _single_threaded_workers()
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([LIFELINE, *preload])
+    return ctx
+
+
+def stop_server(wait: float = 2.0) -> None:
+    """Ask a fork server this process started to exit once its workers have, and reap it, so
+    that its CPU time and its workers' count as this process's children's (`time pipe clean`).
+    Never blocks longer than ``wait`` seconds: a server still held open is left to die with us."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid, alive = getattr(server, "_forkserver_pid", None), getattr(server, "_forkserver_alive_fd", None)
+    if not isinstance(pid, int) or not isinstance(alive, int) or server is None:
+        return
+    os.close(alive)  # the server exits when no process holds this pipe open any more
+    server._forkserver_alive_fd = None
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+        except ChildProcessError:
+            break
+        time.sleep(0.005)
+    server._forkserver_pid = server._forkserver_address = None  # a later pool starts a new one
+
+
+def _server_pid() -> int | None:
+    """The running fork server's pid, or None (not started; or a Python that keeps it elsewhere)."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
 class OrderedPool(Generic[T, R]):
-    def __init__(self, fn: Callable[[T], R], workers: int, initializer=None, initargs=()):
+    def __init__(self, fn: Callable[[T], R], workers: int, initializer=None, initargs=(),
+                 preload: Sequence[str] = ()):
+        """``preload``: modules every worker imports (dotted names); given, workers fork from a
+        fork server that imported them once (see the module's docstring)."""
         self.fn, self.workers = fn, max(1, workers)
         self.initializer, self.initargs = initializer, initargs
+        self.preload = tuple(preload)
         self._pool: ProcessPoolExecutor | None = None
+        self._starting: list[Future] = []  # start's no-op calls, done once a worker runs
 
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
-        # one worker per core, so no thread pools inside them: OpenBLAS (numpy) would start one
-        # thread per core in each worker, and its import is ~30% faster without them
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        _single_threaded_workers()
+        ctx = _server_context(self.preload)
+        if ctx is not None:
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+            server = _server_pid()
+            if server is not None:  # the workers' parent is the server, which dies with us
+                return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
+                                           initargs=(server, self.initializer, self.initargs))
         # spawn, not fork: the parent may hold threads (progress bar, pyarrow) that fork would copy mid-state
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                    initializer=_start_worker, initargs=(os.getpid(), self.initializer, self.initargs))
@@ -91,17 +179,26 @@ class OrderedPool(Generic[T, R]):
         decoders) overlaps with what the caller does before `map` (discovery, resume)."""
         if self._pool is None:
             self._pool = self._new_pool(self.workers)
-            for _ in range(self.workers):
-                self._pool.submit(_nothing)
+            self._starting = [self._pool.submit(_nothing, self.fn) for _ in range(self.workers)]
         return self
+
+    def _started(self) -> None:
+        """Wait (at most `START_WAIT` s) until the workers of the pool `start` made have run a
+        first call (and imported the function's module): a timeout counts from the moment an
+        item is the oldest in flight, and a pool's start-up (long on a loaded machine) must not
+        be blamed on the first item it gets."""
+        starting, self._starting = self._starting, []
+        if starting:
+            wait(starting, timeout=START_WAIT)
 
     def map(self, items: Iterable[T], on_crash: Callable[[T, BaseException], R], window: int | None = None,
             timeout: float | None = None, on_timeout: Callable[[T, float], R] | None = None) -> Iterator[R]:
         """Results in input order. ``timeout`` counts from the moment an item is the oldest in
         flight: in FIFO dispatch it is running by then, so it is never cut short."""
         window = window or self.workers * 4
-        if self._pool is None:
-            self._pool = self._new_pool(self.workers)
+        self.start()
+        if timeout:
+            self._started()
         pending: deque[tuple[T, Future]] = deque()
         it = iter(items)
         try:
@@ -151,6 +248,8 @@ class OrderedPool(Generic[T, R]):
         while pending:
             item, _ = pending.popleft()
             solo = self._new_pool(1)
+            if timeout:
+                wait([solo.submit(_nothing, self.fn)], timeout=START_WAIT)
             try:
                 yield solo.submit(self.fn, item).result(timeout=timeout or None)
             except BrokenProcessPool as e:
@@ -160,17 +259,22 @@ class OrderedPool(Generic[T, R]):
                 yield _timed_out(item, timeout, on_timeout)
             finally:
                 solo.shutdown(wait=True, cancel_futures=True)
-        self._pool = self._new_pool(self.workers)
+        self._pool = None
+        self.start()
+        if timeout:
+            self._started()
 
     def _restart(self, pending: deque) -> None:
         """Kill the workers (one is stuck) and run the other in-flight items again in a new pool."""
         _kill(self._running())
-        self._pool = self._new_pool(self.workers)
+        self._pool = None
+        self.start()._started()
         items = [item for item, _ in pending]
         pending.clear()
         pending.extend((item, self._submit(item)) for item in items)
 
     def close(self) -> None:
+        self._starting = []
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

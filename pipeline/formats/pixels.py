@@ -42,14 +42,25 @@ def channel_sums(arr) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Exact per-channel sums and sums of squares of an HxWx3 uint8 array.
 
     Counted through a 256-bin histogram per channel rather than by squaring every value in 64
-    bits: the same integers, several times faster (this runs once per image in `pipe clean`)."""
+    bits: the same integers, several times faster (this runs once per image in `pipe clean`).
+    Pillow's histogram counts all three channels in one pass over the interleaved bytes, ~10x
+    cheaper than a `np.bincount` per channel (each a strided pass)."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.ascontiguousarray(arr)
+    height, width = pixels.shape[:2]
+    im = Image.frombuffer("RGB", (width, height), pixels, "raw", "RGB", 0, 1)
+    return histogram_sums(im.histogram())
+
+
+def histogram_sums(hist: list[int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Per-channel sums and sums of squares from an RGB image's 768-bin histogram (Pillow's
+    layout: 256 bins of R, then G, then B), as exact Python ints."""
     import numpy as np
 
-    flat = arr.reshape(-1, 3)
+    counts = np.asarray(hist, dtype=np.int64).reshape(3, 256)
     values = np.arange(256, dtype=np.int64)
-    sums, squares = [], []
-    for c in range(3):
-        hist = np.bincount(flat[:, c], minlength=256).astype(np.int64)
-        sums.append(int(hist @ values))  # at most 8192^2 * 255 * 255: far inside int64
-        squares.append(int(hist @ (values * values)))
-    return tuple(sums), tuple(squares)  # type: ignore[return-value]
+    sums = counts @ values  # at most 8192^2 * 255 * 255 per channel: far inside int64
+    squares = counts @ (values * values)
+    return tuple(int(v) for v in sums), tuple(int(v) for v in squares)  # type: ignore[return-value]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.vocabulary import Reason
 
 BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0), "grey": (128, 128, 128), "gray": (128, 128, 128)}
@@ -44,6 +45,9 @@ class ImageOutcome:
     phash: int | None = None
     data: bytes | None = None  # the encoded output image
     ext: str = ""
+    # the output's size and pixel sums as a reader decodes it, when known without decoding it
+    # (a lossless format: the pixels encoded are the pixels decoded); None: decode to measure
+    output_pixels: ImagePixels | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -90,7 +94,23 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     # third of the cost of hashing the decoded one
     out.phash = phash(picture if picture is not None else rgb)
     out.data, out.ext = encode(final, s.format, s.quality), s.format
+    if s.format in LOSSLESS:
+        out.output_pixels = _measure(final)
     return out
+
+
+# formats whose decoded pixels are exactly the RGB pixels encoded (RGB in, RGB out)
+LOSSLESS = ("png",)
+
+
+def _measure(im) -> ImagePixels:
+    """Size and exact pixel sums of an RGB image in hand (Pillow's histogram: one pass, in C)."""
+    from pipeline.formats.pixels import histogram_sums
+
+    if im.mode != "RGB":
+        raise AssertionError(f"the output image is {im.mode}, not RGB")
+    sums, squares = histogram_sums(im.histogram())
+    return ImagePixels(im.width, im.height, sums, squares)
 
 
 def _blank(picture) -> str:

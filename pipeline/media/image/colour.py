@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from collections import OrderedDict
 
 import numpy as np
@@ -77,10 +78,15 @@ FLAT_STD = 1.0
 
 def flat(im: Image.Image) -> bool:
     """Every channel of ``im`` within about one level of its mean: (almost) no information.
-    From Pillow's histogram: one pass in C, no copy of the pixels."""
-    from PIL import ImageStat
-
-    return max(ImageStat.Stat(im).stddev) < FLAT_STD
+    From Pillow's histogram: one pass in C, no copy of the pixels. The standard deviation is
+    ImageStat's, to the bit (the same exact integer sums, the same float formula), without its
+    Python loops over the 256 bins (~0.3 ms an image, as much as decoding a small JPEG)."""
+    hist = np.asarray(im.histogram(), dtype=np.int64).reshape(-1, 256)
+    values = np.arange(256, dtype=np.int64)
+    for n, s, s2 in zip(hist.sum(axis=1).tolist(), (hist @ values).tolist(), (hist @ (values * values)).tolist()):
+        if math.sqrt((s2 - s**2.0 / n) / n) >= FLAT_STD:  # ImageStat's var, then stddev
+            return False
+    return True
 
 
 def _on(rgba: Image.Image, background) -> Image.Image:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import xxhash
 
 from pipeline.formats.vocabulary import Reason
-from pipeline.media.text.encodings import decode_bytes
 
 # Default --max-text-bytes. The longest texts that make sense as one sample are books: a long
 # novel is 1-3 MB of UTF-8 (War and Peace about 3.2 MB), captions and documents far less; 16 MiB
@@ -62,6 +61,8 @@ _CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\ufeff]")
 def clean_text(data: bytes, s: TextSettings = TextSettings()) -> TextOutcome:
     if len(data) > s.max_bytes:  # callers check the size before reading; this keeps the bound for any other
         return TextOutcome(reason=Reason.TOO_LARGE, detail=f"{len(data)} bytes > --max-text-bytes {s.max_bytes}")
+    from pipeline.media.text.encodings import decode_bytes  # its alphabets take ~0.15 s to build: workers only
+
     d = decode_bytes(data)
     out = TextOutcome(encoding=d.encoding, confidence=d.confidence, notes=list(d.notes))
     if d.text is None:

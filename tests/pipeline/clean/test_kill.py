@@ -84,14 +84,18 @@ def children(pid: int) -> list[int]:
 
 
 def pool_workers(pid: int) -> list[int]:
-    """The worker processes of ``pid``'s pool (not multiprocessing's resource tracker)."""
+    """The processes of ``pid``'s pool (not multiprocessing's resource tracker): spawned
+    workers, or the fork server and the workers forked from it, once there are workers."""
     out = []
     for kid in children(pid):
         try:
-            if b"spawn_main" in Path(f"/proc/{kid}/cmdline").read_bytes():
-                out.append(kid)
+            cmdline = Path(f"/proc/{kid}/cmdline").read_bytes()
         except OSError:
-            pass
+            continue
+        if b"spawn_main" in cmdline:
+            out.append(kid)
+        elif b"forkserver" in cmdline and (forked := children(kid)):
+            out += [kid, *forked]
     return out
 
 

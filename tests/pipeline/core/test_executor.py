@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.core.executor import OrderedPool
 from tests.conftest import pipe_env
 
@@ -19,13 +21,19 @@ def crash_on_seven(x: int) -> int:
     return x
 
 
-def test_results_in_input_order():
-    pool = OrderedPool(square, workers=2)
+# workers spawned, and forked from a fork server that imported the modules named (pipe clean's way)
+HOW = pytest.mark.parametrize("preload", [(), ("json",)], ids=["spawn", "forkserver"])
+
+
+@HOW
+def test_results_in_input_order(preload):
+    pool = OrderedPool(square, workers=2, preload=preload)
     assert list(pool.map(range(50), on_crash=lambda i, e: -1, window=5)) == [i * i for i in range(50)]
 
 
-def test_crash_is_isolated_to_its_item():
-    pool = OrderedPool(crash_on_seven, workers=2)
+@HOW
+def test_crash_is_isolated_to_its_item(preload):
+    pool = OrderedPool(crash_on_seven, workers=2, preload=preload)
     out = list(pool.map(range(12), on_crash=lambda i, e: ("crashed", i), window=4))
     assert out == [0, 1, 2, 3, 4, 5, 6, ("crashed", 7), 8, 9, 10, 11]
 
@@ -59,10 +67,11 @@ def hang_on_three(x: int) -> int:
     return x
 
 
-def test_a_stuck_item_times_out_and_the_rest_complete():
+@HOW
+def test_a_stuck_item_times_out_and_the_rest_complete(preload):
     import time
 
-    pool = OrderedPool(hang_on_three, workers=2)
+    pool = OrderedPool(hang_on_three, workers=2, preload=preload)
     t = time.monotonic()
     out = list(pool.map(range(8), on_crash=lambda i, e: ("crashed", i), window=4, timeout=2,
                         on_timeout=lambda i, s: ("timeout", i)))

@@ -172,3 +172,17 @@ def test_srgb_profile_is_a_no_op_and_a_broken_one_is_ignored():
     d = decode(saved(im, icc_profile=b"\x00" * 200), Target(size=4096, min_size=1))
     assert np.asarray(d.image)[0, 0].tolist() == [200, 100, 50]
     assert any("unusable ICC profile" in n for n in d.notes)
+
+
+def test_flat_decides_as_pillows_imagestat_to_the_bit():
+    # a blank verdict quarantines an image: the faster flatness test must draw the line exactly
+    # where ImageStat's standard deviation did, at the threshold too (spreads of 1-3 levels)
+    from PIL import ImageStat
+
+    rng = np.random.default_rng(3)
+    for _ in range(600):
+        h, w = (int(v) for v in rng.integers(1, 30, 2))
+        spread = int(rng.choice([0, 1, 2, 3, 255]))
+        arr = np.clip(rng.integers(0, 256, 3) + rng.integers(-spread, spread + 1, (h, w, 3)), 0, 255).astype(np.uint8)
+        for im in (Image.fromarray(arr), Image.fromarray(arr[..., 0]), Image.fromarray(np.dstack([arr, arr[..., :1]]), "RGBA")):
+            assert colour.flat(im) == (max(ImageStat.Stat(im).stddev) < colour.FLAT_STD)
