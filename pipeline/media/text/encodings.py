@@ -170,7 +170,9 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
         if data.startswith(bom):
             return _decode_with_bom(data, bom, enc)
     head = data[:SNIFF_BYTES]
-    if b"\x1b$" in head and head.isascii():  # ISO-2022: escapes, and SO/SI shifts for Korean, are control bytes
+    # (isascii first: a C check at memory speed, where searching for two bytes costs as much
+    # as decoding the file, and most files are not ASCII)
+    if head.isascii() and b"\x1b$" in head:  # ISO-2022: escapes, and SO/SI shifts for Korean, are control bytes
         iso = _iso2022(data)
         if iso is not None:
             return iso
@@ -188,7 +190,7 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
             what = f"{nuls} NUL bytes, " if nuls else ""
             return Decoded(reason=Reason.BINARY_CONTENT,
                            detail=f"binary data: {what}{controls / len(head):.1%} control bytes in the first {len(head)} bytes")
-    if b"~{" in head and head.isascii():  # HZ: 7-bit GB2312 between "~{" and "~}", ASCII to UTF-8's eyes
+    if head.isascii() and b"~{" in head:  # HZ: 7-bit GB2312 between "~{" and "~}", ASCII to UTF-8's eyes
         hz = _hz(data)
         if hz is not None:
             return hz
@@ -261,6 +263,11 @@ def _utf16_without_nuls(data: bytes) -> Decoded | None:
     few scripts plus punctuation and spaces.
     """
     sample = data[: min(len(data), 2 * PLAUSIBLE_CHARS) & ~1]
+    # every break `_plausible_text` asks for (1 in 80 characters, and a character is at most 4
+    # bytes) has a byte 0x00, 0x30 or 0xFF: without enough of those no decode can pass, and
+    # most legacy texts are told so by three byte counts instead of two decodes
+    if 320 * (sample.count(0) + sample.count(0x30) + sample.count(0xFF)) < len(sample):
+        return None
     best = None
     for enc in ("utf-16-le", "utf-16-be"):
         head = sample[:512].decode(enc, "surrogatepass")
@@ -634,13 +641,12 @@ def _foreign_letters(text: str) -> int:
         del counts[ch]  # ASCII, Latin-1 signs, and what is not a letter
     if not counts:
         return 0
-    letters, total = set(counts), sum(counts.values())  # a set: `&` then runs over the smaller side
+    letters, total = set(counts), sum(counts.values())
     inside = 0
     # the alphabets holding the most frequent letter first: one of them mostly holds them all,
     # and the scan ends there (CJK text would otherwise be weighed against 40 alphabets first)
-    top = max(counts, key=counts.__getitem__)
-    for alphabet in sorted(_ALPHABETS, key=lambda a: top not in a):
-        inside = max(inside, sum(counts[ch] for ch in letters & alphabet))
+    for alphabet in _alphabets_holding_first(max(counts, key=counts.__getitem__)):
+        inside = max(inside, sum(counts[ch] for ch in alphabet.held(letters)))
         if inside == total:
             break
     return total - inside
@@ -661,21 +667,56 @@ _ALPHABET_CLASSES = (
 )
 
 
-def _expand(letters: str) -> frozenset[str]:
-    """The characters of a class body of letters and ranges ("а-яё")."""
+@dataclass(frozen=True)
+class _Alphabet:
+    """A language's letters: a set of the few, and ranges for the blocks of thousands (CJK,
+    Hangul), which as sets cost about 60 ms of every process's start to build."""
+
+    letters: frozenset[str]
+    blocks: tuple[tuple[str, str], ...]
+
+    def holds(self, ch: str) -> bool:
+        return ch in self.letters or any(lo <= ch <= hi for lo, hi in self.blocks)
+
+    def held(self, letters: set[str]) -> set[str]:
+        """Those of ``letters`` in the alphabet (`&` runs over the smaller side)."""
+        held = letters & self.letters
+        if self.blocks:
+            held.update(ch for ch in letters if any(lo <= ch <= hi for lo, hi in self.blocks))
+        return held
+
+
+# A range longer than this stays a range (`_Alphabet.blocks`).
+_BLOCK = 256
+
+
+def _expand(letters: str) -> _Alphabet:
+    """The alphabet of a class body of letters and ranges ("а-яё")."""
     out: set[str] = set()
+    blocks = []
     i = 0
     while i < len(letters):
         if i + 2 < len(letters) and letters[i + 1] == "-":
-            out.update(map(chr, range(ord(letters[i]), ord(letters[i + 2]) + 1)))
+            lo, hi = letters[i], letters[i + 2]
+            if ord(hi) - ord(lo) > _BLOCK:
+                blocks.append((lo, hi))
+            else:
+                out.update(map(chr, range(ord(lo), ord(hi) + 1)))
             i += 3
         else:
             out.add(letters[i])
             i += 1
-    return frozenset(out)
+    return _Alphabet(frozenset(out), tuple(blocks))
 
 
 _ALPHABETS = [_expand(letters) for letters in _ALPHABET_CLASSES]
+
+
+@functools.lru_cache(maxsize=1024)
+def _alphabets_holding_first(top: str) -> tuple[_Alphabet, ...]:
+    """`_ALPHABETS`, those holding ``top`` first (in their order): a text's most frequent letter
+    is one of a few hundred, so the order is worked out once for each."""
+    return tuple(sorted(_ALPHABETS, key=lambda a: not a.holds(top)))
 
 
 _LESS_PLAUSIBLE = "gave less plausible text"
