@@ -14,8 +14,11 @@
    script (`_penalty`), else it is weighed against our own reading (steps 6-8), the more
    plausible taken, a tie going to chardet's unless it is a rare code page; a reading both
    chose that shows implausible letters gives way to a cleaner one in another code page of its
-   script. Every legacy reading gets a calibrated confidence (`_calibrated`): below 0.7 in a
-   rare code page, or below 0.3 for a short file's reading of ours, the file is refused;
+   script; and one whose letters beyond ASCII are those of a code page that only one language
+   uses, in words shaped like that language's (Esperanto in ISO-8859-3), is taken over readings
+   that make them other languages' letters (`_told_by_its_words`). Every legacy reading gets a
+   calibrated confidence (`_calibrated`): below 0.7 in a rare code page, or below 0.3 for a
+   short file's reading of ours, the file is refused;
 6. a quick pass: chardet, asked only about the encodings today's legacy files are written in
    (Windows code pages, KOI8, the CJK multi-byte encodings), on 1 KB from the first non-ASCII
    byte (the ASCII before it says nothing about the encoding); its guess is kept only when the
@@ -355,6 +358,10 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
             first = out
             out, penalty = _sibling(data, out, penalty)
             chardets = chardets and out is first
+        if out.text is not None:
+            told = _told_by_its_words(data, out, penalty)
+            if told is not None:
+                out, penalty, chardets = told, _penalty(told.text or "", data, told.encoding or ""), False
     else:
         out, penalty, chardets = _our_reading(chardet, data, window, utf8_error), None, False
     if out.text is None or out.encoding is None:  # a reading always names its encoding
@@ -399,6 +406,58 @@ def _sibling(data: bytes, out: Decoded, penalty: int) -> tuple[Decoded, int]:
             best = (p, Decoded(text, codec, notes=[f"decoded as {codec}: its letters are more plausible than "
                                                    f"{out.encoding}'s, the code page chosen first"]))
     return best[1], best[0]
+
+
+# Letters that only one code page gives, and the words of the one language written in it: in a
+# short text the letters beyond ASCII are one or two, and other code pages read them as letters
+# of other languages just as plausibly (Esperanto "danĝera" is Czech-looking "danřera" in cp1250,
+# "feliĉo" Danish-looking "feliæo" in cp1252); the ASCII words around them are what tells.
+# Esperanto's words say so by their endings: every noun ends in -o, adjective -a, adverb -e,
+# verb -i, -as, -is, -os, -us or -u, with -j for the plural and -n for the object; the rest are
+# a few dozen short words, none of one letter; it has no q, w, x or y, and its "j" follows a
+# vowel (Czech "chyba přetekla", Croatian "neposjećene" read in ISO-8859-3 look Esperanto by
+# their endings). Its "ĉ ĝ ĵ" come before a vowel, "ĥ ŝ" beside one, and "ŭ" after one
+# ("aŭ", "eŭ"), where Danish "æ ø" and Turkish "ı" read in ISO-8859-3 are vowels among
+# consonants ("ĉndre" for "ændre", "lĉse" for "læse", "yapŭlmaz" for "yapılmaz").
+_CONSONANT = "b-df-hj-np-tv-zĉĝĥĵŝ"
+_TOLD_BY_WORDS = (
+    ("iso8859-3", frozenset("ĉĝĥĵŝŭĈĜĤĴŜŬ"),
+     re.compile(f"(?i)(?<![ae])ŭ|[ĉĝĵ](?=[{_CONSONANT}])|(?<=[{_CONSONANT}])[ĥŝ](?=[{_CONSONANT}])"),
+     re.compile(f"^(?!.*(?:[qwxy]|[{_CONSONANT}]j)).*(?:[oa]j?n?|e|[iu]|[aiou]s)$"),
+     frozenset("la kaj de al el en ol kun sen por pri sed ke se ne tre pli nur per pro dum post sur sub tra "
+               "inter mi vi li ni ili oni ŝi ĝi ĉu ĉar ĉe ĝis ankaŭ laŭ kontraŭ jam jen kiel tiel nun tuj tro for "
+               "ĉiam neniam iam kiam tiam kiom tiom kiu tiu ĉiu kio tio".split())),
+)
+# ...from this share of a text's words, and at least this many words.
+WORDS_TELL_SHARE = 0.8
+WORDS_TELL_MIN = 3
+# a word: letters, not after a digit or a format's "%", an option's "-" or an escape's "\\"
+_WORD = re.compile(r"(?<![%\\-])\b[^\W\d_]+")
+
+
+def _told_by_its_words(data: bytes, out: Decoded, penalty: int | None) -> Decoded | None:
+    """A reading in a code page whose own letters are the only ones beyond ASCII, in words shaped
+    like its language's (`_TOLD_BY_WORDS`), instead of ``out``, when no less plausible."""
+    for codec, letters, misplaced, ending, words in _TOLD_BY_WORDS:
+        if out.encoding == codec:
+            continue
+        try:
+            text = data.decode(codec)
+        except UnicodeDecodeError:
+            continue
+        beyond = set(text) - set(_ASCII)
+        if not beyond or not beyond <= letters or text == out.text or misplaced.search(text):
+            continue
+        found = _WORD.findall(text.lower())
+        shaped = sum(1 for w in found if len(w) > 1 and (w in words or ending.search(w)))
+        if len(found) < WORDS_TELL_MIN or shaped < WORDS_TELL_SHARE * len(found):
+            continue
+        if penalty is not None and _penalty(text, data, codec) > penalty:
+            continue
+        return Decoded(text, codec, notes=[f"decoded as {codec}: its letters are the only ones beyond ASCII, in words "
+                                           f"shaped like its language's ({shaped} of {len(found)}), where "
+                                           f"{out.encoding} read other letters"])
+    return None
 
 
 def _our_reading(chardet, data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded:
