@@ -414,16 +414,17 @@ def _sibling(data: bytes, out: Decoded, penalty: int) -> tuple[Decoded, int]:
 # "feliĉo" Danish-looking "feliæo" in cp1252); the ASCII words around them are what tells.
 # Esperanto's words say so by their endings: every noun ends in -o, adjective -a, adverb -e,
 # verb -i, -as, -is, -os, -us or -u, with -j for the plural and -n for the object; the rest are
-# a few dozen short words, none of one letter; it has no q, w, x or y, and its "j" follows a
-# vowel (Czech "chyba přetekla", Croatian "neposjećene" read in ISO-8859-3 look Esperanto by
-# their endings). Its "ĉ ĝ ĵ" come before a vowel, "ĥ ŝ" beside one, and "ŭ" after one
-# ("aŭ", "eŭ"), where Danish "æ ø" and Turkish "ı" read in ISO-8859-3 are vowels among
-# consonants ("ĉndre" for "ændre", "lĉse" for "læse", "yapŭlmaz" for "yapılmaz").
+# a few dozen short words, none of one letter; it has no q, w, x or y, its "j" follows a vowel,
+# and its diphthongs are "aj ej oj uj", not "ai ei oi ui" (Czech "chyba přetekla", Croatian
+# "neposjećene", Lithuanian "vaikai žaidžia" read in ISO-8859-3 look Esperanto by their
+# endings). Its "ĉ ĝ ĵ" come before a vowel, "ĥ ŝ" beside one, and "ŭ" after one ("aŭ",
+# "eŭ"), where Danish "æ ø" and Turkish "ı" read in ISO-8859-3 are vowels among consonants
+# ("ĉndre" for "ændre", "lĉse" for "læse", "yapŭlmaz" for "yapılmaz").
 _CONSONANT = "b-df-hj-np-tv-zĉĝĥĵŝ"
 _TOLD_BY_WORDS = (
     ("iso8859-3", frozenset("ĉĝĥĵŝŭĈĜĤĴŜŬ"),
      re.compile(f"(?i)(?<![ae])ŭ|[ĉĝĵ](?=[{_CONSONANT}])|(?<=[{_CONSONANT}])[ĥŝ](?=[{_CONSONANT}])"),
-     re.compile(f"^(?!.*(?:[qwxy]|[{_CONSONANT}]j)).*(?:[oa]j?n?|e|[iu]|[aiou]s)$"),
+     re.compile(f"^(?!.*(?:[qwxy]|[{_CONSONANT}]j|[aeou]i)).*(?:[oa]j?n?|e|[iu]|[aiou]s)$"),
      frozenset("la kaj de al el en ol kun sen por pri sed ke se ne tre pli nur per pro dum post sur sub tra "
                "inter mi vi li ni ili oni ŝi ĝi ĉu ĉar ĉe ĝis ankaŭ laŭ kontraŭ jam jen kiel tiel nun tuj tro for "
                "ĉiam neniam iam kiam tiam kiom tiom kiu tiu ĉiu kio tio".split())),

@@ -332,7 +332,7 @@ ESPERANTO = [
     "Komando estis ĉesigata de signalo %d\n",
 ]
 # ...and real texts whose letters ISO-8859-3 reads as Esperanto's, in words that are not: Danish
-# and Norwegian (coreutils), Czech (coreutils), Turkish (manpages-tr).
+# and Norwegian (coreutils), Czech (coreutils), Turkish (manpages-tr), Croatian, Lithuanian.
 NOT_ESPERANTO = [
     ("kan ikke læse katalog %s", "cp1252"),
     ("kunne ikke sætte gruppe-ID", "cp1252"),
@@ -340,6 +340,8 @@ NOT_ESPERANTO = [
     ("%s: hodnota nebyla zcela převedena", "cp1250"),
     ("chyba při normalizaci %s", "cp1250"),
     ("Yalnızca wall(1) İLETİsini yazar ama kapatma, durdurma veya yeniden başlatma işlemleri yapılmaz.", "cp1254"),
+    ("Boja neposjećene poveznice", "cp1250"),  # Croatian (gtk30)
+    ("Vaikai žaidžia prie ežero", "cp1257"),  # Lithuanian (tests/text_samples)
 ]
 
 
