@@ -14,8 +14,11 @@
    script (`_penalty`), else it is weighed against our own reading (steps 6-8), the more
    plausible taken, a tie going to chardet's unless it is a rare code page; a reading both
    chose that shows implausible letters gives way to a cleaner one in another code page of its
-   script. Every legacy reading gets a calibrated confidence (`_calibrated`): below 0.7 in a
-   rare code page, or below 0.3 for a short file's reading of ours, the file is refused;
+   script; and one whose letters beyond ASCII are those of a code page that only one language
+   uses, in words shaped like that language's (Esperanto in ISO-8859-3), is taken over readings
+   that make them other languages' letters (`_told_by_its_words`). Every legacy reading gets a
+   calibrated confidence (`_calibrated`): below 0.7 in a rare code page, or below 0.3 for a
+   short file's reading of ours, the file is refused;
 6. a quick pass: chardet, asked only about the encodings today's legacy files are written in
    (Windows code pages, KOI8, the CJK multi-byte encodings), on 1 KB from the first non-ASCII
    byte (the ASCII before it says nothing about the encoding); its guess is kept only when the
@@ -170,7 +173,9 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
         if data.startswith(bom):
             return _decode_with_bom(data, bom, enc)
     head = data[:SNIFF_BYTES]
-    if b"\x1b$" in head and head.isascii():  # ISO-2022: escapes, and SO/SI shifts for Korean, are control bytes
+    # (isascii first: a C check at memory speed, where searching for two bytes costs as much
+    # as decoding the file, and most files are not ASCII)
+    if head.isascii() and b"\x1b$" in head:  # ISO-2022: escapes, and SO/SI shifts for Korean, are control bytes
         iso = _iso2022(data)
         if iso is not None:
             return iso
@@ -188,7 +193,7 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
             what = f"{nuls} NUL bytes, " if nuls else ""
             return Decoded(reason=Reason.BINARY_CONTENT,
                            detail=f"binary data: {what}{controls / len(head):.1%} control bytes in the first {len(head)} bytes")
-    if b"~{" in head and head.isascii():  # HZ: 7-bit GB2312 between "~{" and "~}", ASCII to UTF-8's eyes
+    if head.isascii() and b"~{" in head:  # HZ: 7-bit GB2312 between "~{" and "~}", ASCII to UTF-8's eyes
         hz = _hz(data)
         if hz is not None:
             return hz
@@ -261,6 +266,11 @@ def _utf16_without_nuls(data: bytes) -> Decoded | None:
     few scripts plus punctuation and spaces.
     """
     sample = data[: min(len(data), 2 * PLAUSIBLE_CHARS) & ~1]
+    # every break `_plausible_text` asks for (1 in 80 characters, and a character is at most 4
+    # bytes) has a byte 0x00, 0x30 or 0xFF: without enough of those no decode can pass, and
+    # most legacy texts are told so by three byte counts instead of two decodes
+    if 320 * (sample.count(0) + sample.count(0x30) + sample.count(0xFF)) < len(sample):
+        return None
     best = None
     for enc in ("utf-16-le", "utf-16-be"):
         head = sample[:512].decode(enc, "surrogatepass")
@@ -348,6 +358,10 @@ def _detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded
             first = out
             out, penalty = _sibling(data, out, penalty)
             chardets = chardets and out is first
+        if out.text is not None:
+            told = _told_by_its_words(data, out, penalty)
+            if told is not None:
+                out, penalty, chardets = told, _penalty(told.text or "", data, told.encoding or ""), False
     else:
         out, penalty, chardets = _our_reading(chardet, data, window, utf8_error), None, False
     if out.text is None or out.encoding is None:  # a reading always names its encoding
@@ -392,6 +406,59 @@ def _sibling(data: bytes, out: Decoded, penalty: int) -> tuple[Decoded, int]:
             best = (p, Decoded(text, codec, notes=[f"decoded as {codec}: its letters are more plausible than "
                                                    f"{out.encoding}'s, the code page chosen first"]))
     return best[1], best[0]
+
+
+# Letters that only one code page gives, and the words of the one language written in it: in a
+# short text the letters beyond ASCII are one or two, and other code pages read them as letters
+# of other languages just as plausibly (Esperanto "danĝera" is Czech-looking "danřera" in cp1250,
+# "feliĉo" Danish-looking "feliæo" in cp1252); the ASCII words around them are what tells.
+# Esperanto's words say so by their endings: every noun ends in -o, adjective -a, adverb -e,
+# verb -i, -as, -is, -os, -us or -u, with -j for the plural and -n for the object; the rest are
+# a few dozen short words, none of one letter; it has no q, w, x or y, its "j" follows a vowel,
+# and its diphthongs are "aj ej oj uj", not "ai ei oi ui" (Czech "chyba přetekla", Croatian
+# "neposjećene", Lithuanian "vaikai žaidžia" read in ISO-8859-3 look Esperanto by their
+# endings). Its "ĉ ĝ ĵ" come before a vowel, "ĥ ŝ" beside one, and "ŭ" after one ("aŭ",
+# "eŭ"), where Danish "æ ø" and Turkish "ı" read in ISO-8859-3 are vowels among consonants
+# ("ĉndre" for "ændre", "lĉse" for "læse", "yapŭlmaz" for "yapılmaz").
+_CONSONANT = "b-df-hj-np-tv-zĉĝĥĵŝ"
+_TOLD_BY_WORDS = (
+    ("iso8859-3", frozenset("ĉĝĥĵŝŭĈĜĤĴŜŬ"),
+     re.compile(f"(?i)(?<![ae])ŭ|[ĉĝĵ](?=[{_CONSONANT}])|(?<=[{_CONSONANT}])[ĥŝ](?=[{_CONSONANT}])"),
+     re.compile(f"^(?!.*(?:[qwxy]|[{_CONSONANT}]j|[aeou]i)).*(?:[oa]j?n?|e|[iu]|[aiou]s)$"),
+     frozenset("la kaj de al el en ol kun sen por pri sed ke se ne tre pli nur per pro dum post sur sub tra "
+               "inter mi vi li ni ili oni ŝi ĝi ĉu ĉar ĉe ĝis ankaŭ laŭ kontraŭ jam jen kiel tiel nun tuj tro for "
+               "ĉiam neniam iam kiam tiam kiom tiom kiu tiu ĉiu kio tio".split())),
+)
+# ...from this share of a text's words, and at least this many words.
+WORDS_TELL_SHARE = 0.8
+WORDS_TELL_MIN = 3
+# a word: letters, not after a digit or a format's "%", an option's "-" or an escape's "\\"
+_WORD = re.compile(r"(?<![%\\-])\b[^\W\d_]+")
+
+
+def _told_by_its_words(data: bytes, out: Decoded, penalty: int | None) -> Decoded | None:
+    """A reading in a code page whose own letters are the only ones beyond ASCII, in words shaped
+    like its language's (`_TOLD_BY_WORDS`), instead of ``out``, when no less plausible."""
+    for codec, letters, misplaced, ending, words in _TOLD_BY_WORDS:
+        if out.encoding == codec:
+            continue
+        try:
+            text = data.decode(codec)
+        except UnicodeDecodeError:
+            continue
+        beyond = set(text) - set(_ASCII)
+        if not beyond or not beyond <= letters or text == out.text or misplaced.search(text):
+            continue
+        found = _WORD.findall(text.lower())
+        shaped = sum(1 for w in found if len(w) > 1 and (w in words or ending.search(w)))
+        if len(found) < WORDS_TELL_MIN or shaped < WORDS_TELL_SHARE * len(found):
+            continue
+        if penalty is not None and _penalty(text, data, codec) > penalty:
+            continue
+        return Decoded(text, codec, notes=[f"decoded as {codec}: its letters are the only ones beyond ASCII, in words "
+                                           f"shaped like its language's ({shaped} of {len(found)}), where "
+                                           f"{out.encoding} read other letters"])
+    return None
 
 
 def _our_reading(chardet, data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded:
@@ -634,13 +701,12 @@ def _foreign_letters(text: str) -> int:
         del counts[ch]  # ASCII, Latin-1 signs, and what is not a letter
     if not counts:
         return 0
-    letters, total = set(counts), sum(counts.values())  # a set: `&` then runs over the smaller side
+    letters, total = set(counts), sum(counts.values())
     inside = 0
     # the alphabets holding the most frequent letter first: one of them mostly holds them all,
     # and the scan ends there (CJK text would otherwise be weighed against 40 alphabets first)
-    top = max(counts, key=counts.__getitem__)
-    for alphabet in sorted(_ALPHABETS, key=lambda a: top not in a):
-        inside = max(inside, sum(counts[ch] for ch in letters & alphabet))
+    for alphabet in _alphabets_holding_first(max(counts, key=counts.__getitem__)):
+        inside = max(inside, sum(counts[ch] for ch in alphabet.held(letters)))
         if inside == total:
             break
     return total - inside
@@ -661,21 +727,56 @@ _ALPHABET_CLASSES = (
 )
 
 
-def _expand(letters: str) -> frozenset[str]:
-    """The characters of a class body of letters and ranges ("а-яё")."""
+@dataclass(frozen=True)
+class _Alphabet:
+    """A language's letters: a set of the few, and ranges for the blocks of thousands (CJK,
+    Hangul), which as sets cost about 60 ms of every process's start to build."""
+
+    letters: frozenset[str]
+    blocks: tuple[tuple[str, str], ...]
+
+    def holds(self, ch: str) -> bool:
+        return ch in self.letters or any(lo <= ch <= hi for lo, hi in self.blocks)
+
+    def held(self, letters: set[str]) -> set[str]:
+        """Those of ``letters`` in the alphabet (`&` runs over the smaller side)."""
+        held = letters & self.letters
+        if self.blocks:
+            held.update(ch for ch in letters if any(lo <= ch <= hi for lo, hi in self.blocks))
+        return held
+
+
+# A range longer than this stays a range (`_Alphabet.blocks`).
+_BLOCK = 256
+
+
+def _expand(letters: str) -> _Alphabet:
+    """The alphabet of a class body of letters and ranges ("а-яё")."""
     out: set[str] = set()
+    blocks = []
     i = 0
     while i < len(letters):
         if i + 2 < len(letters) and letters[i + 1] == "-":
-            out.update(map(chr, range(ord(letters[i]), ord(letters[i + 2]) + 1)))
+            lo, hi = letters[i], letters[i + 2]
+            if ord(hi) - ord(lo) > _BLOCK:
+                blocks.append((lo, hi))
+            else:
+                out.update(map(chr, range(ord(lo), ord(hi) + 1)))
             i += 3
         else:
             out.add(letters[i])
             i += 1
-    return frozenset(out)
+    return _Alphabet(frozenset(out), tuple(blocks))
 
 
 _ALPHABETS = [_expand(letters) for letters in _ALPHABET_CLASSES]
+
+
+@functools.lru_cache(maxsize=1024)
+def _alphabets_holding_first(top: str) -> tuple[_Alphabet, ...]:
+    """`_ALPHABETS`, those holding ``top`` first (in their order): a text's most frequent letter
+    is one of a few hundred, so the order is worked out once for each."""
+    return tuple(sorted(_ALPHABETS, key=lambda a: not a.holds(top)))
 
 
 _LESS_PLAUSIBLE = "gave less plausible text"

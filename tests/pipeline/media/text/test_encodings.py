@@ -320,6 +320,47 @@ def test_short_real_texts_in_the_code_pages_their_languages_used(text, enc):
     assert d.confidence >= 0.7
 
 
+# Real Esperanto nobody here wrote: messages of the GNU grep, sed and tar catalogs (eo.po, GPL).
+# Each has one or two letters beyond ASCII, which cp1250, cp1252 or ISO-8859-2 read as other
+# languages' letters just as plausibly ("sufiĉa" as "sufiæa", "arĥivo" as "arśivo"); the words
+# around them are Esperanto's, and only ISO-8859-3 has its letters.
+ESPERANTO = [
+    "%s: mankas sufiĉa memoro",
+    "Ĝenerala helpo por uzi programaron GNU: <%s>\n",
+    "Ne eblas retropaŝi arĥivan dosieron; ĝi eble ne legeblos sen -i",
+    "Malkuraĝe ni rifuzas krei malplenan arĥivon",
+    "Komando estis ĉesigata de signalo %d\n",
+]
+# ...and real texts whose letters ISO-8859-3 reads as Esperanto's, in words that are not: Danish
+# and Norwegian (coreutils), Czech (coreutils), Turkish (manpages-tr), Croatian, Lithuanian.
+NOT_ESPERANTO = [
+    ("kan ikke læse katalog %s", "cp1252"),
+    ("kunne ikke sætte gruppe-ID", "cp1252"),
+    ("Forespørselen ble ikke avbrutt", "cp1252"),
+    ("%s: hodnota nebyla zcela převedena", "cp1250"),
+    ("chyba při normalizaci %s", "cp1250"),
+    ("Yalnızca wall(1) İLETİsini yazar ama kapatma, durdurma veya yeniden başlatma işlemleri yapılmaz.", "cp1254"),
+    ("Boja neposjećene poveznice", "cp1250"),  # Croatian (gtk30)
+    ("Vaikai žaidžia prie ežero", "cp1257"),  # Lithuanian (tests/text_samples)
+]
+
+
+@pytest.mark.parametrize("text", [*ESPERANTO, "\n".join(ESPERANTO * 8)],
+                         ids=[*(f"short-{i}" for i in range(len(ESPERANTO))), "long"])
+def test_esperanto_is_told_by_its_words(text):
+    """A short Esperanto text has one letter that only ISO-8859-3 gives; other code pages read it
+    as another language's letter, and chardet's whole-file guess is one of them."""
+    d = decode_bytes(text.encode("iso8859_3"))
+    assert d.text == text, (d.encoding, d.text, d.notes)
+    assert d.confidence >= 0.9
+
+
+@pytest.mark.parametrize("text,enc", NOT_ESPERANTO, ids=[enc + f"-{i}" for i, (_t, enc) in enumerate(NOT_ESPERANTO)])
+def test_words_that_are_not_esperanto_keep_their_code_page(text, enc):
+    d = decode_bytes(text.encode(enc))
+    assert d.text == text, (d.encoding, d.text, d.notes)
+
+
 @pytest.mark.parametrize("name", ["hz", "cp949", "johab", "gb2312"])
 def test_cpythons_cjk_codec_test_files_as_shipped(name):
     data = (PACKAGES / "cjkencodings" / f"{name}.txt").read_bytes()
