@@ -26,13 +26,6 @@ from tests.check_fixtures import (
 from tests.factories import image_bytes, noise_rgb, photo, write
 
 
-@pytest.fixture(scope="module")
-def good(tmp_path_factory):
-    root = tmp_path_factory.mktemp("good")
-    raw = build_raw(root / "raw")
-    return raw, run_clean(raw, root / "clean"), policy_file(root)
-
-
 @pytest.fixture
 def broken(good, tmp_path) -> Path:
     """A private copy of the good clean dir, to break."""

@@ -11,16 +11,9 @@ import pytest
 
 from pipeline.check.policy import CHECK_NAMES
 from pipeline.core import schemas
-from tests.check_fixtures import build_raw, copy_dir, kept_output, policy_file, run_clean
+from tests.check_fixtures import copy_dir, kept_output, policy_file
 from tests.conftest import pipe_env
 from tests.factories import image_bytes, noise_rgb, photo
-
-
-@pytest.fixture(scope="module")
-def good(tmp_path_factory):
-    root = tmp_path_factory.mktemp("good")
-    raw = build_raw(root / "raw")
-    return raw, run_clean(raw, root / "clean"), policy_file(root)
 
 
 @pytest.fixture
