@@ -125,9 +125,9 @@ def driver_child(clean_dir: str) -> None:
     """What the driver does after the parts: gather, decide, manifest rows. Prints one JSON line."""
     from pipeline.clean.decide import DecideSettings, Outputs, decide
     from pipeline.clean.discover import Candidate
-    from pipeline.clean.records import FileResult
+    from pipeline.clean.records import FileResult, row
     from pipeline.distribute import parts as partlib
-    from pipeline.formats.manifest import ManifestWriter, row
+    from pipeline.formats.manifest import ManifestWriter
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     folder = Path(clean_dir) / partlib.PARTS_DIR

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from pipeline.formats.manifest_row import ManifestRow
 from pipeline.formats.vocabulary import Kind, Reason, Status
 
 
@@ -71,3 +72,24 @@ class Decision:
     reason: Reason | None = None
     duplicate_of: str | None = None
     detail: str = ""
+
+
+def row(r: FileResult, d: Decision, caption: str = "") -> ManifestRow:
+    """The manifest row one input file ends as: what the worker found, what the stage decided."""
+    kept = d.status == Status.KEPT
+    detail = "; ".join(x for x in [d.detail or r.detail, *r.notes] if x)
+    return ManifestRow(
+        source=r.source, key=r.key, kind=r.kind, label=r.label,
+        status=d.status, reason=d.reason, detail=detail, duplicate_of=d.duplicate_of,
+        output=r.output if kept else "", caption=caption if kept else "", bytes=r.bytes, sha256=r.sha256,
+        width=r.width, height=r.height, encoding=r.encoding,
+        encoding_confidence=r.encoding_confidence, content_hash=r.content_hash,
+        phash=None if r.phash is None else f"{r.phash:016x}",
+        **(_pixels(r) if kept else {}),
+    )
+
+
+def _pixels(r: FileResult) -> dict:
+    """The output image's measurements (pipe shard's mean/std), for a kept row: they describe its output."""
+    return {"output_width": r.output_width, "output_height": r.output_height,
+            "pixel_sums": r.pixel_sums, "pixel_squares": r.pixel_squares}

@@ -415,7 +415,8 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
 
 
 def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: dict) -> dict:
-    from pipeline.formats.manifest import ManifestWriter, row  # pyarrow: only needed now, at the end
+    from pipeline.clean.records import row
+    from pipeline.formats.manifest import ManifestWriter  # pyarrow: only needed now, at the end
 
     out = cfg.output
     keep_outputs, keep_quarantine, keep_parked = set(), set(), set()

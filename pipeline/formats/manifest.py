@@ -14,9 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.clean.records import Decision, FileResult
 from pipeline.formats.manifest_row import ManifestRow
-from pipeline.formats.vocabulary import Status
 
 
 class _NoPandas:
@@ -49,26 +47,6 @@ _ARROW = {"str": pa.string(), "Kind": pa.string(), "Status": pa.string(), "Reaso
           "int": pa.int64(), "float": pa.float64(), "list[int]": pa.list_(pa.int64())}
 COLUMNS = pa.schema([(f.name, _ARROW[str(f.type).removesuffix(" | None")]) for f in dataclasses.fields(ManifestRow)])
 ROW_GROUP = 10_000
-
-
-def row(r: FileResult, d: Decision, caption: str = "") -> ManifestRow:
-    kept = d.status == Status.KEPT
-    detail = "; ".join(x for x in [d.detail or r.detail, *r.notes] if x)
-    return ManifestRow(
-        source=r.source, key=r.key, kind=r.kind, label=r.label,
-        status=d.status, reason=d.reason, detail=detail, duplicate_of=d.duplicate_of,
-        output=r.output if kept else "", caption=caption if kept else "", bytes=r.bytes, sha256=r.sha256,
-        width=r.width, height=r.height, encoding=r.encoding,
-        encoding_confidence=r.encoding_confidence, content_hash=r.content_hash,
-        phash=None if r.phash is None else f"{r.phash:016x}",
-        **(_pixels(r) if kept else {}),
-    )
-
-
-def _pixels(r: FileResult) -> dict:
-    """The output image's measurements (pipe shard's mean/std), for a kept row: they describe its output."""
-    return {"output_width": r.output_width, "output_height": r.output_height,
-            "pixel_sums": r.pixel_sums, "pixel_squares": r.pixel_squares}
 
 
 class ManifestWriter:
