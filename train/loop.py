@@ -328,7 +328,7 @@ class Trainer:
         self.channels_last = d.device.type == "cpu" and (cfg.model in BUILTIN_MODELS or
                                                          getattr(self.model, "channels_last_ok", False) is True)
         if self.channels_last:
-            self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
+            self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload, unused-ignore]  # torch 2.13 stubs omit memory_format, 2.14 has it
         self.precision = resolve_precision(cfg.precision, d.device)
         if cfg.auto_micro_batch:
             self._probe_batch()

@@ -110,7 +110,7 @@ def test_a_resnet18_from_a_pth_fine_tunes_on_two_ranks_with_its_frozen_batchnorm
     assert p.returncode == 0, p.stderr[-3000:]
     err = " ".join(p.stderr.split())
     assert "model.fc.weight: file [1000, 512] vs model [3, 512]" in err
-    assert "head re-initialised file has 1000 classes, this dataset 3" in err.replace(":", "")
+    assert "head re-initialised" in err and "file has 1000 classes, this dataset 3" in err
     # a CNN is not enlarged: it takes the stored 32 px as they are
     assert "input: 224 px (decoded at 32 px, the shards' size, which this model takes as it is)" in err
     assert "mean/std from torchvision:resnet18 (ResNet18_Weights.IMAGENET1K_V1 transforms) (ImageNet" in err
