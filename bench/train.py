@@ -166,7 +166,7 @@ def resnet_bench(a) -> None:
         ours = {**steady(run), "wall": p.seconds}
         out = root / "naive.json"
         t = time.perf_counter()
-        n = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
+        n = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                             __file__, "--naive-rank", "--data", str(root / "raw"), "--epochs", str(epochs),
                             "--batch-size", str(a.batch_size), "--workers", str(a.workers), "--out", str(out)],
                            capture_output=True, text=True)
