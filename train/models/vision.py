@@ -65,9 +65,6 @@ class VisionClassifier(nn.Module):
         self.input_norm = input_norm
         self.fixed_size = fixed_size
         self.label = label
-        # a CNN: channels-last on CPU skips oneDNN's layout reorders (the loop asks); a ViT
-        # reshapes its patch grid and gains nothing
-        self.channels_last_ok = not fixed_size
 
     @property
     def image_size(self) -> int | None:
