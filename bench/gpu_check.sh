@@ -10,6 +10,9 @@
 # launcher: the rank joins an NCCL process group of size 1 (initialised eagerly, torn down
 # with a barrier), so a broken NCCL/driver pairing fails here and not on the cluster.
 # Outputs stay in $OUT (default: a new temporary folder) for a look at metrics.jsonl and tb/.
+# Then the pretrained-model path: torchvision ResNet-50 and ViT-B/16 at 224 px with bf16 (built
+# without weights: random initialisation, the speed is the same), ViT-B/16 once more under
+# --strategy fsdp; skipped when torchvision does not load.
 #
 # Written to be correct by reading; it has not run on a GPU yet (none was available when it was
 # written): the first run's output belongs in the closing note of the training work.
@@ -76,8 +79,30 @@ for precision in bf16 fp16; do
   done
 done
 
+# torchvision models, bf16, the same shards (stored at $SIZE px, decoded at 224)
+TV_BATCH=${TV_BATCH:-64}
+tv_runs=()
+if "$PY" -c "import torchvision" 2>/dev/null; then
+  for spec in "torchvision:resnet50 ddp" "torchvision:vit_b_16 ddp" "torchvision:vit_b_16 fsdp"; do
+    read -r model strategy <<<"$spec"
+    name="run-${model#torchvision:}-$strategy"
+    flags=()
+    [ "$strategy" = fsdp ] && flags+=(--strategy fsdp)  # the fsdp branch's flag
+    echo "== pipe train: $model, bf16, $strategy =="
+    if "$PY" -m pipeline train "$OUT/shards" -o "$OUT/$name" --nproc-per-node 1 --backend nccl --precision bf16 \
+        --model "$model" ${flags[@]+"${flags[@]}"} --epochs "$EPOCHS" --batch-size "$TV_BATCH" --workers "$WORKERS" \
+        --log-every 5 --checkpoint-every 0 2>"$OUT/$name.log" >/dev/null; then
+      tv_runs+=("$name")
+    else
+      echo "gpu_check: $model ($strategy) failed:"; tail -5 "$OUT/$name.log"
+    fi
+  done
+else
+  echo "== torchvision does not load here: the ResNet-50/ViT-B runs are skipped =="
+fi
+
 echo "== results =="
-"$PY" - "$OUT" <<'EOF'
+"$PY" - "$OUT" ${tv_runs[@]+"${tv_runs[@]}"} <<'EOF'
 import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
@@ -98,4 +123,14 @@ for precision in ("bf16", "fp16"):
     (s0, m0, _, _), (s1, m1, _, _) = rows[precision, "off"], rows[precision, "on"]
     print(f"{precision}: checkpointing keeps {m1 / m0:.0%} of the peak memory at {s1 / s0:.0%} of the speed")
 print(f"bf16 / fp16 samples/s: {rows['bf16', 'off'][0] / rows['fp16', 'off'][0]:.2f}")
+if sys.argv[2:]:
+    print(f"\n{'run (bf16, 224 px)':>24} {'samples/s':>10} {'peak MB':>9} {'data wait':>9} {'val loss':>9}")
+for name in sys.argv[2:]:
+    lines = [json.loads(l) for l in (out / name / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in lines if r["kind"] == "train"]
+    steady = train[1:] or train
+    val = [r for r in lines if r["kind"] == "val"]
+    print(f"{name[4:]:>24} {statistics.mean(r['samples_per_s'] for r in steady):>10.1f} "
+          f"{max(r['memory_mb'] for r in train):>9.0f} {statistics.mean(r['data_wait_share'] for r in steady):>9.0%} "
+          f"{val[-1]['val_loss'] if val else float('nan'):>9.4f}")
 EOF

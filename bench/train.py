@@ -17,6 +17,15 @@ What is compared:
     python bench/train.py --quick       # ~2-4 min on 2 shared cores: 160 images of 512 px
     python bench/train.py [--images 320] [--size 512] [--epochs 3] [--workers 1] [--model image]
 
+``--resnet`` compares, instead, a torchvision ResNet-18 at 224 px on 2 CPU ranks (needs
+torchvision): `pipe train --model torchvision:resnet18` against the naive way, a plain torchrun
+script (this file, ``--naive-rank``) with ``ImageFolder`` over the same images as loose JPEGs,
+``Resize(224)`` + ``ToTensor`` + ``Normalize`` in the workers and a ``DistributedSampler``; same
+model, batch, workers, optimizer. Samples/s and the share of step time spent waiting for data,
+first two steps of each run left out, in one run:
+
+    python bench/train.py --resnet --quick   # ~3-6 min on 2 shared cores: 128 images of 512 px, 1 epoch
+
 The load average (`uptime`) is printed before and after: on a shared machine only the ratios
 within one run mean anything. With fewer cores than ranks x (1 + workers), two ranks cannot be
 twice as fast as one: the table says how many cores there were.
@@ -89,7 +98,100 @@ def load() -> str:
         return "load average unknown"
 
 
+# -- ResNet-18 at 224 px: pipe train against a plain torchrun script --------------------------------
+
+
+def naive_rank(data: Path, epochs: int, batch: int, workers: int, out: Path) -> None:
+    """One rank of the naive way, as a tutorial writes it (run by torchrun)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+    from torchvision import transforms
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tf = transforms.Compose([transforms.Resize((224, 224)), transforms.ToTensor(),
+                             transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    ds = torchvision.datasets.ImageFolder(str(data), transform=tf)
+    sampler = DistributedSampler(ds, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, drop_last=True,
+                        persistent_workers=workers > 0)
+    torch.manual_seed(0)
+    model = DDP(torchvision.models.resnet18(weights=None, num_classes=len(ds.classes)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    steps, busy, waited, started = 0, 0.0, 0.0, None
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        t = time.perf_counter()
+        for x, y in loader:
+            got = time.perf_counter()
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            done = time.perf_counter()
+            steps += 1
+            if steps == 2:  # process start, worker start and the first batches left out, as for pipe
+                started = done
+            elif steps > 2:
+                busy, waited = busy + (done - t), waited + (got - t)
+            t = done
+    if rank == 0 and started is not None:
+        measured = steps - 2
+        out.write_text(json.dumps({"samples_per_s": measured * batch * world / max(busy, 1e-9),
+                                   "data_wait": waited / max(busy, 1e-9), "steps": measured}))
+    dist.destroy_process_group()
+
+
+def resnet_bench(a) -> None:
+    images, epochs = (128, 1) if a.quick else (a.images, a.epochs)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"before: {load()} on {cores} cores")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = a.keep or Path(tmp)
+        make_raw(root / "raw", images, a.size)
+        for caption in (root / "raw").rglob("*.txt"):
+            caption.unlink()  # ImageFolder reads images only: both sides see the same samples
+        pipe("clean", str(root / "raw"), "-o", str(root / "clean"), "--size", str(a.size), "--workers", "2")
+        pipe("shard", str(root / "clean"), "-o", str(root / "shards"), "--val-fraction", "0")
+        print(f"data: {images} JPEGs of {a.size} px; ResNet-18 at 224 px, 2 ranks, batch {a.batch_size} per rank, "
+              f"{a.workers} worker(s) per rank, {epochs} epoch(s)")
+        run = root / "ours"
+        p = pipe("train", str(root / "shards"), "-o", str(run), "--model", "torchvision:resnet18", "--nproc-per-node", "2",
+                 "--epochs", str(epochs), "--batch-size", str(a.batch_size), "--workers", str(a.workers),
+                 "--log-every", "2", "--checkpoint-every", "0", "--precision", "fp32")
+        ours = {**steady(run), "wall": p.seconds}
+        out = root / "naive.json"
+        t = time.perf_counter()
+        n = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            __file__, "--naive-rank", "--data", str(root / "raw"), "--epochs", str(epochs),
+                            "--batch-size", str(a.batch_size), "--workers", str(a.workers), "--out", str(out)],
+                           capture_output=True, text=True)
+        if n.returncode != 0:
+            sys.exit(f"the naive torchrun script failed ({n.returncode}):\n{n.stderr[-2000:]}")
+        naive = {**json.loads(out.read_text()), "wall": time.perf_counter() - t}
+    print(f"after: {load()}")
+    print(f"\n{'ResNet-18, 224 px, 2 ranks':>30} {'samples/s':>10} {'data wait':>10} {'wall s':>8}")
+    for name, r in (("pipe train", ours), ("naive torchrun + ImageFolder", naive)):
+        print(f"{name:>30} {r['samples_per_s']:>10.2f} {r['data_wait']:>10.1%} {r['wall']:>8.1f}")
+    print(f"\npipe train / naive: {ours['samples_per_s'] / naive['samples_per_s']:.2f}x samples/s "
+          f"(target >= 1.2x, data wait under 5% of step time: {ours['data_wait']:.1%})")
+
+
 def main() -> None:
+    if "--naive-rank" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--naive-rank", action="store_true")
+        for flag in ("--data", "--out"):
+            ap.add_argument(flag, type=Path, required=True)
+        for flag in ("--epochs", "--batch-size", "--workers"):
+            ap.add_argument(flag, type=int, required=True)
+        r = ap.parse_args()
+        naive_rank(r.data, r.epochs, r.batch_size, r.workers, r.out)
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small and short: 160 images, 2 epochs")
     ap.add_argument("--images", type=int, default=320)
@@ -100,7 +202,13 @@ def main() -> None:
     ap.add_argument("--model", default="image")
     ap.add_argument("--resolution", type=int, default=64, help="the side the built-in model works at")
     ap.add_argument("--keep", type=Path, help="keep the data and runs here instead of a temporary folder")
+    ap.add_argument("--resnet", action="store_true", help="torchvision ResNet-18 at 224 px, 2 ranks: pipe train vs torchrun")
     a = ap.parse_args()
+    if a.resnet:
+        if a.batch_size == 16:
+            a.batch_size = 8
+        resnet_bench(a)
+        return
     if a.quick:
         a.images, a.epochs = 160, 2
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

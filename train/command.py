@@ -49,7 +49,7 @@ def train(
         rich_help_panel=OPTIM)] = False,
     # -- model ------------------------------------------------------------------------------------
     model: Annotated[str, typer.Option(
-        help="image, text, image-text, hf:PATH (a local Hugging Face folder), or package.module:factory.",
+        help="image, text, image-text, torchvision:NAME, timm:NAME, hf:PATH (a local Hugging Face folder), or package.module:factory.",
         rich_help_panel=MODEL)] = "image",
     width: Annotated[int, typer.Option(help="Channels of the built-in models' first stage.", rich_help_panel=MODEL)] = 32,
     resolution: Annotated[int, typer.Option(
@@ -61,6 +61,8 @@ def train(
         help="Fraction of blocks, from the input, frozen at start (0.7 = first 70%).", rich_help_panel=MODEL)] = 0.0,
     unfreeze_at: Annotated[str | None, typer.Option(
         help="EPOCH[:FRACTION]: from this epoch (counted from 1) only FRACTION stays frozen.", rich_help_panel=MODEL)] = None,
+    sync_bn: Annotated[bool, typer.Option(
+        "--sync-bn", help="SyncBatchNorm across GPU ranks: for BatchNorm models trained from scratch.", rich_help_panel=MODEL)] = False,
     # -- data ---------------------------------------------------------------------------------------
     workers: Annotated[int, typer.Option(help="Dataloader workers per rank (0 = in the training process).", rich_help_panel=DATA)] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the initialisation, the shard order and the shuffle.", rich_help_panel=DATA)] = 0,
@@ -141,6 +143,7 @@ def check(cfg):
         choose_backend("nccl", torch.cuda.is_available())  # without CUDA: a usage error here, not in every rank
     if not cfg.data_only:
         _check_modalities(cfg, index)
+        _check_vision_model(cfg)
     plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world)
     cfg = dataclasses.replace(cfg, batch_size=plan.batch_size, accum=plan.accum, global_batch=plan.global_batch)
     counts = [s["count"] for s in index["shards"] if s["split"] == "train"]
@@ -218,6 +221,23 @@ def _check_modalities(cfg, index: dict) -> None:
         member = "a .txt" if field == "text" else "an image"
         raise UsageError(f"--model {cfg.model} needs {field}s, but {cfg.shard_dir} has none "
                          f"(0 of {train['samples']} train samples have {member}){hint}")
+
+
+def _check_vision_model(cfg) -> None:
+    """torchvision:/timm: models: the package is there and builds the name (no weights, nothing
+    downloaded), and --sync-bn has GPUs to run on: found before any rank starts."""
+    from pipeline.core.errors import UsageError
+
+    if cfg.sync_bn:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--sync-bn needs CUDA ranks: torch's SyncBatchNorm runs on GPUs only (on CPU each rank's "
+                             "BatchNorm normalises with its own batch; leave --sync-bn out)")
+    if cfg.model.startswith(("torchvision:", "timm:")):
+        from train.models.vision import check_spec
+
+        check_spec(cfg.model)  # a wrong name or a missing package: one line, exit 2
 
 
 def _check_run_dir(cfg) -> None:

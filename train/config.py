@@ -96,7 +96,8 @@ class TrainConfig(LaunchConfig):
 
     # -- model and fine-tuning -----------------------------------------------------------------
     model: str = "image"
-    """image, text, image-text, hf:PATH (a local Hugging Face folder), or package.module:factory (called as factory(num_classes=N))."""
+    """image, text, image-text, torchvision:NAME, timm:NAME (built without weights: --init-from brings them),
+    hf:PATH (a local Hugging Face folder), or package.module:factory (called as factory(num_classes=N))."""
     width: int = 32
     """Channels of the built-in models' first stage (later stages double it)."""
     resolution: int = 64
@@ -107,6 +108,8 @@ class TrainConfig(LaunchConfig):
     """Fraction of the model's blocks, counted from the input, that start frozen (0.7 = the first 70%)."""
     unfreeze_at: str | None = None
     """EPOCH[:FRACTION]: from this epoch on (epochs count from 1), only FRACTION (default 0) stays frozen."""
+    sync_bn: bool = False
+    """Convert BatchNorm to SyncBatchNorm (statistics over the global batch): for BatchNorm models trained from scratch across GPU ranks."""
 
     # -- data (the reader's knobs) ------------------------------------------------------------
     workers: int = 2
@@ -157,7 +160,7 @@ class TrainConfig(LaunchConfig):
     # (--batch-size, --accum, ranks) may change, the reader restarts a mid-epoch position then.
     RESUME_SETTINGS = ("epochs", "max_steps", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
                        "grad_clip", "precision", "model", "width", "resolution", "init_from", "freeze",
-                       "unfreeze_at", "max_text_len", "seed")
+                       "unfreeze_at", "sync_bn", "max_text_len", "seed")
     # Everything else may change on --resume: where files are, how ranks are launched, how the
     # batch is split and read (workers, shuffle buffer: a changed layout restarts the epoch in
     # progress, see `ShardReader.load_state_dict`), memory-saving recomputation, logging, checkpoints.
@@ -347,7 +350,8 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         (cfg.grad_clip >= 0, f"grad_clip must be 0 or more, got {cfg.grad_clip}"),
         (cfg.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}"),
         (cfg.model in BUILTIN_MODELS or ":" in cfg.model,
-         f"--model must be one of {', '.join(BUILTIN_MODELS)}, hf:PATH or package.module:factory, got {cfg.model!r}"),
+         f"--model must be one of {', '.join(BUILTIN_MODELS)}, torchvision:NAME, timm:NAME, hf:PATH or "
+         f"package.module:factory, got {cfg.model!r}"),
         (cfg.width >= 4, f"width must be at least 4, got {cfg.width}"),
         (cfg.resolution >= 8, f"resolution must be at least 8, got {cfg.resolution}"),
         (0.0 <= cfg.freeze <= 1.0, f"--freeze must be a fraction in [0, 1], got {cfg.freeze}"),

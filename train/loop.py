@@ -52,7 +52,7 @@ from train.distributed import preflight
 from train.distributed.group import Dist, no_sync, unwrap
 from train.models import norm as input_norm
 from train.models.builtin import build_model, forward, reader_fields, reader_image_size
-from train.models.finetune import Freezer, FreezeSchedule, load_init
+from train.models.finetune import Freezer, FreezeSchedule, load_init, sync_batch_norm
 
 # Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
 # optimizer step STEP, once per RUN_DIR (a marker file stops a restarted run from dying again).
@@ -317,6 +317,8 @@ class Trainer:
             self.out.init_report(built)
         if cfg.init_from is not None and resume_from is None:
             self.out.init_report(load_init(self.model, cfg.init_from))
+        if cfg.sync_bn and d.is_distributed:  # before the Freezer: the layers become new modules
+            self.out.say(f"sync-bn: {sync_batch_norm(self.model)} BatchNorm layers normalise over the global batch")
         self.freezer = Freezer(self.model)
         unfreeze = parse_unfreeze_at(cfg.unfreeze_at)
         self.schedule = FreezeSchedule(cfg.freeze, *(unfreeze or (None, 0.0)))
@@ -324,9 +326,10 @@ class Trainer:
         # Channels-last on CPU: oneDNN's convolutions then skip a layout reorder per call, and a
         # training step of the built-in image model takes ~1.4x less time. Only for the built-in
         # models: a user's model may .view() its feature maps, which channels-last tensors refuse.
+        # (A torchvision ResNet-18 trained no faster with it: bench/train.py --resnet.)
         self.channels_last = d.device.type == "cpu" and cfg.model in BUILTIN_MODELS
         if self.channels_last:
-            self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
+            self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload, unused-ignore]  # torch 2.13 stubs omit memory_format, 2.14 has it
         self.precision = resolve_precision(cfg.precision, d.device)
         if cfg.auto_micro_batch:
             self._probe_batch()
@@ -395,7 +398,7 @@ class Trainer:
         # the reader continues mid-epoch: samples this rank already consumed in this epoch
         self.data.train.set_epoch(epoch, consumed=state.step_in_epoch * plan.accum * plan.batch_size)
         batches = self._batches(self.data.train, f"epoch {epoch + 1}")
-        self.model.train()
+        self.freezer.train_mode()  # frozen BatchNorm layers stay in eval mode
         try:
             while state.step_in_epoch < self.steps_per_epoch:
                 if state.step >= self.total_steps:
@@ -494,7 +497,7 @@ class Trainer:
                 sums[0] += (losses * keep).sum()
                 sums[1] += ((logits.argmax(dim=1) == labels).double() * keep).sum()
                 sums[2] += keep.sum()
-        model.train()
+        self.freezer.train_mode()
         distributed.all_reduce_sum(sums, d)
         loss_sum, correct, n = sums.tolist()
         if n == 0:
@@ -517,7 +520,13 @@ class Trainer:
         if self.d.is_main and self.cfg.freeze > 0:
             self.out.freeze(epoch, state)
             self.monitor.event(kind="freeze", step=self.state.step, epoch=epoch + 1, fraction=fraction,
-                               frozen_blocks=state.frozen_blocks, trainable_params=state.trainable_params)
+                               frozen_blocks=state.frozen_blocks, trainable_params=state.trainable_params,
+                               frozen_batch_norms=state.frozen_bn)
+        if self.d.is_main and self.plan.accum > 1 and state.trainable_bn and self.frozen is None:
+            self.out.say(f"warning: --accum {self.plan.accum} with {state.trainable_bn} BatchNorm layers that train: each "
+                         f"normalises with its micro-batch of {self.plan.batch_size}, not the step's batch of "
+                         f"{self.plan.batch_size * self.plan.accum}, so the gradients differ from one big batch's "
+                         "(raise --batch-size, freeze those blocks, or use a model without BatchNorm)")
         self.frozen = fraction
 
     # -- auto micro-batch --------------------------------------------------------------------------

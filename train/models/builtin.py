@@ -11,7 +11,8 @@ other samples in its batch, so N micro-batches of b give the gradients of one ba
 recomputing a block under gradient checkpointing cannot update running statistics twice, and
 ranks have no buffers to drift apart.
 
-``--model hf:PATH`` builds a local Hugging Face folder's model (`train.models.hf`).
+``--model hf:PATH`` builds a local Hugging Face folder's model (`train.models.hf`);
+``--model torchvision:NAME`` and ``timm:NAME`` those libraries' classifiers (`train.models.vision`).
 
 The contract for ``--model package.module:factory`` (``factory(num_classes=N)``, plus
 ``index=<index.json as a dict>`` when the factory names an ``index`` parameter; ``**kwargs`` alone
@@ -26,7 +27,10 @@ gets no ``index``):
 * ``model.head`` (optional): the final ``nn.Linear``; re-initialised when --init-from's class
   count differs.
 * ``model.block_groups()`` (optional): lists of blocks from input to output that --freeze counts;
-  without it, the model's top-level children except the head.
+  without it, the model's top-level children except the head. Every block is a registered
+  submodule that forward calls (FSDP makes each one a unit).
+* ``model.input_params()`` (optional): parameters outside every block on the input side (a ViT's
+  class token and position embedding), frozen whenever the first block is.
 * ``model.input_norm`` (optional): a `train.models.norm.InputNorm` (mean, std, size, source), the
   normalisation the model was trained with; the reader applies it instead of the index's mean/std.
 * ``model.tokenize`` (optional): texts -> ``input_ids``/``attention_mask`` tensors, run in the
@@ -245,6 +249,10 @@ def build_model(spec: str, num_classes: int, *, index: dict | None = None, width
         from train.models.hf import build_hf
 
         model = build_hf(spec[3:], num_classes, index=index, max_text_len=max_text_len)
+    elif spec.startswith(("torchvision:", "timm:")):  # torchvision/timm imported only then
+        from train.models.vision import build_vision
+
+        model = build_vision(spec, num_classes)
     elif ":" in spec:
         factory = load_factory(spec)
         model = _call_factory(spec, factory, num_classes, index)

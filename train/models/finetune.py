@@ -250,32 +250,67 @@ class FreezeState:
     total_blocks: int
     trainable_params: int
     total_params: int
+    frozen_bn: int = 0
+    trainable_bn: int = 0
 
     def describe(self) -> str:
+        bn = (f"; {self.frozen_bn} BatchNorm layers frozen in eval mode (running statistics kept)"
+              if self.frozen_bn else "")
         return (f"frozen {self.frozen_blocks} of {self.total_blocks} blocks ({self.fraction:.0%} asked); "
-                f"{self.trainable_params:,} of {self.total_params:,} parameters train")
+                f"{self.trainable_params:,} of {self.total_params:,} parameters train{bn}")
+
+
+def batch_norms(module: nn.Module) -> list[nn.Module]:
+    """The BatchNorm layers in ``module`` (SyncBatchNorm included)."""
+    return [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
 class Freezer:
     """Sets requires_grad per block for a frozen fraction; parameters that the model itself
-    froze (requires_grad False when the Freezer was made) stay frozen whatever the fraction."""
+    froze (requires_grad False when the Freezer was made) stay frozen whatever the fraction.
+
+    A frozen block's BatchNorm layers must also stop *updating*: in train mode they would keep
+    moving their running mean and variance toward this dataset's batches (the weights frozen, the
+    statistics not), so the block would drift from the pretrained one after all. `train_mode`
+    puts the model in train mode and those layers back in eval mode; the loop calls it wherever
+    it would call ``model.train()``.
+    """
 
     def __init__(self, model: nn.Module):
         self.model = model
         self.groups = block_groups(model)
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
+        loose = getattr(model, "input_params", None)
+        self.input_params = list(loose()) if callable(loose) else []
+        self.frozen_bn: list[nn.Module] = []
 
     def apply(self, fraction: float) -> FreezeState:
         frozen_blocks = 0
-        for group in self.groups:
+        self.frozen_bn = []
+        for g, group in enumerate(self.groups):
             n_frozen = math.floor(fraction * len(group) + 1e-9)  # at most the fraction asked
             frozen_blocks += n_frozen
+            if g == 0:
+                for p in self.input_params:
+                    p.requires_grad_(n_frozen == 0 and id(p) in self.trainable)
             for i, block in enumerate(group):
                 for p in block.parameters():
                     p.requires_grad_(i >= n_frozen and id(p) in self.trainable)
+                if i < n_frozen:
+                    self.frozen_bn += batch_norms(block)
         params = list(self.model.parameters())
+        frozen = {id(m) for m in self.frozen_bn}
+        self.train_mode(self.model.training)
         return FreezeState(fraction, frozen_blocks, sum(len(g) for g in self.groups),
-                           sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
+                           sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params),
+                           frozen_bn=len(self.frozen_bn),
+                           trainable_bn=sum(1 for m in batch_norms(self.model) if id(m) not in frozen))
+
+    def train_mode(self, mode: bool = True) -> None:
+        """``model.train(mode)``, with the frozen blocks' BatchNorm layers left in eval mode."""
+        self.model.train(mode)
+        for m in self.frozen_bn:
+            m.eval()
 
 
 @dataclass(frozen=True)
@@ -291,3 +326,15 @@ class FreezeSchedule:
         if self.unfreeze_epoch is not None and epoch_index + 1 >= self.unfreeze_epoch:
             return self.unfreeze_to
         return self.initial
+
+
+def sync_batch_norm(model: nn.Module) -> int:
+    """--sync-bn: every BatchNorm layer of ``model`` (in place) becomes a SyncBatchNorm, which
+    normalises with the statistics of the whole global batch instead of each rank's share; returns
+    how many. For BatchNorm models trained from scratch across ranks with small per-rank batches;
+    a pretrained model fine-tuned with frozen BatchNorm has nothing to gain. Call it before the
+    Freezer and the optimizer are made: the layers are new modules (the same parameters)."""
+    count = len(batch_norms(model))
+    for name, child in list(model.named_children()):
+        setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
+    return count

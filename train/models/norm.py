@@ -31,6 +31,7 @@ class InputNorm:
     std: tuple[float, ...]
     size: int | None
     source: str
+    enlarged: bool = True  # smaller images are enlarged to ``size`` in the model (False: it takes any size)
 
     def known_as(self) -> str | None:
         key = (tuple(round(v, 8) for v in self.mean), tuple(round(v, 8) for v in self.std))
@@ -42,7 +43,8 @@ class InputNorm:
         ``decoded``: the side the reader decodes at, when it is not the model's."""
         size = f"{self.size} px" if self.size else f"{decoded} px" if decoded else "the stored size"
         if decoded and self.size and decoded != self.size:
-            size = f"{self.size} px (decoded at {decoded} px, the shards' size, and enlarged in the model)"
+            how = "and enlarged in the model" if self.enlarged else "which this model takes as it is"
+            size = f"{self.size} px (decoded at {decoded} px, the shards' size, {how})"
         name = self.known_as()
         values = f"mean {_fmt(self.mean)} std {_fmt(self.std)}"
         return f"{size}, mean/std from {self.source} ({name}: {values})" if name else \
