@@ -45,11 +45,14 @@ def pipe_proc():
 
 def pytest_collection_modifyitems(config, items):
     """Without Ray installed (the optional `ray` extra), the tests marked `ray` are deselected,
-    and said to be: the rest of the suite needs nothing extra. CI installs the extra."""
+    and said to be: the rest of the suite needs nothing extra. CI installs the extra (with CI=true
+    a missing Ray stops the run instead)."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is not None:
         return
+    if os.environ.get("CI") == "true":  # CI installs every extra: a missing one is a broken setup
+        raise pytest.UsageError("Ray is not installed, and CI runs the tests marked ray")
     dropped = [item for item in items if item.get_closest_marker("ray")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
