@@ -33,14 +33,11 @@ SCENARIOS = [
     "tests.train.distributed.test_group:accumulation_scenario",
     "tests.train.distributed.test_group:unfreeze_scenario",
     "tests.train.distributed.test_preflight:mismatch_scenario",
-    "tests.train.distributed.test_fsdp:fsdp_accumulation_scenario",
 ]
 # ... or as fn(workdir), joining the group itself (the training loop does)
 SELF_MANAGED = [
     "tests.train.components.test_monitor:drift_scenario",
     "tests.train.test_loop:reference_run_scenario",
-    "tests.train.distributed.test_fsdp:fsdp_vs_ddp_scenario",
-    "tests.train.distributed.test_fsdp:fsdp_resume_scenario",
 ]
 
 
@@ -99,8 +96,7 @@ def run_world(specs: list[str], self_managed: set[str], workdir: Path, world: in
 def _shared_world() -> tuple[str, list[dict]]:
     workdir = Path(tempfile.mkdtemp(prefix="pipe-gloo-"))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
-    # every scenario of the session in turn (several whole training runs): minutes on a loaded 2-core machine
-    return str(workdir), run_world(SCENARIOS + SELF_MANAGED, set(SELF_MANAGED), workdir, timeout=600.0)
+    return str(workdir), run_world(SCENARIOS + SELF_MANAGED, set(SELF_MANAGED), workdir)
 
 
 def scenario_results(fn) -> tuple[list, Path]:

