@@ -31,6 +31,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -234,7 +235,7 @@ def _load_sharded_weights(folder: Path, model, optimizer) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    sd = {"model": model_sd, "optimizer": optim_sd}
+    sd: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     try:
         dcp.load(sd, checkpoint_id=str(folder))
     except Exception as e:

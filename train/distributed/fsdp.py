@@ -114,7 +114,7 @@ def refresh_after_freeze(model: nn.Module) -> None:
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
-        group = module._get_fsdp_state()._fsdp_param_group  # type: ignore[attr-defined]
+        group = module._get_fsdp_state()._fsdp_param_group
         if group is not None and getattr(group, "_orig_dtype", "unset") != "unset":
             group._init_mp_dtypes()
 
