@@ -46,8 +46,11 @@ FROM_ENV = "PIPE_TEST_FSDP_FROM"  # the interrupted run a continue scenario copi
 # The scenarios run in worlds of their own, not tests.gloo's shared one: 2-rank processes that had
 # already made three or four FSDP process groups in turn hung in a later one's first step (gloo,
 # torch 2.13; not seen in fresh processes); one world per group of scenarios keeps that out.
-WORLDS = {"fsdp_accumulation_scenario": 0, "fsdp_vs_ddp_scenario": 0, "fsdp_resume_scenario": 1}
-JOINS_ITSELF = {"fsdp_vs_ddp_scenario", "fsdp_resume_scenario"}
+# One loop.run per scenario: each scenario gets its own rendezvous port (a second group on the port
+# of one just destroyed failed to connect once).
+WORLDS = {"fsdp_accumulation_scenario": 0, "ddp_run_scenario": 0, "fsdp_run_scenario": 0,
+          "fsdp_stopped_scenario": 1, "fsdp_resume_scenario": 1}
+JOINS_ITSELF = {"ddp_run_scenario", "fsdp_run_scenario", "fsdp_stopped_scenario", "fsdp_resume_scenario"}
 
 
 @functools.cache
@@ -106,6 +109,7 @@ def fsdp_accumulation_scenario(d, workdir):
     return {"grads": {n: p.grad.full_tensor() for n, p in model.named_parameters()}, "reduced_early": reduced_early}
 
 
+@pytest.mark.timeout(900)  # starts this module's first world: three scenarios, two training runs
 def test_fsdp_micro_batches_equal_one_big_batch_and_reduce_once():
     ranks, _ = scenario_results(fsdp_accumulation_scenario)
     model = _tiny_model()
@@ -131,15 +135,27 @@ def _run(cfg: TrainConfig, open_data=open_fake) -> dict:
     return loop.run(cfg, open_data=open_data, console=Console(file=io.StringIO(), width=200))
 
 
-def fsdp_vs_ddp_scenario(workdir):
-    """The same run (4 steps of 2 ranks x batch 4 x accum 2, half the blocks frozen) under both strategies."""
-    for strategy in ("ddp", "fsdp"):
-        _run(_cfg(workdir, strategy, strategy=strategy, epochs=1, max_steps=4, batch_size=4, accum=2, freeze=0.5))
+def _same_run(workdir: Path, strategy: str) -> str:
+    """The same run (4 steps of 2 ranks x batch 4 x accum 2, half the blocks frozen) under ``strategy``;
+    both strategies' runs share one folder (the ddp scenario's)."""
+    workdir = workdir.parent / "tests.train.distributed.test_fsdp.ddp_run_scenario"
+    workdir.mkdir(exist_ok=True)
+    _run(_cfg(workdir, strategy, strategy=strategy, epochs=1, max_steps=4, batch_size=4, accum=2, freeze=0.5))
     return str(workdir)
 
 
+def ddp_run_scenario(workdir):
+    return _same_run(workdir, "ddp")
+
+
+def fsdp_run_scenario(workdir):
+    return _same_run(workdir, "fsdp")
+
+
+@pytest.mark.timeout(900)
 def test_fsdp_trains_the_weights_ddp_trains_and_leaves_frozen_blocks_alone():
-    _, workdir = scenario_results(fsdp_vs_ddp_scenario)
+    _, workdir = scenario_results(ddp_run_scenario)
+    scenario_results(fsdp_run_scenario)
     ddp, sharded = _saved(workdir / "ddp" / ckpt.LAST), _saved(workdir / "fsdp" / ckpt.LAST_DCP)
     assert not (workdir / "fsdp" / ckpt.LAST).exists()  # one checkpoint format per strategy
     torch.manual_seed(0)
@@ -205,12 +221,23 @@ def _copied(tree):
     return tree
 
 
-def fsdp_resume_scenario(workdir):
-    """2 ranks: a run stopped after epoch 1, and that run continued on 2 ranks (the reference)."""
+def _shared(workdir: Path) -> Path:
+    return workdir.parent / "tests.train.distributed.test_fsdp.fsdp_resume_scenario"
+
+
+def fsdp_stopped_scenario(workdir):
+    """2 ranks: a run stopped after epoch 1 (written where the resume scenario continues it)."""
+    workdir = _shared(workdir)
+    workdir.mkdir(exist_ok=True)
     try:
         _run(_cfg(workdir, "stopped", **RESUME), open_data=_stopping_after_epoch_1)
     except Interrupted:
         pass
+    return str(workdir)
+
+
+def fsdp_resume_scenario(workdir):
+    """2 ranks: the stopped run continued on 2 ranks (the reference)."""
     if os.environ["RANK"] == "0":
         shutil.copytree(workdir / "stopped", workdir / "copying", symlinks=True)
         (workdir / "copying").rename(workdir / "on2")
@@ -243,6 +270,7 @@ def _assert_same_state(restored: dict, saved: dict) -> None:
             assert torch.equal(torch.as_tensor(state[name][k]), torch.as_tensor(v)), (name, k)
 
 
+@pytest.mark.timeout(1200)  # three worlds of gloo ranks, whole training runs: minutes on 2 loaded cores
 @pytest.mark.parametrize("world", [1, 4])
 def test_an_fsdp_checkpoint_from_2_ranks_resumes_on_another_world_size(tmp_path, monkeypatch, world):
     """Saved on 2 ranks after epoch 1 (half the blocks frozen; epoch 2 unfreezes them), continued on
