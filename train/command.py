@@ -44,6 +44,9 @@ def train(
     precision: Annotated[str, typer.Option(help="auto, bf16, fp16 (with a grad scaler) or fp32.", rich_help_panel=OPTIM)] = "auto",
     grad_checkpoint: Annotated[bool, typer.Option(
         "--grad-checkpoint", help="Recompute activations in backward: less memory.", rich_help_panel=OPTIM)] = False,
+    strategy: Annotated[str, typer.Option(
+        help="ddp (a model copy per rank) or fsdp (parameters and optimizer state sharded per block).",
+        rich_help_panel=OPTIM)] = "ddp",
     auto_micro_batch: Annotated[bool, typer.Option(
         "--auto-micro-batch", help="On GPU out-of-memory, halve --batch-size and double --accum (global batch kept).",
         rich_help_panel=OPTIM)] = False,
@@ -249,10 +252,11 @@ def _check_run_dir(cfg) -> None:
 
     if cfg.data_only or elastic_restart():
         return
-    last = Path(cfg.output) / "last.pt"
-    if continues_run(cfg.output, cfg.resume, last.exists()):
+    holds_run = any((Path(cfg.output) / name).exists() for name in ("last.pt", "last.dcp"))  # no torch import without a run
+    if continues_run(cfg.output, cfg.resume, holds_run):
         from train.components import checkpoint as ckpt
 
-        conflict = resume_conflict(ckpt.load(last, mmap=True).get("config") or {}, cfg.as_dict())
+        last = ckpt.last_checkpoint(cfg.output)
+        conflict = resume_conflict(ckpt.load(last, mmap=True).get("config") or {}, cfg.as_dict()) if last else None
         if conflict:
             raise UsageError(conflict)

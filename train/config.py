@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeline.core.errors import UsageError
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+STRATEGIES = ("ddp", "fsdp")
 BUILTIN_MODELS = ("image", "text", "image-text")
 
 
@@ -91,6 +92,9 @@ class TrainConfig(LaunchConfig):
     """bf16, fp16 (with a gradient scaler) or fp32; auto: bf16 on a GPU that has it, else fp16 on GPU, fp32 on CPU."""
     grad_checkpoint: bool = False
     """Recompute block activations in the backward pass (non-reentrant): less memory, ~30% more compute."""
+    strategy: str = "ddp"
+    """ddp: a full copy of the model per rank, gradients all-reduced; fsdp: parameters, gradients and optimizer
+    state sharded over the ranks per block (FSDP2), checkpoints through torch.distributed.checkpoint."""
     auto_micro_batch: bool = False
     """On a GPU, probe the per-rank batch before training; on out-of-memory halve it and double --accum (global batch kept)."""
 
@@ -159,7 +163,7 @@ class TrainConfig(LaunchConfig):
     # and last.pt claimed the new. The batch is compared as the global batch: how it is split
     # (--batch-size, --accum, ranks) may change, the reader restarts a mid-epoch position then.
     RESUME_SETTINGS = ("epochs", "max_steps", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
-                       "grad_clip", "precision", "model", "width", "resolution", "init_from", "freeze",
+                       "grad_clip", "precision", "strategy", "model", "width", "resolution", "init_from", "freeze",
                        "unfreeze_at", "sync_bn", "max_text_len", "seed")
     # Everything else may change on --resume: where files are, how ranks are launched, how the
     # batch is split and read (workers, shuffle buffer: a changed layout restarts the epoch in
@@ -349,6 +353,7 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         (0 <= cfg.min_lr_fraction <= 1, f"min_lr_fraction must be in [0, 1], got {cfg.min_lr_fraction}"),
         (cfg.grad_clip >= 0, f"grad_clip must be 0 or more, got {cfg.grad_clip}"),
         (cfg.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}"),
+        (cfg.strategy in STRATEGIES, f"--strategy must be one of {', '.join(STRATEGIES)}, got {cfg.strategy!r}"),
         (cfg.model in BUILTIN_MODELS or ":" in cfg.model,
          f"--model must be one of {', '.join(BUILTIN_MODELS)}, torchvision:NAME, timm:NAME, hf:PATH or "
          f"package.module:factory, got {cfg.model!r}"),

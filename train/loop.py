@@ -9,6 +9,10 @@ optimizer steps.
 One optimizer step = ``accum`` micro-batches of ``batch_size`` samples on each of ``world_size``
 ranks (`train.config.BatchPlan`). Gradients add up locally over the micro-steps and are
 all-reduced once, in the last micro-step's backward (`train.distributed.group.no_sync`).
+
+--strategy fsdp shards the model over the ranks instead of copying it (`train.distributed.fsdp`):
+the same loop, with the model sharded before the optimizer is built, reduce-scatters instead of
+all-reduces, and checkpoints every rank writes (`train.components.checkpoint.save_sharded`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +52,8 @@ from train.config import (
     resolve_batch,
     resume_conflict,
 )
+from train.distributed import fsdp, preflight
 from train.distributed import group as distributed
-from train.distributed import preflight
 from train.distributed.group import Dist, no_sync, unwrap
 from train.models import norm as input_norm
 from train.models.builtin import build_model, forward, reader_fields, reader_image_size
@@ -257,13 +262,18 @@ def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: 
     `pipe train` made the same checks before any rank started (`train.config.continues_run`,
     `resume_conflict`); here they also decide for a rank the elastic agent restarted, and the
     checkpoint must come from this dataset."""
-    last = run_dir / ckpt.LAST
-    if not continues_run(run_dir, cfg.resume, distributed.broadcast_object(last.exists(), d)):  # rank 0's view
+    found = ckpt.last_checkpoint(run_dir)
+    seen = distributed.broadcast_object(None if found is None else found.name, d)  # rank 0's view
+    if not continues_run(run_dir, cfg.resume, seen is not None):
         return None
+    last = run_dir / seen
     if not last.exists():
         raise StageFailed(f"rank {d.rank} on {d.host} cannot see {last} that rank 0 sees: RUN_DIR must be on storage "
                           "every node shares")
     state = ckpt.load(last)
+    if ckpt.is_sharded(last) != (cfg.strategy == "fsdp"):
+        made = "fsdp" if ckpt.is_sharded(last) else "ddp"
+        raise UsageError(f"--resume: {last} was written by --strategy {made}; resume it with --strategy {made}")
     if state.get("dataset_fingerprint") != fingerprint:
         raise UsageError(f"{last} was trained on another dataset (index hash {state.get('dataset_fingerprint')}, now "
                          f"{fingerprint}); start a new run with -o and --init-from {last} to fine-tune from it")
@@ -271,6 +281,13 @@ def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: 
     if conflict:
         raise UsageError(conflict)
     return state
+
+
+def _last_trained_epoch(saved: dict) -> int:
+    """The last epoch (from 0) in which the checkpoint's run made an optimizer step. Blocks only
+    ever unfreeze, so the parameters trainable then are all that have optimizer state (AdamW makes
+    none for a parameter that never had a gradient)."""
+    return saved["epoch"] if saved["step_in_epoch"] or saved["epoch"] == 0 else saved["epoch"] - 1
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -319,7 +336,6 @@ class Trainer:
             self.out.init_report(load_init(self.model, cfg.init_from))
         if cfg.sync_bn and d.is_distributed:  # before the Freezer: the layers become new modules
             self.out.say(f"sync-bn: {sync_batch_norm(self.model)} BatchNorm layers normalise over the global batch")
-        self.freezer = Freezer(self.model)
         unfreeze = parse_unfreeze_at(cfg.unfreeze_at)
         self.schedule = FreezeSchedule(cfg.freeze, *(unfreeze or (None, 0.0)))
         self.model.to(d.device)
@@ -327,10 +343,18 @@ class Trainer:
         # training step of the built-in image model takes ~1.4x less time. Only for the built-in
         # models: a user's model may .view() its feature maps, which channels-last tensors refuse.
         # (A torchvision ResNet-18 trained no faster with it: bench/train.py --resnet.)
-        self.channels_last = d.device.type == "cpu" and cfg.model in BUILTIN_MODELS
+        # FSDP2 shards contiguous parameters only: no channels-last under --strategy fsdp.
+        self.channels_last = d.device.type == "cpu" and cfg.model in BUILTIN_MODELS and cfg.strategy != "fsdp"
         if self.channels_last:
             self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload, unused-ignore]  # torch 2.13 stubs omit memory_format, 2.14 has it
         self.precision = resolve_precision(cfg.precision, d.device)
+        self.sharded = cfg.strategy == "fsdp"
+        if self.sharded:
+            if self.precision == "fp16":
+                raise UsageError("--strategy fsdp with fp16: the gradient scaler would skip steps on some ranks' "
+                                 "shards only; use --precision bf16 (or fp32)")
+            fsdp.shard(self.model, d, self.precision)  # in place: parameters become shards (DTensors)
+        self.freezer = Freezer(self.model)  # after sharding: it keeps the parameters the model trains
         if cfg.auto_micro_batch:
             self._probe_batch()
 
@@ -389,7 +413,8 @@ class Trainer:
             "best_val_acc": self.state.best_val_acc, "seconds": elapsed, "run_dir": str(self.run_dir),
             "val_majority": _majority_share(self.index),
         }
-        self.out.summary(self.run_dir, summary, has_best=(self.run_dir / ckpt.BEST).exists())
+        best = self.run_dir / (ckpt.BEST_DCP if self.sharded else ckpt.BEST)
+        self.out.summary(self.run_dir, summary, has_best=best.exists(), sharded=self.sharded)
         return summary
 
     def _train_epoch(self, epoch: int) -> bool:
@@ -514,9 +539,15 @@ class Trainer:
         if fraction == self.frozen and self.wrapped is not None:
             return
         state = self.freezer.apply(fraction)
-        # DDP registered the trainable parameters when it was built: a new set needs a new wrapper,
-        # or the newly unfrozen parameters would never be all-reduced and ranks would drift apart.
-        self.wrapped = distributed.wrap(self.model, self.d) if self.wrapped is None else distributed.rewrap(self.wrapped, self.d)
+        if self.sharded:  # sharded once; each unit reduces what trains now
+            if state.trainable_params == 0:
+                raise UsageError("every parameter is frozen: lower --freeze so something trains")
+            fsdp.refresh_after_freeze(self.model)
+            self.wrapped = self.model
+        else:
+            # DDP registered the trainable parameters when it was built: a new set needs a new wrapper,
+            # or the newly unfrozen parameters would never be all-reduced and ranks would drift apart.
+            self.wrapped = distributed.wrap(self.model, self.d) if self.wrapped is None else distributed.rewrap(self.wrapped, self.d)
         if self.d.is_main and self.cfg.freeze > 0:
             self.out.freeze(epoch, state)
             self.monitor.event(kind="freeze", step=self.state.step, epoch=epoch + 1, fraction=fraction,
@@ -561,11 +592,17 @@ class Trainer:
         rngs = distributed.all_gather_object(ckpt.rng_state(), self.d)
         if best and val is not None:  # a best checkpoint always comes with its validation
             self.state.best_val_loss, self.state.best_val_acc = val[0], val[1]
-        if not self.d.is_main:
-            return
         # the train reader's position: the epoch in progress and the samples this rank consumed
         # (reader steps are micro-batches); it also records the layout it is valid for
         reader = {**self.data.train.state_dict(self.state.step_in_epoch * self.plan.accum), "epoch": self.state.epoch}
+        if self.sharded:  # every rank writes its shards; one folder name for all of them
+            token = distributed.broadcast_object(uuid.uuid4().hex[:8], self.d)
+            ckpt.save_sharded(self.run_dir, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                              scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
+                              fingerprint=self.fingerprint, best=best, token=token, is_main=self.d.is_main)
+            return
+        if not self.d.is_main:
+            return
         ckpt.save(self.run_dir, model=unwrap(self.model), optimizer=self.optimizer, scheduler=self.scheduler,
                   scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
                   fingerprint=self.fingerprint, best=best)
@@ -573,6 +610,8 @@ class Trainer:
     def _restore(self, saved: dict) -> TrainState:
         """The weights, optimizer, schedule, scaler and RNG states of ``saved``, and the reader where
         it was: mid-epoch exactly, or from the epoch's start when the batch layout changed."""
+        if ckpt.SHARDED_FROM in saved:  # DCP fills optimizer state for what trains now: make that what had trained
+            self.freezer.apply(self.schedule.fraction_at(_last_trained_epoch(saved)))
         s = ckpt.restore(saved, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                          scaler=self.scaler, rank=self.d.rank, world_size=self.d.world_size)
         if s.step_in_epoch:
@@ -584,7 +623,7 @@ class Trainer:
                 self.out.epoch_restarts(str(e), s.epoch)
                 s.step -= s.step_in_epoch
                 s.step_in_epoch = 0
-        self.out.resumed(self.run_dir / ckpt.LAST, s.epoch, s.step)
+        self.out.resumed(self.run_dir / (ckpt.LAST_DCP if ckpt.SHARDED_FROM in saved else ckpt.LAST), s.epoch, s.step)
         return s
 
     def _resolved(self) -> dict:

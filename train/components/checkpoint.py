@@ -11,6 +11,16 @@ world size and per-rank batch that position is valid for), every rank's RNG stat
 config, the batch plan, the dataset fingerprint and the best validation so far. Everything is
 tensors and plain Python values, so it loads with ``weights_only=True``. `save` writes exactly
 that; `restore` puts it back (the reader's position is the loop's to continue).
+
+Under --strategy fsdp no rank holds the whole model, so the checkpoint is a folder written by every
+rank through ``torch.distributed.checkpoint`` (DCP): each rank writes its shards of the model and
+of the optimizer state (keyed by parameter name, `get_state_dict`), rank 0 the ``.metadata`` that
+maps them and ``state.pt``, the same plain values as ``last.pt`` without model and optimizer.
+DCP reshards on load, so a run saved on 2 ranks resumes on 1 or 4. Written as
+``RUN_DIR/dcp/step-S-T.tmp`` (T: a token rank 0 draws), ``COMPLETE`` written last, renamed to
+``RUN_DIR/dcp/step-S-T``, and then ``RUN_DIR/last.dcp`` (and ``best.dcp``) re-pointed to it, a
+symbolic link replaced by rename: ``last.dcp`` is always a complete checkpoint, the previous or the
+new one. Folders no link points to any more are deleted after.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +41,11 @@ from pipeline.core.errors import UsageError
 CHECKPOINT_FORMAT = "pipe-train-checkpoint/1"
 LAST = "last.pt"
 BEST = "best.pt"
+LAST_DCP = "last.dcp"
+BEST_DCP = "best.dcp"
+DCP_FOLDER = "dcp"
+DCP_STATE = "state.pt"
+DCP_COMPLETE = "COMPLETE"
 
 
 @dataclass
@@ -49,15 +65,10 @@ class TrainState:
 # -- what a run's checkpoint holds, and putting it back -----------------------------------------
 
 
-def save(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainState, reader: dict, rngs: list,
-         config: dict, fingerprint: str, best: bool) -> None:
-    """Write RUN_DIR/last.pt (rank 0 only); with ``best``, best.pt becomes that file too.
-    ``model`` is the bare module (no DDP wrapper: its names carry no ``module.`` prefix);
-    ``reader`` the train reader's position, ``rngs`` every rank's RNG states (rank order)."""
-    save_atomic({
+def _plain(*, scheduler, scaler, state: TrainState, reader: dict, rngs: list, config: dict, fingerprint: str) -> dict:
+    """What a checkpoint holds besides the model and the optimizer (both formats)."""
+    return {
         "format": CHECKPOINT_FORMAT,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
         "epoch": state.epoch, "step": state.step, "step_in_epoch": state.step_in_epoch,
@@ -66,17 +77,102 @@ def save(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainStat
         "rng": rngs,
         "config": config,
         "dataset_fingerprint": fingerprint,
-    }, run_dir / LAST)
+    }
+
+
+def save(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainState, reader: dict, rngs: list,
+         config: dict, fingerprint: str, best: bool) -> None:
+    """Write RUN_DIR/last.pt (rank 0 only); with ``best``, best.pt becomes that file too.
+    ``model`` is the bare module (no DDP wrapper: its names carry no ``module.`` prefix);
+    ``reader`` the train reader's position, ``rngs`` every rank's RNG states (rank order)."""
+    plain = _plain(scheduler=scheduler, scaler=scaler, state=state, reader=reader, rngs=rngs, config=config,
+                   fingerprint=fingerprint)
+    save_atomic({"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 **plain}, run_dir / LAST)
     if best:
         mark_best(run_dir)
+
+
+def save_sharded(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainState, reader: dict | None,
+                 rngs: list, config: dict, fingerprint: str, best: bool, token: str, is_main: bool) -> None:
+    """Write the --strategy fsdp checkpoint (every rank calls this, with the same ``token``): the
+    model's and optimizer's shards through DCP into a temporary folder, then (rank 0) state.pt,
+    COMPLETE, the rename, and last.dcp (best.dcp) pointed at it. ``reader`` is rank 0's position."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = Path(run_dir) / DCP_FOLDER
+    name = f"step-{state.step:09d}-{token}"
+    tmp = folder / f"{name}.tmp"
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    # every rank writes its shards; rank 0 then gathers what they wrote and writes .metadata last,
+    # so when save returns on rank 0 the folder holds the whole model
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+    if not is_main:
+        return
+    plain = _plain(scheduler=scheduler, scaler=scaler, state=state, reader=reader or {}, rngs=rngs, config=config,
+                   fingerprint=fingerprint)
+    save_atomic(plain, tmp / DCP_STATE)
+    complete = tmp / DCP_COMPLETE
+    complete.write_text(f"step {state.step}\n")
+    _fsync_file(complete)
+    _fsync_dir(tmp)
+    os.replace(tmp, folder / name)
+    _fsync_dir(folder)
+    _point(run_dir, LAST_DCP, name)
+    if best:
+        _point(run_dir, BEST_DCP, name)
+    _prune(run_dir)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _point(run_dir: Path, link: str, name: str) -> None:
+    """RUN_DIR/``link`` -> dcp/``name``: a new symbolic link renamed over the old one (atomic)."""
+    tmp = Path(run_dir) / f".{link}.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    os.symlink(f"{DCP_FOLDER}/{name}", tmp)
+    os.replace(tmp, Path(run_dir) / link)
+    _fsync_dir(Path(run_dir))
+
+
+def _prune(run_dir: Path) -> None:
+    """Delete the checkpoint folders neither last.dcp nor best.dcp points to (older ones, and
+    temporary ones a killed save left)."""
+    keep = {os.path.realpath(Path(run_dir) / link) for link in (LAST_DCP, BEST_DCP) if (Path(run_dir) / link).exists()}
+    for entry in (Path(run_dir) / DCP_FOLDER).iterdir():
+        if os.path.realpath(entry) not in keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def last_checkpoint(run_dir: Path) -> Path | None:
+    """RUN_DIR's last checkpoint: last.pt (DDP, one process) or last.dcp (FSDP); None when it has none.
+    When both are there (a run continued with the other strategy), the one of the later step."""
+    found = [p for p in (Path(run_dir) / LAST, Path(run_dir) / LAST_DCP) if p.exists()]
+    if len(found) < 2:
+        return found[0] if found else None
+    return max(found, key=lambda p: load(p, mmap=True)["step"])
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether ``path`` is a --strategy fsdp checkpoint (a DCP folder) rather than a last.pt file."""
+    return Path(path).is_dir()
 
 
 def restore(saved: dict, *, model, optimizer, scheduler, scaler, rank: int, world_size: int) -> TrainState:
     """Put a checkpoint's weights, optimizer, schedule and scaler back, and this rank's RNG states
     when the world size is the one that saved them; returns where the run was. The reader's
-    position (``saved["reader"]``) is the loop's to continue: it may have to restart the epoch."""
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
+    position (``saved["reader"]``) is the loop's to continue: it may have to restart the epoch.
+    A sharded checkpoint (`load` of a last.dcp folder) is read through DCP into this rank's shards,
+    whatever the world size that wrote it (every rank calls this then)."""
+    if SHARDED_FROM in saved:
+        _load_sharded_weights(Path(saved[SHARDED_FROM]), model, optimizer)
+    else:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     scaler.load_state_dict(saved["scaler"])
     rngs = saved.get("rng") or []
@@ -126,9 +222,42 @@ def mark_best(run_dir: Path) -> None:
     _fsync_dir(run_dir)
 
 
+SHARDED_FROM = "sharded_from"
+"""The key `load` adds to a sharded checkpoint's plain values: the folder its tensors are in."""
+
+
+def _load_sharded_weights(folder: Path, model, optimizer) -> None:
+    """DCP reads the saved shards into this rank's (possibly differently sharded) parameters and
+    optimizer state, keyed by parameter name. The optimizer's state must exist to be filled:
+    `get_state_dict` makes it (a zero step) for the parameters that train now, so the caller
+    freezes as the checkpoint's epoch did first (frozen parameters have no state in the file)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    sd: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
+    try:
+        dcp.load(sd, checkpoint_id=str(folder))
+    except Exception as e:
+        raise UsageError(f"{folder} does not fit this model ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+
+
+def _load_sharded_plain(path: Path) -> dict:
+    """A last.dcp folder's plain values (state.pt), refused unless its COMPLETE marker is there."""
+    folder = Path(os.path.realpath(path))
+    if not (folder / DCP_COMPLETE).exists():
+        raise UsageError(f"{path} is not a complete checkpoint (no {DCP_COMPLETE} marker in {folder})")
+    return {**load(folder / DCP_STATE), SHARDED_FROM: str(folder)}
+
+
 def load(path: Path, mmap: bool = False) -> dict:
     """A checkpoint written by `save_atomic`, on the CPU, refusing anything but tensors and plain values.
-    ``mmap``: tensors stay in the file until touched (cheap when only the plain values are wanted)."""
+    ``mmap``: tensors stay in the file until touched (cheap when only the plain values are wanted).
+    A last.dcp folder gives its plain values and, under `SHARDED_FROM`, where its tensors are."""
+    if Path(path).is_dir():
+        return _load_sharded_plain(Path(path))
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:

@@ -79,7 +79,7 @@ class RunConsole:
     def resumed(self, last: Path, epoch: int, step: int) -> None:
         self.say(f"resumed from {last}: epoch {epoch + 1}, step {step}")
 
-    def summary(self, run_dir: Path, s: dict, has_best: bool) -> None:
+    def summary(self, run_dir: Path, s: dict, has_best: bool, sharded: bool = False) -> None:
         """The closing table, on stdout (the run's result, where a script reads it)."""
         if not self.is_main:
             return
@@ -96,7 +96,8 @@ class RunConsole:
             if s["val_majority"] is not None:  # what always answering the commonest class would score
                 rows.append(("val majority class", f"{s['val_majority']:.1%}"))
             rows.append(("best val loss", f"{s['best_val_loss']:.4f}"))
-        rows += [("time", f"{s['seconds']:.1f} s"), ("checkpoints", "last.pt" + (", best.pt" if has_best else "")),
+        rows += [("time", f"{s['seconds']:.1f} s"), ("checkpoints", ("last.dcp" + (", best.dcp" if has_best else "") if sharded
+                                                           else "last.pt" + (", best.pt" if has_best else ""))),
                  ("metrics", "metrics.jsonl, tb/")]
         for k, v in rows:
             t.add_row(k, str(v))
