@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,6 +36,8 @@ READ_COLUMNS = (NAMES.source, NAMES.key, NAMES.kind, NAMES.label, NAMES.status, 
                 NAMES.width, NAMES.height, NAMES.encoding, NAMES.encoding_confidence, NAMES.phash, *ADDED_LATER)
 NONE = -1  # in a size, mtime or extension column: the sample has no such file
 UNRECORDED = -1  # in a pixel column: pipe clean recorded no numbers for the image (decode it to know)
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_AT = 128 << 10  # blocks of this size or more get their own mapping (glibc's starting value, kept fixed)
 
 
 @dataclass
@@ -82,12 +85,31 @@ def load(clean_dir: Path) -> tuple[Samples, str]:
     # Arrow's default allocator (mimalloc) keeps the pages it freed: the temporaries of reading and
     # grouping stayed in the process, 30 MiB more at 30,000 samples. The system allocator gives
     # them back; arrays made here keep working whichever allocator is the default afterwards.
+    # glibc's own threshold for mmap rises to the largest block freed, so after the first large
+    # temporary, blocks of hundreds of KiB come from the heap and, freed in between live ones,
+    # stay there: a fixed threshold (`_give_back_freed`) keeps them mmapped, unmapped when freed.
     default_pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
+    trim = _give_back_freed()
     try:
         return _load(path, clean_dir)
     finally:
         pa.set_memory_pool(default_pool)
+        trim()
+
+
+def _give_back_freed() -> Callable[[], None]:
+    """Fix glibc malloc's mmap threshold (blocks of MMAP_AT or more mapped on their own, so
+    freeing them returns them at once); return the call that hands freed heap memory back to the
+    system (malloc_trim). Other C libraries: nothing to do."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_AT)
+        return lambda: libc.malloc_trim(0) and None
+    except (OSError, AttributeError):
+        return lambda: None
 
 
 def _load(path: Path, clean_dir: Path) -> tuple[Samples, str]:
@@ -224,7 +246,7 @@ class _Grouped:
         output = kept.column(NAMES.output)
         self.image_path = _rows(output, self.image_row)
         self.text_path = pc.coalesce(_rows(output, self.text_row), _rows(caption, self.caption_row))
-        self.image_ext, bad_ext = _exts(self.image_path.to_pylist())
+        self.image_ext, bad_ext = _exts(self.image_path)
         self.bad = (bad_ext | _bad_paths(self.image_path, self.image_row >= 0)
                     | _bad_paths(self.text_path, (self.text_row >= 0) | (self.caption_row >= 0)))
 
@@ -290,10 +312,17 @@ def _bad_paths(paths, present: np.ndarray) -> np.ndarray:
     return present & (escapes | ~_mask(pc.greater(pc.utf8_length(pc.fill_null(paths, "")), 0)))
 
 
-def _exts(paths: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Each image's extension (index into IMAGE_EXTS; NONE without an image) and which are no image extension."""
-    index = {suffix: IMAGE_EXTS.index(ext) for suffix, ext in IMAGE_EXT.items()}
-    found = np.array([NONE if p is None else index.get(os.path.splitext(p)[1].lower(), -2) for p in paths], dtype=np.int8)
+def _exts(paths) -> tuple[np.ndarray, np.ndarray]:
+    """Each image's extension (index into IMAGE_EXTS; NONE without an image) and which are no
+    image extension. The extension is what os.path.splitext finds, lower-cased: the name's last
+    dot, unless the name (after its leading dots) has no other."""
+    import pyarrow.compute as pc
+
+    found = np.full(len(paths), -2, dtype=np.int8)
+    lower = pc.ascii_lower(paths)  # (no other character lower-cases to one of these letters)
+    for suffix, ext in IMAGE_EXT.items():
+        found[_mask(pc.match_substring_regex(lower, rf"(^|/)\.*[^/.][^/]*\{suffix}$"))] = IMAGE_EXTS.index(ext)
+    found[~_mask(pc.is_valid(paths))] = NONE
     bad = found == -2
     found[bad] = NONE
     return found, bad
