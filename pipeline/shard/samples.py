@@ -113,6 +113,12 @@ def _give_back_freed() -> Callable[[], None]:
 
 
 def _load(path: Path, clean_dir: Path) -> tuple[Samples, str]:
+    kept = [_read_kept(path)]  # handed over in a list that `_build` empties: the table is freed once used
+    return _build(kept, clean_dir), _sha256(path)
+
+
+def _read_kept(path: Path):
+    """The manifest's kept rows, the columns shard reads (`_kept`), as one table."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -125,14 +131,12 @@ def _load(path: Path, clean_dir: Path) -> tuple[Samples, str]:
             raise UsageError(f"{path} lacks the columns {', '.join(sorted(missing))}: is it a pipe clean manifest?")
         # one thread: Arrow's reader threads each keep their own allocator arenas, tens of MiB that
         # stay part of the process (and a manifest's few columns decode fast enough without them)
-        kept = pa.Table.from_batches([_kept(batch) for batch in manifest.iter_batches(
+        return pa.Table.from_batches([_kept(batch) for batch in manifest.iter_batches(
             ROW_BATCH, columns=[c for c in READ_COLUMNS if c in names], use_threads=False)], schema=_schema())
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - any Arrow failure means the same thing to the user
         raise UsageError(f"{path} is not a readable Parquet file: {e}") from None
-    samples = _build(kept, clean_dir)
-    return samples, _sha256(path)
 
 
 def _schema():
@@ -178,16 +182,21 @@ def _sha256(path: Path) -> str:
 # ---------------------------------------------------------------- rows -> samples
 
 
-def _build(kept, clean_dir: Path) -> Samples:
-    """The samples of the kept rows, as arrays. Every check runs over whole columns; only a
-    sample found wrong is looked at row by row (`_explain`), for the exact message the row by
-    row reading always gave; the one loop over samples in Python stats their files."""
+def _build(tables: list, clean_dir: Path) -> Samples:
+    """The samples of the kept rows (the one table in ``tables``, taken out of it so that no
+    reference outlives its use), as arrays. Every check runs over whole columns; only a sample
+    found wrong is looked at row by row (`_explain`), for the exact message the row by row
+    reading always gave; the one loop over samples in Python stats their files."""
     import pyarrow.compute as pc
 
+    kept = tables.pop()
     if kept.num_rows and kept.column(NAMES.key).null_count:
         source = kept.filter(pc.is_null(kept.column(NAMES.key))).column(NAMES.source)[0].as_py()
         raise UsageError(f"manifest row for {source!r} is kept but has no key: is the manifest from pipe clean?")
-    kept = kept.take(pc.sort_indices(kept, [(NAMES.key, "ascending")]))  # stable: rows of one key stay in order
+    order = pc.sort_indices(kept, [(NAMES.key, "ascending")]).to_numpy()  # stable: rows of one key stay in order
+    if np.any(order[1:] < order[:-1]):  # (pipe clean writes its rows in key order: then no copy)
+        kept = kept.take(order)
+    del order
     g = _Grouped(kept)
     bad = g.first_bad()
     stop = g.samples if bad is None else int(np.searchsorted(g.sample_groups, bad))
@@ -202,7 +211,7 @@ def _build(kept, clean_dir: Path) -> Samples:
         return _empty(len(unlabelled), examples)
     parts = [g.columns(stats, slice(lo, lo + SAMPLE_BATCH)) for lo in range(0, g.samples, SAMPLE_BATCH)]
     del kept, g
-    columns = {name: _joined([p[name] for p in parts]) for name in parts[0]}
+    columns = {name: _joined([p.pop(name) for p in parts]) for name in list(parts[0])}  # each part's piece freed once joined
     del parts
     columns["key"] = _unique_keys(columns["key"])
     return _in_key_order(columns, len(unlabelled), examples)
@@ -570,7 +579,10 @@ def _unique_keys(keys):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if pc.count_distinct(keys).as_py() == len(keys):
+    n = len(keys)
+    if n < 2 or _mask(pc.less(keys.slice(0, n - 1), keys.slice(1))).all():
+        return keys  # strictly ascending (the manifest's keys, each safe: the usual case) is unique, and cheap to see
+    if pc.count_distinct(keys).as_py() == n:
         return keys
     seen: set[str] = set()
     out = []
