@@ -31,6 +31,7 @@ from pipeline.shard.plan import ShardPlan
 BLOCK = tarstream.BLOCK
 WINDOW = 4 << 20  # bytes assembled before one hash update and one write
 STREAM_CHUNK = 1 << 20  # a file larger than the window goes through in pieces of this size
+_SPARE: list[bytearray] = []  # the window of the last shard written, reused by the next
 FILE, TEXT, SMALL = 0, 1, 2  # what a member's data is: an image file, a text file (checked UTF-8), bytes in the plan
 
 
@@ -109,11 +110,14 @@ def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntr
     try:
         with open(tmp, "wb", buffering=0) as f:
             window = _Window(f, digest, int(m.starts[-1]))
-            first = 0
-            while first < len(m.names):
-                first = window.fill(m, heads, first, root, clean_dir)
-            window.put_end()
-            window.flush()
+            try:
+                first = 0
+                while first < len(m.names):
+                    first = window.fill(m, heads, first, root, clean_dir)
+                window.put_end()
+                window.flush()
+            finally:
+                window.release()
             os.fsync(f.fileno())
     finally:
         os.close(root)
@@ -130,9 +134,10 @@ class _Window:
     def __init__(self, f, digest, shard_bytes: int):
         self.f, self.digest = f, digest
         self.size = min(WINDOW, shard_bytes + BLOCK - 1) // BLOCK * BLOCK or BLOCK  # no bigger than the shard needs
-        self.buf = bytearray(self.size + BLOCK)
-        self.view = memoryview(self.buf)
-        self.array = np.frombuffer(self.buf, dtype=np.uint8)
+        spare = _SPARE.pop() if _SPARE else bytearray(0)
+        self.buf = spare if len(spare) >= self.size + BLOCK else bytearray(self.size + BLOCK)
+        self.view = memoryview(self.buf)[: self.size + BLOCK]
+        self.array = np.frombuffer(self.buf, dtype=np.uint8, count=self.size + BLOCK)
         self.used = 0  # bytes of the window filled
         self.written = 0  # bytes of the shard written
 
@@ -219,6 +224,10 @@ class _Window:
             text_check.finish()
         self._emit(bytes(tarstream.padded(size) - size))
         self.flush()  # `fill` lays the next members out from the window's start
+
+    def release(self) -> None:
+        """Keep the buffer for the next shard (its pages stay mapped: a new one faults them in again)."""
+        _SPARE[:] = [max([self.buf, *_SPARE], key=len)]
 
     def put_end(self) -> None:
         self._emit(tarstream.END_OF_ARCHIVE)
