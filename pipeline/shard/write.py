@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
