@@ -194,8 +194,8 @@ def _build(tables: list, clean_dir: Path) -> Samples:
         source = kept.filter(pc.is_null(kept.column(NAMES.key))).column(NAMES.source)[0].as_py()
         raise UsageError(f"manifest row for {source!r} is kept but has no key: is the manifest from pipe clean?")
     order = pc.sort_indices(kept, [(NAMES.key, "ascending")]).to_numpy()  # stable: rows of one key stay in order
-    if np.any(order[1:] < order[:-1]):  # (pipe clean writes its rows in key order: then no copy)
-        kept = kept.take(order)
+    # one chunk per column (a batch each as read): a take from many chunks costs several times more
+    kept = kept.take(order) if np.any(order[1:] < order[:-1]) else kept.combine_chunks()
     del order
     g = _Grouped(kept)
     bad = g.first_bad()
