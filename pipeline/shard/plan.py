@@ -12,7 +12,6 @@ task can write it).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,9 +60,11 @@ class ShardPlan:
         CLEAN_DIR, the shard's name and, per sample in order, its key, class, .json member and files
         (path, size and mtime, so a file pipe clean rewrote since counts as changed)."""
         h = hashlib.sha256(f"{version}\0{clean_dir.resolve()}\0{self.name}\n".encode())
-        facts = [self.keys, self.cls, self.image_exts, self.images, self.image_sizes, self.image_mtimes,
-                 self.texts, self.text_sizes, self.text_mtimes, [len(m) for m in self.meta]]
-        h.update(json.dumps(facts, separators=(",", ":")).encode())
+        for strings in (self.keys, self.image_exts, self.images, self.texts):  # None as "\1"; no path holds a NUL
+            raw = "\0".join(["\1" if x is None else x for x in strings]).encode("utf-8", "surrogatepass")
+            h.update(len(raw).to_bytes(8, "little") + raw)
+        numbers = [self.cls, self.image_sizes, self.image_mtimes, self.text_sizes, self.text_mtimes, [len(m) for m in self.meta]]
+        h.update(np.array(numbers, dtype=np.int64).tobytes())
         for m in self.meta:
             h.update(m)
         return h.hexdigest()

@@ -25,7 +25,8 @@ CHUNK = 2048  # rows per block when comparing the hashes inside one band bucket
 
 def _close_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
     """Index pairs (i, j), i < j, of distinct hashes within ``max_distance`` bits, as a (k, 2)
-    array (a pair close in several bands appears once per band)."""
+    array (a pair close in several bands appears once per band). ``hashes`` are distinct: a
+    block of a bucket in which no hash is close to another is seen by its count alone."""
     found = [np.zeros((0, 2), dtype=np.int64)]
     for shift, width in pigeonhole_bands(max_distance):
         band = (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
@@ -37,8 +38,10 @@ def _close_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
             bucket = np.sort(order[begin:end])
             h = hashes[bucket]
             for lo in range(0, len(bucket), CHUNK):
-                dist = popcount(h[lo : lo + CHUNK, None] ^ h[None, :])
-                ii, jj = np.nonzero(dist <= max_distance)
+                close = popcount(h[lo : lo + CHUNK, None] ^ h[None, :]) <= max_distance
+                if np.count_nonzero(close) == len(h[lo : lo + CHUNK]):
+                    continue  # only each hash with itself (the values are distinct): counting is cheaper than finding
+                ii, jj = np.nonzero(close)
                 ii += lo
                 keep = ii < jj
                 found.append(np.stack([bucket[ii[keep]], bucket[jj[keep]]], axis=1))

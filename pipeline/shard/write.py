@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -31,6 +30,7 @@ from pipeline.shard.plan import ShardPlan
 BLOCK = tarstream.BLOCK
 WINDOW = 4 << 20  # bytes assembled before one hash update and one write
 STREAM_CHUNK = 1 << 20  # a file larger than the window goes through in pieces of this size
+_SPARE: list[bytearray] = []  # the window of the last shard written, reused by the next
 FILE, TEXT, SMALL = 0, 1, 2  # what a member's data is: an image file, a text file (checked UTF-8), bytes in the plan
 
 
@@ -50,8 +50,11 @@ def write_shard(plan: ShardPlan, clean_dir: Path, out_dir: Path) -> shard_index.
 
 
 class _Members:
-    """The shard's members in order, as parallel lists and arrays: name, data size, what the data
-    is (FILE, TEXT or SMALL), and the path or bytes it comes from."""
+    """The shard's members in order: names, data sizes and what each member's data is (FILE, TEXT
+    or SMALL, `kinds`), with the files' paths (`paths`, in member order, at `file_members`) and
+    the small members' bytes in one blob (`blob`, in member order, the member `small_members[k]`
+    at `blob[small_at[k]:small_at[k + 1]]`): a window places all its small members with one
+    array operation, and only files take a step in Python."""
 
     def __init__(self, plan: ShardPlan):
         has_image = np.array([p is not None for p in plan.images], dtype=bool)
@@ -62,28 +65,40 @@ class _Members:
         at_cls = self.firsts + has_image + has_text
         n = int(count.sum())
         keys, images, texts, exts = plan.keys, plan.images, plan.texts, plan.image_exts
-        cls = [str(c).encode("ascii") for c in plan.cls]
+        digits = [str(c).encode("ascii") for c in range(max(plan.cls, default=-1) + 1)]
+        cls = [digits[c] for c in plan.cls]
         image_of, text_of = np.flatnonzero(has_image).tolist(), np.flatnonzero(has_text).tolist()
-        names, data = np.empty(n, dtype=object), np.empty(n, dtype=object)  # data: a path (str) or the bytes themselves
+        names, paths = np.empty(n, dtype=object), np.empty(n, dtype=object)
         kinds, sizes = np.full(n, SMALL, dtype=np.int8), np.empty(n, dtype=np.int64)
         names[at_image] = [f"{keys[i]}.{exts[i]}" for i in image_of]
         names[at_text] = [f"{keys[i]}.txt" for i in text_of]
         names[at_cls] = [f"{k}.cls" for k in keys]
         names[at_cls + 1] = [f"{k}.json" for k in keys]
-        data[at_image], data[at_text] = [images[i] for i in image_of], [texts[i] for i in text_of]
-        data[at_cls], data[at_cls + 1] = cls, plan.meta
+        paths[at_image], paths[at_text] = [images[i] for i in image_of], [texts[i] for i in text_of]
         kinds[at_image], kinds[at_text] = FILE, TEXT
         sizes[at_image] = np.array(plan.image_sizes, dtype=np.int64)[has_image]
         sizes[at_text] = np.array(plan.text_sizes, dtype=np.int64)[has_text]
         sizes[at_cls] = [len(c) for c in cls]
         sizes[at_cls + 1] = [len(m) for m in plan.meta]
         self.names: list[str] = names.tolist()
-        self.kinds: list[int] = kinds.tolist()
-        self.data: list[Any] = data.tolist()
-        self.size_list: list[int] = sizes.tolist()
+        self.kinds = kinds
         self.sizes = sizes
+        self.file_members = np.flatnonzero(kinds != SMALL)
+        self.paths: list[str] = paths[self.file_members].tolist()
+        self.small_members = np.stack([at_cls, at_cls + 1], axis=1).reshape(-1)  # each sample's .cls, then its .json
+        self.small_at = np.concatenate(([0], np.cumsum(sizes[self.small_members])))
+        self.blob = np.frombuffer(b"".join([b for pair in zip(cls, plan.meta) for b in pair]), dtype=np.uint8)
         self.spans = tarstream.member_sizes(sizes)  # header + data + padding
         self.starts = np.concatenate(([0], np.cumsum(self.spans)))  # offset of each member; the last: where the end goes
+
+    def small(self, member: int) -> bytes:
+        """A SMALL member's bytes."""
+        k = int(np.searchsorted(self.small_members, member))
+        return self.blob[self.small_at[k] : self.small_at[k + 1]].tobytes()
+
+    def path(self, member: int) -> str:
+        """A FILE or TEXT member's path, relative to CLEAN_DIR."""
+        return self.paths[int(np.searchsorted(self.file_members, member))]
 
 
 def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntry:
@@ -94,11 +109,14 @@ def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntr
     try:
         with open(tmp, "wb", buffering=0) as f:
             window = _Window(f, digest, int(m.starts[-1]))
-            first = 0
-            while first < len(m.names):
-                first = window.fill(m, heads, first, root, clean_dir)
-            window.put_end()
-            window.flush()
+            try:
+                first = 0
+                while first < len(m.names):
+                    first = window.fill(m, heads, first, root, clean_dir)
+                window.put_end()
+                window.flush()
+            finally:
+                window.release()
             os.fsync(f.fileno())
     finally:
         os.close(root)
@@ -115,9 +133,10 @@ class _Window:
     def __init__(self, f, digest, shard_bytes: int):
         self.f, self.digest = f, digest
         self.size = min(WINDOW, shard_bytes + BLOCK - 1) // BLOCK * BLOCK or BLOCK  # no bigger than the shard needs
-        self.buf = bytearray(self.size + BLOCK)
-        self.view = memoryview(self.buf)
-        self.array = np.frombuffer(self.buf, dtype=np.uint8)
+        spare = _SPARE.pop() if _SPARE else bytearray(0)
+        self.buf = spare if len(spare) >= self.size + BLOCK else bytearray(self.size + BLOCK)
+        self.view = memoryview(self.buf)[: self.size + BLOCK]
+        self.array = np.frombuffer(self.buf, dtype=np.uint8, count=self.size + BLOCK)
         self.used = 0  # bytes of the window filled
         self.written = 0  # bytes of the shard written
 
@@ -134,12 +153,13 @@ class _Window:
         self.array[:span] = 0  # padding, and what an earlier window left
         blocks = (starts[first:last] - base) // BLOCK
         self.array[: self.size].reshape(-1, BLOCK)[blocks] = heads[first:last]
-        view, rel, offsets = self.view, None, (starts[first:last] - base + BLOCK).tolist()
+        self._place_small(m, first, last, base)
+        lo, hi = np.searchsorted(m.file_members, (first, last))
+        files = m.file_members[lo:hi]
+        view, rel = self.view, None
         try:
-            for kind, d, size, at in zip(m.kinds[first:last], m.data[first:last], m.size_list[first:last], offsets):
-                if kind == SMALL:
-                    view[at : at + size] = d
-                    continue
+            for d, kind, size, at in zip(m.paths[lo:hi], m.kinds[files].tolist(), m.sizes[files].tolist(),
+                                         (starts[files] - base + BLOCK).tolist()):
                 rel = d  # the loop's hot path: one open, one readv (size + 1 bytes: a file that grew shows), one close
                 fd = os.open(d, os.O_RDONLY, dir_fd=root)
                 try:
@@ -160,15 +180,27 @@ class _Window:
         self.flush()
         return last
 
+    def _place_small(self, m: _Members, first: int, last: int, base: int) -> None:
+        """Copy the data of the SMALL members among [first, last) into the window, all at once: one
+        run of the blob, each byte sent to its member's offset (the window starts at ``base``)."""
+        lo, hi = np.searchsorted(m.small_members, (first, last))
+        if lo == hi:
+            return
+        at = m.small_at[lo : hi + 1]
+        shift = m.starts[m.small_members[lo:hi]] - base + BLOCK - (at[:-1] - at[0])  # blob position -> window position
+        positions = np.arange(at[-1] - at[0], dtype=np.int64) + np.repeat(shift, np.diff(at))
+        self.array[positions] = m.blob[at[0] : at[-1]]
+
     def _stream(self, m: _Members, heads: np.ndarray, i: int, root: int, clean_dir: Path) -> None:
         """One member larger than the window: its header, then its file in pieces, then its padding."""
         self._emit(heads[i].tobytes())
-        size, rel = int(m.sizes[i]), m.data[i]
+        size = int(m.sizes[i])
         if m.kinds[i] == SMALL:
-            self._emit(rel)  # the bytes themselves
+            self._emit(m.small(i))
             self._emit(bytes(tarstream.padded(size) - size))
             self.flush()
             return
+        rel = m.path(i)
         fd = _open(root, rel, clean_dir)
         try:
             done = 0
@@ -191,6 +223,10 @@ class _Window:
             text_check.finish()
         self._emit(bytes(tarstream.padded(size) - size))
         self.flush()  # `fill` lays the next members out from the window's start
+
+    def release(self) -> None:
+        """Keep the buffer for the next shard (its pages stay mapped: a new one faults them in again)."""
+        _SPARE[:] = [max([self.buf, *_SPARE], key=len)]
 
     def put_end(self) -> None:
         self._emit(tarstream.END_OF_ARCHIVE)
