@@ -325,11 +325,12 @@ def _plausible_text(text: str, min_breaks: float) -> bool:
 
 _IMPLAUSIBLE_CHAR = re.compile("[^\t\n\r" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _PLAUSIBLE_UTF16) + "]")
 # Spaces and the punctuation of East Asian prose: the ideographic space, comma and full stop,
-# brackets and quotation marks, and the full-width and half-width forms of ASCII punctuation.
+# brackets and quotation marks, and the full-width and half-width forms of ASCII punctuation
+# (full-width digits too: "ウィンドウ１０に切り替え" has no other).
 # Not the rest of U+3000-U+303F (iteration and repeat marks, Hangzhou numerals): "10" read as
 # UTF-16-LE is U+3031, so a digit pair in a legacy text would pass for a sentence break.
 _BREAK_CHAR = re.compile("[\t\n \u3000-\u3004\u3008-\u3011\u3014-\u301f"
-                         "\uff01-\uff0f\uff1a-\uff20\uff3b-\uff40\uff5b-\uff65]")
+                         "\uff01-\uff20\uff3b-\uff40\uff5b-\uff65]")
 
 
 def _iso2022(data: bytes) -> Decoded | None:
