@@ -71,6 +71,9 @@ SNIFF_BYTES = 65536
 MAX_CONTROL_SHARE = 0.01
 # Characters looked at when judging how plausible a decode is.
 PLAUSIBLE_CHARS = 4096
+# Below this many code units, text read as UTF-16 without a byte-order mark must keep to one
+# script throughout (`_one_script_throughout`): a legacy text this short passes the shares.
+SHORT_UTF16_CHARS = 64
 # Below this chardet confidence a guess is weighed against alternatives by plausibility.
 LOW_CONFIDENCE = 0.5
 # chardet's guesses beyond this many are not worth a decode.
@@ -282,7 +285,8 @@ def _utf16_without_nuls(data: bytes) -> Decoded | None:
             continue
         # no NULs to go by: a Shift_JIS or GBK text read as UTF-16 is all "CJK" too, but without
         # the ideographic punctuation real prose has every sentence or so
-        if len(text) >= 8 and _plausible_text(text, 1 / 80) and _script_count(text) <= 3:
+        if len(text) >= 8 and _plausible_text(text, 1 / 80) and _script_count(text) <= 3 \
+                and (len(data) >= 2 * SHORT_UTF16_CHARS or _one_script_throughout(text)):
             best = enc
             break
     if best is None:
@@ -292,6 +296,17 @@ def _utf16_without_nuls(data: bytes) -> Decoded | None:
     except UnicodeDecodeError:
         return None
     return Decoded(text, best, 0.8, notes=[f"{best.upper()} without a byte-order mark (from the characters)"])
+
+
+def _one_script_throughout(text: str) -> bool:
+    """A short text read as BOM-less UTF-16 gives too few characters for the shares `_plausible_text`
+    counts to mean anything (one break in eleven characters passes): ask for all its letters in one
+    writing system (Japanese kanji and kana together) and no invisible format characters. A Latin
+    text in a legacy code page read so pairs its letters into ideographs, and a letter before a
+    space into U+2061-U+207A (invisible operators, bidi controls, superscripts)."""
+    if any(unicodedata.category(ch) == "Cf" for ch in text):
+        return False
+    return len({_SCRIPT_TAGS[ord(ch)] for ch in text} - {" "}) <= 1
 
 
 def _plausible_text(text: str, min_breaks: float) -> bool:
@@ -309,7 +324,13 @@ def _plausible_text(text: str, min_breaks: float) -> bool:
 
 
 _IMPLAUSIBLE_CHAR = re.compile("[^\t\n\r" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _PLAUSIBLE_UTF16) + "]")
-_BREAK_CHAR = re.compile("[\t\n \u3000-\u303f\uff00-\uff20]")
+# Spaces and the punctuation of East Asian prose: the ideographic space, comma and full stop,
+# brackets and quotation marks, and the full-width and half-width forms of ASCII punctuation
+# (full-width digits too: "ウィンドウ１０に切り替え" has no other).
+# Not the rest of U+3000-U+303F (iteration and repeat marks, Hangzhou numerals): "10" read as
+# UTF-16-LE is U+3031, so a digit pair in a legacy text would pass for a sentence break.
+_BREAK_CHAR = re.compile("[\t\n \u3000-\u3004\u3008-\u3011\u3014-\u301f"
+                         "\uff01-\uff20\uff3b-\uff40\uff5b-\uff65]")
 
 
 def _iso2022(data: bytes) -> Decoded | None:

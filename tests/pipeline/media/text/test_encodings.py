@@ -402,3 +402,38 @@ def test_long_real_documents_are_read_right_with_a_confidence_that_says_so(lang,
         d = decode_bytes(text.encode(enc))
         assert d.text == text, (d.encoding, d.notes)
         assert d.confidence >= 0.85, (d.encoding, d.confidence)
+
+
+# Short messages as desktop programs shipped them in a legacy code page (a menu item, a
+# changelog line): an even number of bytes, no NULs, and a digit pair ("10" is U+3031 read
+# as UTF-16-LE) once made them pass for BOM-less UTF-16 ideographs.
+SHORT_LEGACY = [("Ŝalti al laborspaco 10", "iso8859_3"), ("Ĝisdatigi la pakaĵojn 2010", "iso8859_3"),
+                ("Ir al área de trabajo 10", "cp1252"), ("Prebaci na radnu površinu 10", "cp1250"),
+                ("Μετάβαση στην επιφάνεια 10", "cp1253"), ("Переключиться на стол 10", "koi8_r")]
+
+
+@pytest.mark.parametrize("text,enc", SHORT_LEGACY, ids=[enc + "-" + str(len(t)) for t, enc in SHORT_LEGACY])
+def test_short_legacy_texts_are_not_read_as_utf16_without_a_bom(text, enc):
+    data = text.encode(enc)
+    assert len(data) % 2 == 0 and b"\x00" not in data
+    d = decode_bytes(data)
+    assert not d.encoding.startswith("utf-16"), d.text
+    assert d.text == text
+
+
+_LONG_ZH = ("一只橘色的小猫躺在沙发上睡觉，窗外下着小雨。它的主人在厨房里做饭，锅里的汤慢慢地开了。"
+            "过了一会儿，小猫醒了，伸了个懒腰，跳到窗台上看雨。邻居家的狗在院子里叫了几声，又安静下来。") * 4
+_LONG_JA = ("オレンジ色の子猫がソファで寝ています。窓の外では小雨が降っていて、台所では飼い主が夕食を作っています。"
+            "しばらくすると子猫は目を覚まし、大きく伸びをしてから窓辺に飛び乗りました。") * 4
+SHORT_AND_LONG_UTF16 = ["東京都は日本の首都です。", "ウィンドウ１０に切り替え", "第１０章　まとめ",
+                        "我们明天见吧，好吗？", "今日は良い天気ですね。",
+                        "Hello, world.", "Котёнок спит.", _LONG_ZH, _LONG_JA,
+                        "Рыжий котёнок спит на диване, а за окном идёт дождь. " * 20,
+                        "A ginger kitten sleeps on the sofa while it rains outside. " * 20]
+
+
+@pytest.mark.parametrize("enc", ["utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("text", SHORT_AND_LONG_UTF16, ids=[f"{t[:6]}-{len(t)}" for t in SHORT_AND_LONG_UTF16])
+def test_real_utf16_without_a_bom_short_or_long_is_still_read(text, enc):
+    d = decode_bytes(text.encode(enc))
+    assert (d.text, d.encoding) == (text, enc)
