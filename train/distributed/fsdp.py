@@ -18,7 +18,7 @@ How `pipe train` shards (`shard`), as torchtitan does for its transformers:
   Face), which composes with FSDP2: a recomputed block all-gathers its parameters again.
 
 Freezing and unfreezing change requires_grad on the sharded parameters; FSDP2 copies it to the
-unsharded ones at every all-gather, but fixes a unit's gradient dtypes once, at the first forward,
+unsharded ones at every all-gather, but (torch 2.13) fixes a unit's gradient dtypes once, at the first forward,
 from the parameters that trained then. `refresh_after_freeze` redoes that, so a block unfrozen later
 reduces its gradients in fp32 like the others.
 
@@ -105,18 +105,33 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def refresh_after_freeze(model: nn.Module) -> None:
-    """After requires_grad changed: let every unit recompute the dtypes it reduces gradients in
-    (FSDP2 fixed them at its first forward, from the parameters that trained then; a unit that was
-    wholly frozen then has none, and would reduce a block unfrozen later in the compute dtype).
+    """After requires_grad changed: let every unit recompute the dtypes it reduces gradients in.
 
-    Uses FSDP2's per-unit state (``_get_fsdp_state``/``_init_mp_dtypes``, torch 2.13): there is no
-    public call for it, and a unit not initialised yet (no forward so far) needs nothing."""
+    torch 2.13's FSDP2 fixes them at its first forward from the parameters that trained then: a unit
+    wholly frozen then gets none, and a block unfrozen later would reduce its gradients in the bf16
+    compute dtype and hand bf16 gradients to fp32 master weights. (torch 2.14 derives them from all
+    floating parameters when none trains, so there this only repeats what it has.) There is no
+    public call for it: this uses FSDP2's per-unit state (``_get_fsdp_state()._fsdp_param_groups``,
+    ``FSDPParamGroup._init_mp_dtypes``, the same in torch 2.13 and 2.14); a torch without them
+    stops the run with one sentence instead of a traceback mid-training. Before a unit's first
+    forward this is harmless: its lazy init computes the same again."""
     for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        group = module._get_fsdp_state()._fsdp_param_group
-        if group is not None and getattr(group, "_orig_dtype", "unset") != "unset":
-            group._init_mp_dtypes()
+        if isinstance(module, FSDPModule):
+            for group in _param_groups(module):
+                group._init_mp_dtypes()
+
+
+def _param_groups(unit: FSDPModule) -> list:
+    """The unit's FSDP2 parameter groups, each able to recompute its dtypes, or a UsageError."""
+    try:
+        groups = list(unit._get_fsdp_state()._fsdp_param_groups)
+    except AttributeError:
+        groups = None
+    if groups is None or not all(callable(getattr(g, "_init_mp_dtypes", None)) for g in groups):
+        raise UsageError(f"--strategy fsdp: torch {torch.__version__} lacks the FSDP2 internals pipe uses to "
+                         "re-derive gradient dtypes after freezing (_fsdp_param_groups, _init_mp_dtypes; "
+                         "present in torch 2.13 and 2.14): use one of those, or --strategy ddp")
+    return groups
 
 
 @contextmanager

@@ -12,6 +12,7 @@ values into the new shards).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import io
 import os
@@ -49,7 +50,7 @@ FROM_ENV = "PIPE_TEST_FSDP_FROM"  # the interrupted run a continue scenario copi
 # One loop.run per scenario: each scenario gets its own rendezvous port (a second group on the port
 # of one just destroyed failed to connect once).
 WORLDS = {"fsdp_accumulation_scenario": 0, "ddp_run_scenario": 0, "fsdp_run_scenario": 0,
-          "fsdp_stopped_scenario": 1, "fsdp_resume_scenario": 1}
+          "fsdp_stopped_scenario": 1, "fsdp_resume_scenario": 1, "fsdp_bf16_unfreeze_scenario": 2}
 JOINS_ITSELF = {"ddp_run_scenario", "fsdp_run_scenario", "fsdp_stopped_scenario", "fsdp_resume_scenario"}
 
 
@@ -119,6 +120,78 @@ def test_fsdp_micro_batches_equal_one_big_batch_and_reduce_once():
         assert r["reduced_early"] == [False] * (ACCUM - 1)
         for name, p in model.named_parameters():
             torch.testing.assert_close(r["grads"][name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# -- bf16: a block frozen at the first forward, unfrozen later --------------------------------------
+
+
+@contextlib.contextmanager
+def _reduce_scatter_dtypes():
+    """The dtype of every gradient reduce-scatter FSDP2 issues meanwhile (it calls
+    ``torch.distributed.reduce_scatter_single`` through the module, so a wrapper sees each one)."""
+    import torch.distributed as dist
+
+    dtypes: list[torch.dtype] = []
+    reduce_scatter = dist.reduce_scatter_single
+
+    def recording(*args, **kwargs):
+        dtypes.append(kwargs["input"].dtype if "input" in kwargs else args[1].dtype)
+        return reduce_scatter(*args, **kwargs)
+
+    dist.reduce_scatter_single = recording
+    try:
+        yield dtypes
+    finally:
+        dist.reduce_scatter_single = reduce_scatter
+
+
+def fsdp_bf16_unfreeze_scenario(d, workdir):
+    """--precision bf16's policy: 2 steps with half the blocks frozen (wholly frozen units at FSDP2's
+    first forward), then those unfrozen as the loop does (Freezer, `fsdp.refresh_after_freeze`) for 2."""
+    model = fsdp.shard(_tiny_model(), d, "bf16")
+    freezer = Freezer(model)
+    freezer.apply(0.5)
+    fsdp.refresh_after_freeze(model)
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    x, y = _samples(WORLD * 4 * MICRO)
+    x, y = x[d.rank::WORLD], y[d.rank::WORLD]
+
+    def two_steps(first: int) -> list[torch.dtype]:
+        with _reduce_scatter_dtypes() as dtypes:
+            for i in range(first, first + 2):
+                sl = slice(i * MICRO, (i + 1) * MICRO)
+                F.cross_entropy(forward(model, model, {"image": x[sl]}).float(), y[sl]).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        return dtypes
+
+    frozen_dtypes = two_steps(0)
+    before = {n: p.full_tensor() for n, p in model.named_parameters()}
+    freezer.apply(0.0)
+    fsdp.refresh_after_freeze(model)
+    unfrozen_dtypes = two_steps(2)
+    after = {n: p.full_tensor() for n, p in model.named_parameters()}
+    return {"frozen": frozen, "before": before, "after": after,
+            "dtypes": {"frozen": frozen_dtypes, "unfrozen": unfrozen_dtypes}}
+
+
+@pytest.mark.timeout(900)
+def test_fsdp_bf16_a_block_unfrozen_later_trains_with_fp32_reduction_and_ranks_agree():
+    """--precision bf16 under FSDP: blocks wholly frozen at the first forward and unfrozen later
+    train (their weights move), every gradient reduce-scatter runs in the policy's reduce dtype
+    (fp32, not the bf16 compute dtype), master weights stay fp32, and both ranks end identical."""
+    ranks, _ = scenario_results(fsdp_bf16_unfreeze_scenario)
+    first = ranks[0]
+    assert first["frozen"], "the test needs blocks frozen at the first forward"
+    assert first["dtypes"]["frozen"] and set(first["dtypes"]["frozen"]) == {torch.float32}
+    assert len(first["dtypes"]["unfrozen"]) > len(first["dtypes"]["frozen"])  # the unfrozen units reduce too
+    assert set(first["dtypes"]["unfrozen"]) == {torch.float32}
+    for name in first["frozen"]:
+        assert not torch.equal(first["after"][name], first["before"][name]), name
+    for name, value in first["after"].items():
+        assert value.dtype == torch.float32, name
+        assert torch.equal(ranks[1]["after"][name], value), name
 
 
 # -- the loop: DDP and FSDP side by side ------------------------------------------------------------
