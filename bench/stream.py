@@ -42,15 +42,10 @@ def _loader_module():
 
 
 def start_server(work: Path):
-    """rclone serve s3 on loopback with a bucket; `tests.s3server`'s, keeping listings cached
-    (with ``--dir-cache-time 0s`` every request re-reads the folder: 10-20x slower)."""
+    """rclone serve s3 on loopback (`tests.s3server`'s, as the tests start it)."""
     from tests import s3server
 
-    server = s3server.start_rclone(work)
-    server.stop()
-    server.argv = [a for a in server.argv if a not in ("--dir-cache-time", "0s")]
-    server.start()
-    return server
+    return s3server.start_rclone(work)
 
 
 def upload(server, shards: Path, bucket: str, prefix: str) -> str:

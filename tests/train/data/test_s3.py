@@ -24,21 +24,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 BATCH = 2
 
 
-def rclone_with_listing_cache(root: Path) -> s3server.S3Server:
-    """`tests.s3server.start_rclone` without ``--dir-cache-time 0s`` (see `s3_server`)."""
-    server = s3server.start_rclone(root)  # started once as the storage tests start it ...
-    server.stop()
-    server.argv = [a for a in server.argv if a not in ("--dir-cache-time", "0s")]
-    server.start()  # ... and again, same port and objects, caching listings
-    return server
-
-
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory):
-    """tests/s3server.py's rclone, keeping its listing cache: with ``--dir-cache-time 0s`` (the
-    storage tests' setting, for listings that see every write) every request re-reads the
-    folder, 0.2-0.5 s each on this machine. The reader only reads objects uploaded before it."""
-    server = rclone_with_listing_cache(tmp_path_factory.mktemp("rclone-train"))
+    """tests/s3server.py's rclone, one for this module: the restart test stops and starts it."""
+    server = s3server.start_rclone(tmp_path_factory.mktemp("rclone-train"))
     try:
         yield server
     finally:
