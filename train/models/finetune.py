@@ -261,7 +261,7 @@ class FreezeState:
                 f"{self.trainable_params:,} of {self.total_params:,} parameters train{bn}")
 
 
-def batch_norms(module: nn.Module) -> list[nn.Module]:
+def batch_norms(module: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
     """The BatchNorm layers in ``module`` (SyncBatchNorm included)."""
     return [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
