@@ -42,6 +42,20 @@ SELF_MANAGED = [
 ]
 
 
+def tiny_model() -> torch.nn.Module:
+    """The built-in image model, small and seeded: what the distributed scenarios train."""
+    from train.models.builtin import build_model
+
+    torch.manual_seed(0)
+    return build_model("image", 3, width=8, resolution=16)
+
+
+def random_batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` seeded 16x16 images and labels of 3 classes, the same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

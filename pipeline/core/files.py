@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.core.errors import UsageError
+from pipeline.core.errors import StageFailed, UsageError
 
 TMP_SUFFIX = ".tmp"
 NAME_MAX = 255  # bytes in one path component (Linux, macOS, ext4, xfs, btrfs, APFS)
@@ -111,8 +111,9 @@ def output_lock(folder: Path, tool: str):
     """Hold an exclusive lock on ``folder/.pipe/lock`` for the whole run.
 
     Two runs writing one folder would interleave their files and each delete the other's: the
-    second stops at once with one line instead (exit 2, like every refusal of an output folder:
-    nothing was written, and the fix is the operator's: wait, or choose another folder). The
+    second stops at once with one line instead, writing nothing. It exits 1, as a run that loses
+    the commit race on object storage does (`transfer.publish`): of two concurrent runs exactly
+    one commits and the other failed, whichever way they met. The
     kernel drops the lock when the holder exits, however it dies, so a stale lock file is harmless.
     The file stays empty (no pid in it): the folder's bytes do not depend on which run made them.
     """
@@ -126,7 +127,7 @@ def output_lock(folder: Path, tool: str):
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UsageError(f"{folder} is being written by another run (it holds {path}; `fuser {path}` names it); "
+            raise StageFailed(f"{folder} is being written by another run (it holds {path}; `fuser {path}` names it); "
                              f"wait for it to finish or choose another folder for this {tool}") from None
         yield
 

@@ -15,6 +15,7 @@ wrapper (`train.distributed.group.rewrap`), which the loop does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 from dataclasses import dataclass, field
@@ -260,7 +261,7 @@ class FreezeState:
                 f"{self.trainable_params:,} of {self.total_params:,} parameters train{bn}")
 
 
-def batch_norms(module: nn.Module) -> list[nn.Module]:
+def batch_norms(module: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
     """The BatchNorm layers in ``module`` (SyncBatchNorm included)."""
     return [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
@@ -338,3 +339,53 @@ def sync_batch_norm(model: nn.Module) -> int:
     for name, child in list(model.named_children()):
         setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
     return count
+
+
+# -- activation checkpointing ----------------------------------------------------------------------
+
+
+def checkpoint_blocks(model: nn.Module) -> int:
+    """--grad-checkpoint for a model that has no switch of its own (torchvision's): each block
+    ``--freeze`` counts recomputes its activations in the backward pass instead of keeping them
+    from the forward, so activation memory is about one block's instead of the whole model's.
+    Returns how many blocks. A single layer (a ResNet's stem conv) is left alone: its output is
+    kept as the next block's input either way.
+
+    The block's ``forward`` is replaced on the instance, not wrapped in a new module (as torch's
+    ``checkpoint_wrapper`` does), so state-dict names stay the original ones for --init-from,
+    checkpoints and --resume, and FSDP still shards the block itself."""
+    blocks = [b for group in block_groups(model) for b in group if any(True for _ in b.children())]
+    for block in blocks:
+        block.forward = _recomputed(block, block.forward)
+    return len(blocks)
+
+
+def _recomputed(block: nn.Module, forward):
+    """``forward`` under torch's non-reentrant checkpoint while training (the built-in blocks' way:
+    correct for a frozen block in front, keeps autocast, lets DDP's and FSDP's hooks fire)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def run(*args, **kwargs):
+        if not (block.training and torch.is_grad_enabled()):
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False,
+                          context_fn=lambda: (contextlib.nullcontext(), _untracked(block)), **kwargs)
+
+    return run
+
+
+@contextlib.contextmanager
+def _untracked(block: nn.Module):
+    """The recompute must not count as a second step for BatchNorm: in training mode it moves the
+    running mean and variance again with the same batch (twice the momentum per step). The
+    recompute must also run the very ops of the forward (checkpoint compares what they save), so
+    the layers update as usual and get their statistics back afterwards. The layers are looked up
+    now, not when the forward was replaced: --sync-bn swaps them for SyncBatchNorm afterwards."""
+    kept = [(buffer, buffer.clone()) for m in batch_norms(block) if m.training and m.track_running_stats
+            for buffer in (m.running_mean, m.running_var, m.num_batches_tracked) if buffer is not None]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)

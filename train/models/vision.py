@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.errors import UsageError
+from train.models.finetune import checkpoint_blocks
 from train.models.norm import InputNorm
 
 TORCHVISION, TIMM = "torchvision:", "timm:"
@@ -84,10 +85,10 @@ class VisionClassifier(nn.Module):
         return self._input_params(self.model)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        switch = getattr(self.model, "set_grad_checkpointing", None)  # timm has it; torchvision does not
-        if not callable(switch):
-            raise UsageError(f"--grad-checkpoint: {self.label} has no gradient checkpointing (timm models do)")
-        switch(enable)
+        """Per block, the blocks --freeze counts, for torchvision and timm alike (timm's own switch
+        would recompute BatchNorm's running statistics a second time each step)."""
+        if enable:
+            checkpoint_blocks(self)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         size = self.input_norm.size

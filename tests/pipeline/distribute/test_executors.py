@@ -9,18 +9,6 @@ import sys
 from tests.conftest import pipe_env
 
 
-def test_local_runs_never_import_ray(tmp_path):
-    (tmp_path / "raw").mkdir()
-    (tmp_path / "raw" / "a.txt").write_text("hello")
-    code = (
-        "import sys; from pathlib import Path; from pipeline.clean import stage as clean; from pipeline.shard import stage as shard; "
-        f"clean.run(clean.CleanConfig(Path({str(tmp_path / 'raw')!r}), Path({str(tmp_path / 'out')!r}), workers=1), show_progress=False); "
-        "import pipeline.cli.app; "
-        "assert 'ray' not in sys.modules, 'ray imported'"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
-
-
 def test_executor_ray_without_ray_is_one_line_saying_how_to_install_it(tmp_path):
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "a.txt").write_text("hello")

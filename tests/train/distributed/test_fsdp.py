@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from rich.console import Console
 
 from tests.fake_data import open_fake, write_index
-from tests.gloo import run_world
+from tests.gloo import random_batch, run_world, tiny_model
 from train import loop
 from train.components import checkpoint as ckpt
 from train.config import TrainConfig
@@ -69,16 +69,6 @@ def scenario_results(fn) -> tuple[list, Path]:
     return [r[spec] for r in ranks], Path(workdir) / spec.replace(":", ".")
 
 
-def _tiny_model():
-    torch.manual_seed(0)
-    return build_model("image", 3, width=8, resolution=16)
-
-
-def _samples(n: int, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 3, (n,), generator=g)
-
-
 def _saved(path: Path) -> dict:
     """A checkpoint's full model and optimizer state: last.pt as it is, a DCP folder gathered into
     one process (``dcp_to_torch_save``: no process group needed)."""
@@ -96,8 +86,8 @@ def _saved(path: Path) -> dict:
 
 
 def fsdp_accumulation_scenario(d, workdir):
-    model = fsdp.shard(_tiny_model(), d, "fp32")
-    x, y = _samples(WORLD * ACCUM * MICRO)
+    model = fsdp.shard(tiny_model(), d, "fp32")
+    x, y = random_batch(WORLD * ACCUM * MICRO)
     per_rank = ACCUM * MICRO
     x, y = x[d.rank * per_rank:(d.rank + 1) * per_rank], y[d.rank * per_rank:(d.rank + 1) * per_rank]
     reduced_early = []
@@ -113,8 +103,8 @@ def fsdp_accumulation_scenario(d, workdir):
 @pytest.mark.timeout(900)  # starts this module's first world: three scenarios, two training runs
 def test_fsdp_micro_batches_equal_one_big_batch_and_reduce_once():
     ranks, _ = scenario_results(fsdp_accumulation_scenario)
-    model = _tiny_model()
-    x, y = _samples(WORLD * ACCUM * MICRO)
+    model = tiny_model()
+    x, y = random_batch(WORLD * ACCUM * MICRO)
     F.cross_entropy(model(image=x), y).backward()
     for r in ranks:
         assert r["reduced_early"] == [False] * (ACCUM - 1)
@@ -148,13 +138,13 @@ def _reduce_scatter_dtypes():
 def fsdp_bf16_unfreeze_scenario(d, workdir):
     """--precision bf16's policy: 2 steps with half the blocks frozen (wholly frozen units at FSDP2's
     first forward), then those unfrozen as the loop does (Freezer, `fsdp.refresh_after_freeze`) for 2."""
-    model = fsdp.shard(_tiny_model(), d, "bf16")
+    model = fsdp.shard(tiny_model(), d, "bf16")
     freezer = Freezer(model)
     freezer.apply(0.5)
     fsdp.refresh_after_freeze(model)
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    x, y = _samples(WORLD * 4 * MICRO)
+    x, y = random_batch(WORLD * 4 * MICRO)
     x, y = x[d.rank::WORLD], y[d.rank::WORLD]
 
     def two_steps(first: int) -> list[torch.dtype]:

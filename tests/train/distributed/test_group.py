@@ -10,28 +10,18 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from pipeline.core.errors import UsageError
-from tests.gloo import scenario_results
+from tests.gloo import random_batch, scenario_results, tiny_model
 from train.distributed import group as distributed
 from train.distributed.group import no_sync
-from train.models.builtin import build_model, forward
+from train.models.builtin import forward
 from train.models.finetune import Freezer
 
 ACCUM, MICRO, WORLD = 3, 2, 2
 
 
-def _tiny_model():
-    torch.manual_seed(0)
-    return build_model("image", 3, width=8, resolution=16)
-
-
-def _samples(n: int, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 3, (n,), generator=g)
-
-
 def _accumulate(d, accum: int, use_no_sync: bool):
     """Gradients of one optimizer step made of ``accum`` micro-batches, and the all-reduces it cost."""
-    model = _tiny_model()
+    model = tiny_model()
     ddp = distributed.wrap(model, d)
     calls = []
 
@@ -40,7 +30,7 @@ def _accumulate(d, accum: int, use_no_sync: bool):
         return allreduce_hook(state, bucket)
 
     ddp.register_comm_hook(dist.group.WORLD, counting_hook)
-    x, y = _samples(WORLD * accum * MICRO)
+    x, y = random_batch(WORLD * accum * MICRO)
     per_rank = accum * MICRO
     x, y = x[d.rank * per_rank:(d.rank + 1) * per_rank], y[d.rank * per_rank:(d.rank + 1) * per_rank]
     for i in range(accum):
@@ -62,8 +52,8 @@ def accumulation_scenario(d, workdir):
 def test_micro_batches_equal_one_big_batch_with_one_allreduce():
     ranks, _ = scenario_results(accumulation_scenario)
     # the reference: one process, one batch of world x accum x micro samples
-    model = _tiny_model()
-    x, y = _samples(WORLD * ACCUM * MICRO)
+    model = tiny_model()
+    x, y = random_batch(WORLD * ACCUM * MICRO)
     F.cross_entropy(model(image=x), y).backward()
     for r in ranks:
         for name, p in model.named_parameters():
@@ -77,7 +67,7 @@ def test_micro_batches_equal_one_big_batch_with_one_allreduce():
 
 
 def _unfreeze_rank(d, rewrap: bool):
-    model = _tiny_model()
+    model = tiny_model()
     model.set_grad_checkpointing(True)  # fine-tuning with checkpointing: the combination users run
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     freezer = Freezer(model)
@@ -88,7 +78,7 @@ def _unfreeze_rank(d, rewrap: bool):
 
     def train(wrapper, steps: int, seed: int):
         for s in range(steps):
-            x, y = _samples(4, seed=100 * seed + 10 * s + d.rank)  # every rank its own data
+            x, y = random_batch(4, seed=100 * seed + 10 * s + d.rank)  # every rank its own data
             F.cross_entropy(forward(wrapper, model, {"image": x}), y).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

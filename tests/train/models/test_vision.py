@@ -243,6 +243,34 @@ def test_a_wrong_name_or_missing_library_is_one_line_before_any_rank_starts(cli,
         assert "--model torchvision:resnet51" in err and "torchvision" in err
 
 
+@needs_vision
+@pytest.mark.parametrize("spec, inner", [("torchvision:resnet18", "layer2.0.conv1"), ("timm:test_vit", "blocks.1.attn.qkv")])
+def test_grad_checkpoint_recomputes_each_block_with_the_same_gradients_names_and_batchnorm_statistics(spec, inner):
+    """--grad-checkpoint on a library model: every block's forward runs again in the backward pass,
+    the gradients are exactly those of a plain step, the state-dict names are the model's own
+    (checkpoints and --init-from files still match), and BatchNorm counts the step once."""
+    from train.models.builtin import build_model
+
+    def one_step(grad_checkpoint: bool):
+        torch.manual_seed(0)
+        model = build_model(spec, 3, grad_checkpoint=grad_checkpoint)
+        calls = []
+        model.model.get_submodule(inner).register_forward_hook(lambda *_: calls.append(1))
+        model.train()
+        x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+        F.cross_entropy(model(x), torch.tensor([0, 1, 2, 0])).backward()
+        return model, len(calls)
+
+    plain, forwards = one_step(False)
+    recomputed, forwards_recomputed = one_step(True)
+    assert (forwards, forwards_recomputed) == (1, 2)
+    state = plain.state_dict()
+    assert list(recomputed.state_dict()) == list(state)
+    assert all(torch.equal(v, state[k]) for k, v in recomputed.state_dict().items())  # running stats moved once
+    for (name, p), q in zip(plain.named_parameters(), recomputed.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
 def test_sync_bn_without_cuda_is_a_usage_error(cli, shards, tmp_path):
     r = cli("train", shards, "-o", tmp_path / "run", "--sync-bn", "--workers", "0")
     assert r.exit_code == 2 and "--sync-bn needs CUDA ranks" in " ".join(r.stderr.split())
