@@ -8,11 +8,12 @@ CLEAN_DIR on S3, local executor: the stage runs its own code into a local stagin
 `transfer.publish` uploads every file once, removes stale objects of an earlier run and writes
 manifest.parquet last with a conditional write: of two runs at once exactly one commits.
 
-CLEAN_DIR on S3, `--executor ray`: nothing goes through the driver's disk. The marker is written
-first; each Ray task writes its part's outputs and then its results file straight to the bucket
-under the same names as in a folder; the driver reads the part results from there, decides, moves
-and deletes what the decisions change (`pipeline.clean.objects.ObjectCleanDir`), and commits manifest.parquet last with
-the same conditional write. A rerun after a killed driver finds the finished parts there.
+CLEAN_DIR on S3, `--executor ray`: only the manifest goes through the driver's disk. The marker
+is written first; each Ray task writes its part's outputs and then its results file straight to
+the bucket under the same names as in a folder; the driver reads the part results from there,
+decides, moves and deletes what the decisions change (`pipeline.clean.objects.ObjectCleanDir`),
+and commits manifest.parquet last with the same conditional write. A rerun after a killed
+driver finds the finished parts there.
 """
 
 from __future__ import annotations

@@ -318,7 +318,7 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
 
 def run_in_parts(cfg: CleanConfig, place, show_progress: bool) -> dict:
     """--executor ray into a CLEAN_DIR that is no local folder (``place``: object storage, see
-    `pipeline.clean.remote.ObjectCleanDir`): the Ray tasks write outputs and part results there,
+    `pipeline.clean.objects.ObjectCleanDir`): the Ray tasks write outputs and part results there,
     and the driver decides and finalizes there, exactly as `_run` does on a folder."""
     from pipeline.distribute.clean import process_in_parts
 
@@ -467,7 +467,7 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
 def _finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict:
     """Outputs moved to where each decision puts them, rejects copied to quarantine/, what an
     earlier run left swept, then report.json and, last, manifest.parquet (``place``: CLEAN_DIR
-    as a folder, `LocalCleanDir`, or on object storage, `pipeline.clean.remote.ObjectCleanDir`)."""
+    as a folder, `LocalCleanDir`, or on object storage, `pipeline.clean.objects.ObjectCleanDir`)."""
     from pipeline.clean.records import row
     from pipeline.formats.manifest import ManifestWriter  # pyarrow: only needed now, at the end
 
