@@ -30,7 +30,7 @@ from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.sniff import HEAD_BYTES, sniff
 from pipeline.storage import Folder, is_remote, open_folder
 from pipeline.storage.folder import check_rel
-from pipeline.storage.transfer import MARKER, claim, publish, remove_staging, staging_dir
+from pipeline.storage.transfer import MARKER, claim, parallel, publish, remove_staging, staging_dir
 
 COMMIT = "manifest.parquet"
 THREADS = 32  # heads read at once during discovery: each is one small ranged GET
@@ -140,6 +140,9 @@ def _run_on_ray(cfg, dest: Folder, show_progress: bool) -> dict:
     from pipeline.clean import stage
     from pipeline.clean.objects import ObjectCleanDir
 
+    if cfg.overwrite:  # as --overwrite on a folder: nothing of the earlier run is kept, reused or moved back
+        owned = [e.rel for e in dest.list() if e.rel.startswith(("data/", "quarantine/", ".pipe/")) or e.rel == "report.json"]
+        parallel(dest.delete, owned)
     dest.write(MARKER, json.dumps(stage.marker(cfg), indent=2, sort_keys=True).encode("utf-8"))
     staging = staging_dir("clean")
     try:
