@@ -151,10 +151,11 @@ def clean_part(settings, clean_dir: str, part, candidates: list, file_timeout: f
     first, its results file last, both straight into CLEAN_DIR (a shared folder or object storage)."""
     from pipeline.clean.process import crashed, timed_out
     from pipeline.distribute.parts import write_results
+    from pipeline.storage import is_remote
 
     t = time.perf_counter()
     where = output_folder(clean_dir, "CLEAN_DIR")
-    if input_dir and not input_dir.startswith("s3://") and not Path(input_dir).is_dir():
+    if input_dir and not is_remote(input_dir) and not Path(input_dir).is_dir():
         raise UsageError(f"INPUT {input_dir} is not visible on the Ray node {_node()}: with --executor ray a local "
                          "input must be a shared file system mounted at the same path on every node; or read it from s3://")
     results = list(_pool_for(settings).map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out))
