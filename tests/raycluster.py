@@ -216,11 +216,13 @@ def _wait_for_nodes(ns: Namespace, address: str, n: int, env: dict[str, str], no
     raise RuntimeError(f"the Ray cluster at {address} did not reach {n} nodes in {timeout:.0f} s")
 
 
-def start_cluster() -> Cluster:
-    """Start the head on 127.0.0.2 and a worker node on 127.0.0.3; return once both are alive."""
-    env = ray_env()
+def start_cluster(ns: Namespace | None = None, env: dict[str, str] | None = None) -> Cluster:
+    """Start the head on 127.0.0.2 and a worker node on 127.0.0.3; return once both are alive.
+    ``ns``: a namespace already holding something the nodes need (an S3 server; the cluster
+    owns it from now on); ``env``: more environment for the nodes and drivers (its endpoint)."""
+    env = {**ray_env(), **(env or {})}
     root = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
-    ns = Namespace.start()
+    ns = ns or Namespace.start()
     port = free_port(ns, HEAD_IP)
     address = f"{HEAD_IP}:{port}"
     head = _start_node(ns, ["--head", "--port", str(port), "--include-dashboard=false"], HEAD_IP, root, env)

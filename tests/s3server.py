@@ -9,6 +9,10 @@ on the same port and folder, for the reader's "object store restarts mid-epoch" 
 that honours conditional writes (`If-None-Match: *`): rclone ignores that header, so the commit race
 on object storage is tested against moto. Its name says what it is.
 
+`start_rclone(root, netns=PREFIX)` starts it inside a network namespace instead (PREFIX: the
+command prefix that enters it, e.g. `tests.raycluster.Namespace.prefix()`), where the Ray test
+cluster runs: loopback there is not this machine's, so the tests reach its objects on disk.
+
 Use: `from tests.s3server import s3_server  # noqa: F401` in a test module or conftest.
 """
 
@@ -61,6 +65,24 @@ def _wait_listening(host: str, port: int, proc: subprocess.Popen, seconds: float
     raise RuntimeError(f"nothing listens on {host}:{port} after {seconds} s")
 
 
+def _wait_listening_in(netns: list[str], host: str, port: int, proc: subprocess.Popen, seconds: float = 30.0) -> None:
+    """`_wait_listening`, asked from inside the namespace."""
+    probe = ("import socket, sys, time\n"
+             "for _ in range(int(sys.argv[3]) * 20):\n"
+             "    with socket.socket() as s:\n"
+             "        if s.connect_ex((sys.argv[1], int(sys.argv[2]))) == 0: sys.exit(0)\n"
+             "    time.sleep(0.05)\n"
+             "sys.exit(1)\n")
+    r = subprocess.run([*netns, sys.executable, "-c", probe, host, str(port), str(int(seconds))], timeout=seconds + 30)
+    if r.returncode != 0 or proc.poll() is not None:
+        raise RuntimeError(f"nothing listens on {host}:{port} in the namespace after {seconds} s")
+
+
+def _free_port_in(netns: list[str], host: str) -> int:
+    probe = f"import socket; s = socket.socket(); s.bind(({host!r}, 0)); print(s.getsockname()[1])"
+    return int(subprocess.run([*netns, sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
+
+
 def _stop(proc: subprocess.Popen | None) -> None:
     """Stop the server we started, by its PID (its own session, so its process group is its own)."""
     if proc is None or proc.poll() is not None:
@@ -86,6 +108,7 @@ class S3Server:
     log: Path
     proc: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
+    netns: list[str] = field(default_factory=list)  # the prefix that runs a command in its namespace
 
     @property
     def endpoint(self) -> str:
@@ -93,9 +116,12 @@ class S3Server:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        _wait_listening(self.host, self.port, self.proc)
+            self.proc = subprocess.Popen([*self.netns, *self.argv], stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        if self.netns:
+            _wait_listening_in(self.netns, self.host, self.port, self.proc)
+        else:
+            _wait_listening(self.host, self.port, self.proc)
 
     def stop(self) -> None:
         _stop(self.proc)
@@ -150,14 +176,16 @@ def _client_env(endpoint: str, home: Path) -> dict[str, str]:
     }
 
 
-def start_rclone(root: Path) -> S3Server:
+def start_rclone(root: Path, netns: list[str] | None = None) -> S3Server:
+    """rclone serving ``root``/objects (a bucket is a folder there); in a network namespace when
+    ``netns`` (the prefix that enters it) is given."""
     objects = root / "objects"
     objects.mkdir(parents=True, exist_ok=True)
-    port = free_port(RCLONE_HOST)
+    port = _free_port_in(netns, RCLONE_HOST) if netns else free_port(RCLONE_HOST)
     argv = [_tool("rclone"), "serve", "s3", str(objects), "--addr", f"{RCLONE_HOST}:{port}",
             "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}", "--config", str(root / "rclone.conf"),
             "--no-modtime", "--log-level", "ERROR"]
-    server = S3Server(RCLONE_HOST, port, argv, root / "rclone.log")
+    server = S3Server(RCLONE_HOST, port, argv, root / "rclone.log", netns=list(netns or []))
     server.start()
     server.env = _client_env(server.endpoint, root)
     return server

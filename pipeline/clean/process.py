@@ -31,7 +31,7 @@ _SETTINGS: WorkerSettings | None = None  # set once per worker process by init_w
 class WorkerSettings:
     """What every worker needs to know (pickled to it once, at start-up)."""
 
-    output: str
+    output: str  # CLEAN_DIR: a path, or an s3:// URL where Ray tasks write straight to object storage
     image: ImageSettings
     text: TextSettings
     input_url: str = ""  # an object-storage INPUT (s3://...): inputs are read through pipeline.storage
@@ -92,11 +92,22 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
     if payload is not None and r.reason is None:
         # outside the try: failing to write our own output (disk full) stops the run, it is no verdict
         r.output = output_path(r.source, r.key, ext)
-        atomic_write_bytes(Path(s.output) / r.output, payload)
+        _write_output(s.output, r.output, payload)
         r.output_bytes = len(payload)
         if cand.kind == Kind.IMAGE:
             _measure_output(r, payload, ext, px)
     return r
+
+
+def _write_output(clean_dir: str, rel: str, payload: bytes) -> None:
+    """Into CLEAN_DIR; with an object-storage CLEAN_DIR (a Ray task of `pipe clean --executor
+    ray -o s3://...`) straight to the object under the same name, one PUT."""
+    if clean_dir.startswith("s3://"):
+        from pipeline.storage import open_folder
+
+        open_folder(clean_dir).write(rel, payload)
+    else:
+        atomic_write_bytes(Path(clean_dir) / rel, payload)
 
 
 def _open_input(cand: Candidate, s: WorkerSettings):

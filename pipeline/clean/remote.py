@@ -4,9 +4,16 @@ INPUT on S3: the listing replaces the walk (links and ``outside_root`` are local
 counterpart there), each object's head is sniffed as a file's is, and the workers read objects
 through pipeline.storage (`process._open_input`), so nothing is copied to local disk first.
 
-CLEAN_DIR on S3: the stage runs its own code into a local staging folder, then `transfer.publish`
-uploads every file once, removes stale objects of an earlier run and writes manifest.parquet last
-with a conditional write: of two runs at once exactly one commits.
+CLEAN_DIR on S3, local executor: the stage runs its own code into a local staging folder, then
+`transfer.publish` uploads every file once, removes stale objects of an earlier run and writes
+manifest.parquet last with a conditional write: of two runs at once exactly one commits.
+
+CLEAN_DIR on S3, `--executor ray`: only the manifest goes through the driver's disk. The marker
+is written first; each Ray task writes its part's outputs and then its results file straight to
+the bucket under the same names as in a folder; the driver reads the part results from there,
+decides, moves and deletes what the decisions change (`pipeline.clean.objects.ObjectCleanDir`),
+and commits manifest.parquet last with the same conditional write. A rerun after a killed
+driver finds the finished parts there.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.sniff import HEAD_BYTES, sniff
 from pipeline.storage import Folder, is_remote, open_folder
 from pipeline.storage.folder import check_rel
-from pipeline.storage.transfer import MARKER, claim, publish, remove_staging, staging_dir
+from pipeline.storage.transfer import MARKER, claim, parallel, publish, remove_staging, staging_dir
 
 COMMIT = "manifest.parquet"
 THREADS = 32  # heads read at once during discovery: each is one small ranged GET
@@ -109,6 +116,10 @@ def run_to_object_storage(cfg, show_progress: bool) -> dict:
     stage.validate(cfg)
     dest = open_folder(url)
     claim(dest, "pipe clean", COMMIT, cfg.overwrite, lambda marker: _differs(marker, cfg))
+    if cfg.executor == "ray":
+        # Ray tasks run in other working directories, on other machines: a local INPUT as an absolute path
+        local_input = cfg.input if is_remote(cfg.input) else Path(cfg.input).resolve()
+        return _run_on_ray(dataclasses.replace(cfg, output=dest.url, input=local_input), dest, show_progress)
     staging = staging_dir("clean")
     try:
         local = dataclasses.replace(cfg, output=staging, overwrite=False)
@@ -121,6 +132,23 @@ def run_to_object_storage(cfg, show_progress: bool) -> dict:
     finally:
         remove_staging(staging)
     return report
+
+
+def _run_on_ray(cfg, dest: Folder, show_progress: bool) -> dict:
+    """--executor ray into object storage: the marker first (a rerun after a killed driver then
+    finds the prefix pipe clean's and reuses its finished parts), then the stage in place."""
+    from pipeline.clean import stage
+    from pipeline.clean.objects import ObjectCleanDir
+
+    if cfg.overwrite:  # as --overwrite on a folder: nothing of the earlier run is kept, reused or moved back
+        owned = [e.rel for e in dest.list() if e.rel.startswith(("data/", "quarantine/", ".pipe/")) or e.rel == "report.json"]
+        parallel(dest.delete, owned)
+    dest.write(MARKER, json.dumps(stage.marker(cfg), indent=2, sort_keys=True).encode("utf-8"))
+    staging = staging_dir("clean")
+    try:
+        return stage.run_in_parts(cfg, ObjectCleanDir(cfg, dest, staging), show_progress)
+    finally:
+        remove_staging(staging)
 
 
 def _differs(marker: dict, cfg) -> str | None:

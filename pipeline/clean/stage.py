@@ -199,9 +199,14 @@ def prepare_output(cfg: CleanConfig) -> Journal:
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
-    journal.write_state({"schema_version": 1, "tool": "pipe clean", "version": __version__, "input": input_id(cfg),
-                         "settings": cfg.fingerprint()})
+    journal.write_state(marker(cfg))
     return journal
+
+
+def marker(cfg: CleanConfig) -> dict:
+    """What `.pipe/state.json` says about a CLEAN_DIR this run writes."""
+    return {"schema_version": 1, "tool": "pipe clean", "version": __version__, "input": input_id(cfg),
+            "settings": cfg.fingerprint()}
 
 
 def input_id(cfg: CleanConfig) -> str:
@@ -232,16 +237,25 @@ def _remove_owned(out: Path) -> None:
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
+def reusable_result(old: FileResult | None, c: Candidate) -> bool:
+    """What a journal line or part result must be to stand for ``c`` again, files aside."""
     if old is None or c.problem or old.key != c.key or old.kind != c.kind or old.reason == Reason.TIMEOUT:
         return False
-    if old.output and old.kind == Kind.IMAGE and old.pixel_sums is None:
-        return False  # written by a pipe that did not measure its outputs: redo, so the manifest has the sums
+    # an image written by a pipe that did not measure its outputs is redone, so the manifest has the sums
+    return not (old.output and old.kind == Kind.IMAGE and old.pixel_sums is None)
+
+
+def input_unchanged(old: FileResult, c: Candidate) -> bool:
+    """A local input file has the size and times it had when ``old`` was made."""
     try:
         st = os.stat(c.path)
     except OSError:
         return False
-    if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (old.bytes, old.mtime_ns, old.ctime_ns):
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (old.bytes, old.mtime_ns, old.ctime_ns)
+
+
+def _reusable(old: FileResult | None, c: Candidate, out: Path) -> bool:
+    if old is None or not reusable_result(old, c) or not input_unchanged(old, c):
         return False
     if old.output:
         for place in (out / old.output, out / PARKED / old.output):
@@ -264,6 +278,9 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
 
         return run_to_object_storage(cfg, show_progress)
     validate(cfg)
+    if cfg.executor == "ray":  # Ray tasks run in other working directories, on other machines
+        cfg = dataclasses.replace(cfg, output=cfg.output.resolve(),
+                                  input=cfg.input if is_remote(cfg.input) else cfg.input.resolve())
     refuse_foreign(cfg.output)
     with output_lock(cfg.output, "pipe clean"):
         return _run(cfg, show_progress)
@@ -279,14 +296,7 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     pool = _pool(cfg, worker_count(cfg.workers)).start() if fresh else None
     try:
         sweep_tmp(cfg.output)
-        lab = _labels(cfg)
-        candidates = _discover(cfg, lab.labels if lab else None, lab.exclude if lab else None)
-        label_notes = {}
-        if lab is not None:
-            from pipeline.clean.labels import check_against, share_within_samples
-
-            share_within_samples(candidates)
-            label_notes = {**lab.notes, **check_against(lab, candidates)}
+        candidates, lab, label_notes = _candidates(cfg)
         timings["discover_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -294,32 +304,72 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
         if cfg.executor == "ray":
             from pipeline.distribute.clean import process_in_parts
 
-            results, reused, parts_report = process_in_parts(cfg, candidates, _worker_settings(cfg), _reusable, show_progress)
+            results, reused, parts_report = process_in_parts(
+                cfg, candidates, _worker_settings(cfg), lambda old, c: _reusable(old, c, cfg.output), show_progress, cfg.output)
         else:
             results, reused = _process_all(cfg, candidates, journal, show_progress, pool)
-        if lab is not None:
-            from pipeline.clean.labels import attach_captions
-
-            label_notes.update(attach_captions(results, lab.captions, cfg.text_limit()))
+        _attach_captions(cfg, lab, results, label_notes)
         timings["process_s"] = time.perf_counter() - t
     finally:
         if pool is not None:
             pool.close()
+    return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, LocalCleanDir(cfg, journal))
 
+
+def run_in_parts(cfg: CleanConfig, place, show_progress: bool) -> dict:
+    """--executor ray into a CLEAN_DIR that is no local folder (``place``: object storage, see
+    `pipeline.clean.objects.ObjectCleanDir`): the Ray tasks write outputs and part results there,
+    and the driver decides and finalizes there, exactly as `_run` does on a folder."""
+    from pipeline.distribute.clean import process_in_parts
+
+    timings: dict[str, float] = {}
     t = time.perf_counter()
-    from pipeline.clean.decide import DecideSettings, Outputs, decide  # numpy: not before the workers start
+    candidates, lab, label_notes = _candidates(cfg)
+    timings["discover_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    results, reused, parts_report = process_in_parts(cfg, candidates, _worker_settings(cfg), place.reusable,
+                                                     show_progress, place.folder)
+    _attach_captions(cfg, lab, results, label_notes)
+    timings["process_s"] = time.perf_counter() - t
+    return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, place)
+
+
+def _candidates(cfg: CleanConfig):
+    """The sorted, labelled candidates, the labels file read (or None) and its notes."""
+    lab = _labels(cfg)
+    candidates = _discover(cfg, lab.labels if lab else None, lab.exclude if lab else None)
+    label_notes = {}
+    if lab is not None:
+        from pipeline.clean.labels import check_against, share_within_samples
+
+        share_within_samples(candidates)
+        label_notes = {**lab.notes, **check_against(lab, candidates)}
+    return candidates, lab, label_notes
+
+
+def _attach_captions(cfg: CleanConfig, lab, results: list[FileResult], label_notes: dict) -> None:
+    if lab is not None:
+        from pipeline.clean.labels import attach_captions
+
+        label_notes.update(attach_captions(results, lab.captions, cfg.text_limit()))
+
+
+def _decide_and_finalize(cfg: CleanConfig, results: list[FileResult], lab, label_notes: dict, reused: int,
+                         parts_report: dict | None, timings: dict, place) -> dict:
+    t = time.perf_counter()
+    from pipeline.clean.decide import DecideSettings, decide  # numpy: not before the workers start
 
     settings = DecideSettings(label_conflicts=cfg.label_conflicts, near_dedup=cfg.near_dedup,
                               near_image_distance=cfg.near_image_distance, near_text_jaccard=cfg.near_text_jaccard,
                               labels_required=lab is not None, resize_mode=cfg.resize_mode)
-    outcome = decide(results, settings, Outputs(cfg.output, PARKED, cfg.resize_mode))
+    outcome = decide(results, settings, place.outputs())
     timings["decide_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     extra = {"reused": reused, **({"labels": label_notes} if label_notes else {}),
              "label_conflicts": outcome.label_conflicts, "near_duplicate_search": outcome.near,
              **({"parts": parts_report} if parts_report is not None else {})}
-    report = _finalize(cfg, results, outcome.decisions, journal, extra, timings)
+    report = _finalize(cfg, results, outcome.decisions, place, extra, timings)
     timings["finalize_s"] = time.perf_counter() - t
     return report
 
@@ -414,50 +464,90 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
     return results, len(reuse)
 
 
-def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: dict) -> dict:
+def _finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict:
+    """Outputs moved to where each decision puts them, rejects copied to quarantine/, what an
+    earlier run left swept, then report.json and, last, manifest.parquet (``place``: CLEAN_DIR
+    as a folder, `LocalCleanDir`, or on object storage, `pipeline.clean.objects.ObjectCleanDir`)."""
     from pipeline.clean.records import row
     from pipeline.formats.manifest import ManifestWriter  # pyarrow: only needed now, at the end
 
-    out = cfg.output
     keep_outputs, keep_quarantine, keep_parked = set(), set(), set()
     report = ReportBuilder()
-    writer = ManifestWriter(out / "manifest.parquet")
+    writer = ManifestWriter(place.manifest_path())
     try:
         for r, d in zip(results, decisions):
             cap = ""
             if d.status == Status.KEPT and r.caption is not None:  # a caption from the labels file
                 cap = output_path(r.source, r.key, "txt")
-                _write_if_changed(out / cap, r.caption.encode("utf-8"))
+                place.write_if_changed(cap, r.caption.encode("utf-8"))
                 keep_outputs.add(cap)
                 d = dataclasses.replace(d, detail=f"{d.detail}: {cap}")
             if d.status == Status.KEPT:
                 keep_outputs.add(r.output)
-                _move_if_there(out / PARKED / r.output, out / r.output)
+                place.move(f"{PARKED}/{r.output}", r.output)
             elif r.output:
                 keep_parked.add(f"{PARKED}/{r.output}")
-                _move_if_there(out / r.output, out / PARKED / r.output)
+                place.move(r.output, f"{PARKED}/{r.output}")
             if d.status == Status.QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
                 rel = f"quarantine/{d.reason}/{r.source}"
                 keep_quarantine.add(rel)
-                dest = out / rel
-                if not (dest.exists() and dest.stat().st_size == r.bytes):
+                if not place.has(rel, r.bytes):
                     try:
-                        _copy_input(cfg, r.source, dest)
+                        place.copy_input(r.source, rel)
                     except FileNotFoundError:  # gone since, or a name that is not UTF-8
                         keep_quarantine.discard(rel)
             rec = row(r, d, cap)
             report.add(rec)
             writer.add(rec)
-        _sweep(out / "data", keep_outputs, out)
-        _sweep(out / "quarantine", keep_quarantine, out)
-        _sweep(out / PARKED, keep_parked, out)
-        journal.compact(results)
+        place.sweep("data", keep_outputs)
+        place.sweep("quarantine", keep_quarantine)
+        place.sweep(PARKED, keep_parked)
         doc = report.build(cfg.as_dict(), {k: round(v, 3) for k, v in timings.items()}, extra)
-        atomic_write_text(out / "report.json", json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
-        writer.close()  # the manifest last: its presence means the folder is complete
+        place.finish(results, json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=False) + "\n", writer)
     except OSError as e:
-        raise StageFailed(f"could not finish writing {out}: {e}") from None
+        raise StageFailed(f"could not finish writing {place}: {e}") from None
     return doc
+
+
+class LocalCleanDir:
+    """CLEAN_DIR as a folder (this machine's, or one every Ray node mounts): what deciding and
+    finalizing read from and do to it."""
+
+    def __init__(self, cfg: CleanConfig, journal: Journal):
+        self.cfg, self.root, self.journal = cfg, cfg.output, journal
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def outputs(self):
+        from pipeline.clean.decide import Outputs
+
+        return Outputs(self.root, PARKED, self.cfg.resize_mode)
+
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.parquet"
+
+    def write_if_changed(self, rel: str, data: bytes) -> None:
+        _write_if_changed(self.root / rel, data)
+
+    def move(self, src: str, dest: str) -> None:
+        """``src`` to ``dest`` if it is there (it is not when a re-run finds it moved already)."""
+        _move_if_there(self.root / src, self.root / dest)
+
+    def has(self, rel: str, size: int) -> bool:
+        dest = self.root / rel
+        return dest.exists() and dest.stat().st_size == size
+
+    def copy_input(self, source: str, rel: str) -> None:
+        _copy_input(self.cfg, source, self.root / rel)
+
+    def sweep(self, folder: str, keep: set[str]) -> None:
+        _sweep(self.root / folder, keep, self.root)
+
+    def finish(self, results: list[FileResult], report_text: str, writer) -> None:
+        self.journal.compact(results)
+        atomic_write_text(self.root / "report.json", report_text)
+        writer.close()  # the manifest last: its presence means the folder is complete
 
 
 def _copy_input(cfg: CleanConfig, source: str, dest: Path) -> None:

@@ -40,7 +40,9 @@ def clean(
         help="Seconds one file may take before it is quarantined as timeout (0 = no limit).")] = 120.0,
     overwrite: Annotated[bool, typer.Option(help="Replace a CLEAN_DIR made from other input or settings.")] = False,
     executor: Annotated[str, typer.Option(help="local (a process pool here) or ray (a Ray cluster, in parts; "
-                                               "pip install 'pipe-ml[ray]').")] = "local",
+                                               "pip install 'pipe-ml[ray]'). With ray, a local INPUT and CLEAN_DIR "
+                                               "must be on a file system every node mounts at the same path; "
+                                               "s3:// ones are read and written by the nodes themselves.")] = "local",
     ray_address: Annotated[str, typer.Option(help="The Ray cluster for --executor ray: auto or HOST:PORT.")] = "auto",
     part_files: Annotated[int, typer.Option(help="Files per part (one Ray task) with --executor ray.")] = 1000,
     config: Annotated[Path | None, typer.Option(help="TOML file whose \\[clean] table sets any of these flags.")] = None,

@@ -27,7 +27,9 @@ def shard(
     workers: Annotated[int, typer.Option(help="Processes that decode images to measure them (0 = one per core).")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a SHARD_DIR pipe shard made from other input or settings.")] = False,
     executor: Annotated[str, typer.Option(help="local (shards written here) or ray (one Ray task per shard; "
-                                               "pip install 'pipe-ml[ray]').")] = "local",
+                                               "pip install 'pipe-ml[ray]'). With ray, a local CLEAN_DIR and SHARD_DIR "
+                                               "must be on a file system every node mounts at the same path; "
+                                               "s3:// ones are read and written by the nodes themselves.")] = "local",
     ray_address: Annotated[str, typer.Option(help="The Ray cluster for --executor ray: auto or HOST:PORT.")] = "auto",
     config: Annotated[Path | None, typer.Option(help="TOML file whose \\[shard] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,

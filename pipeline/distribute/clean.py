@@ -13,24 +13,27 @@ from pipeline.clean.discover import Candidate
 from pipeline.clean.records import FileResult
 from pipeline.core.errors import StageFailed
 from pipeline.distribute import parts as partlib
+from pipeline.storage.folder import Folder
 
 
 def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
-                     reusable: Callable[[FileResult | None, Candidate, Path], bool],
-                     show_progress: bool) -> tuple[list[FileResult], int, dict]:
+                     reusable: Callable[[FileResult | None, Candidate], bool],
+                     show_progress: bool, clean_dir: Path | Folder) -> tuple[list[FileResult], int, dict]:
     """Every candidate's result in order, how many were reused, and the report's "parts" section.
 
+    ``clean_dir`` is where the tasks write outputs and part results and where the driver reads
+    them back: CLEAN_DIR on a file system every node shares, or an object-storage Folder.
     A part is reused when its results file is there and every file in it is unchanged (the same
     test a local resume applies to each journal line); otherwise it runs again, whole."""
     from pipeline.core.ui import progress
 
     t0 = time.perf_counter()
     plan = partlib.plan(candidates, cfg.fingerprint(), cfg.part_files)
-    partlib.sweep(cfg.output, plan)
+    partlib.sweep(clean_dir, plan)
     found: dict[int, list[FileResult]] = {}
     for p in plan:
-        old = partlib.read_results(cfg.output, p)
-        if old is not None and all(reusable(r, c, cfg.output) for r, c in zip(old, candidates[p.begin:p.end])):
+        old = partlib.read_results(clean_dir, p)
+        if old is not None and all(reusable(r, c) for r, c in zip(old, candidates[p.begin:p.end])):
             found[p.index] = old
     todo = [p.index for p in plan if p.index not in found]
     reused_files = sum(len(plan[i]) for i in found)
@@ -43,9 +46,9 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
         tell = PartsLine(len(todo), len(candidates) - reused_files, show_progress)
 
         def done(i: int, run) -> None:
-            results = partlib.read_results(cfg.output, plan[i])
+            results = partlib.read_results(clean_dir, plan[i])
             if results is None:
-                raise StageFailed(f"part {plan[i].name} ended without a readable results file in {cfg.output / partlib.PARTS_DIR}")
+                raise StageFailed(f"part {plan[i].name} ended without a readable results file in {clean_dir}/{partlib.PARTS_DIR}")
             found[i] = results
             runs.append(run.as_dict())
             for r in results:
@@ -55,7 +58,8 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
         if todo:
             from pipeline.distribute.ray_executor import process_parts
 
-            process_parts(cfg.ray_address, settings, cfg.output, plan, candidates, cfg.file_timeout, todo, done)
+            where = clean_dir.url if isinstance(clean_dir, Folder) else str(clean_dir)
+            process_parts(cfg.ray_address, settings, where, plan, candidates, cfg.file_timeout, todo, done, str(cfg.input))
     results: list[FileResult] = []
     for p in plan:
         for r, c in zip(found[p.index], candidates[p.begin:p.end]):

@@ -21,6 +21,7 @@ from pathlib import Path
 from pipeline.clean.discover import Candidate
 from pipeline.clean.records import FileResult
 from pipeline.core.files import STATE_DIR, atomic_write_text
+from pipeline.storage.folder import Folder
 
 PARTS_DIR = f"{STATE_DIR}/parts"
 PART_FILES = 1000  # files per part: a minute or so of one core on photos; what a killed run redoes at most
@@ -78,16 +79,23 @@ def plan(candidates: Sequence[Candidate], settings: dict, max_files: int = PART_
     return [Part(i, b, e, fingerprint(candidates[b:e], settings)) for i, (b, e) in enumerate(cut(len(candidates), max_files))]
 
 
-def write_results(clean_dir: Path, part: Part, results: Sequence[FileResult]) -> None:
-    """The part's results file, atomically: written only after every output of the part."""
+def write_results(clean_dir: Path | Folder, part: Part, results: Sequence[FileResult]) -> None:
+    """The part's results file, atomically: written only after every output of the part.
+    ``clean_dir``: a local (or shared) CLEAN_DIR, or a Folder (one PUT on object storage)."""
     text = "".join(r.to_json() + "\n" for r in results)
-    atomic_write_text(clean_dir / PARTS_DIR / part.name, text, fsync=True)
+    if isinstance(clean_dir, Folder):
+        clean_dir.write(f"{PARTS_DIR}/{part.name}", text.encode("utf-8"))
+    else:
+        atomic_write_text(clean_dir / PARTS_DIR / part.name, text, fsync=True)
 
 
-def read_results(clean_dir: Path, part: Part) -> list[FileResult] | None:
+def read_results(clean_dir: Path | Folder, part: Part) -> list[FileResult] | None:
     """The part's results, or None when it has no complete, readable results file."""
     try:
-        text = (clean_dir / PARTS_DIR / part.name).read_text(encoding="utf-8")
+        if isinstance(clean_dir, Folder):
+            text = clean_dir.read(f"{PARTS_DIR}/{part.name}").decode("utf-8")
+        else:
+            text = (clean_dir / PARTS_DIR / part.name).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
     try:
@@ -97,10 +105,16 @@ def read_results(clean_dir: Path, part: Part) -> list[FileResult] | None:
     return results if len(results) == len(part) else None
 
 
-def sweep(clean_dir: Path, parts: Sequence[Part]) -> None:
+def sweep(clean_dir: Path | Folder, parts: Sequence[Part]) -> None:
     """Remove results files of parts that are not in this plan (an earlier run's other listing)."""
-    folder = clean_dir / PARTS_DIR
     keep = {p.name for p in parts}
+    if isinstance(clean_dir, Folder):
+        results = clean_dir.child(PARTS_DIR)
+        for entry in results.list():
+            if entry.rel not in keep:
+                results.delete(entry.rel)
+        return
+    folder = clean_dir / PARTS_DIR
     try:
         names = os.listdir(folder)
     except FileNotFoundError:

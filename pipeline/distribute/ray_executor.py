@@ -13,13 +13,16 @@ manifest exactly as a local run does.
 shard: the plan is made once on the driver; one task writes each shard with the same function a
 local run uses (`pipeline.shard.stage.write_shard`) and returns its index entry; the driver
 writes `index.json` last.
+
+Where tasks write: a local CLEAN_DIR or SHARD_DIR must be a file system every node mounts at the
+same path (a task that does not find the driver's marker there stops the run with one line,
+`output_folder`); an s3:// one is written straight from the tasks, nothing through the driver.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -142,20 +145,42 @@ def _pool_for(settings) -> _KeptPool:
     return _KEPT[1]
 
 
-def clean_part(settings, clean_dir: str, part, candidates: list, file_timeout: float) -> PartRun:
+def clean_part(settings, clean_dir: str, part, candidates: list, file_timeout: float, input_dir: str = "") -> PartRun:
     """A Ray task: process one part's files as a local run would (the same `process` in the same
     one-worker pool: a decoder that crashes or hangs on a file gets the same verdict), its outputs
-    first, its results file last."""
+    first, its results file last, both straight into CLEAN_DIR (a shared folder or object storage)."""
     from pipeline.clean.process import crashed, timed_out
     from pipeline.distribute.parts import write_results
+    from pipeline.storage import is_remote
 
     t = time.perf_counter()
+    where = output_folder(clean_dir, "CLEAN_DIR")
+    if input_dir and not is_remote(input_dir) and not Path(input_dir).is_dir():
+        raise UsageError(f"INPUT {input_dir} is not visible on the Ray node {_node()}: with --executor ray a local "
+                         "input must be a shared file system mounted at the same path on every node; or read it from s3://")
     results = list(_pool_for(settings).map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out))
     try:
-        write_results(Path(clean_dir), part, results)
+        write_results(where, part, results)
     except OSError as e:
         raise StageFailed(f"could not write the cleaned output: {e}") from None
     return PartRun(part.name, len(results), time.perf_counter() - t, _node())
+
+
+def output_folder(arg: str, role: str):
+    """Where a task writes: an s3:// URL as a storage Folder, a local path as itself, once this
+    node sees the driver's marker (``.pipe/state.json``, written before any task starts) there.
+    A node that does not is not sharing the driver's file system: its outputs would land where
+    nobody reads them, so the run stops with one line instead."""
+    from pipeline.core.files import read_marker
+    from pipeline.storage import is_remote, open_folder
+
+    if is_remote(arg):
+        return open_folder(arg)
+    if read_marker(Path(arg)) is None:
+        raise UsageError(f"{role} {arg} is not visible on the Ray node {_node()} (no .pipe/state.json there): with "
+                         "--executor ray a local output must be a shared file system mounted at the same path on "
+                         "every node; or write to s3://")
+    return Path(arg)
 
 
 def _node() -> str:
@@ -167,12 +192,13 @@ def _node() -> str:
         return socket.gethostname()
 
 
-def process_parts(address: str, settings, clean_dir: Path, parts: Sequence, candidates: Sequence, file_timeout: float,
-                  todo: Sequence[int], on_part: Callable[[int, PartRun], None]) -> None:
-    """Run the parts whose indexes are in ``todo`` on the cluster, calling ``on_part`` as each ends."""
+def process_parts(address: str, settings, clean_dir: str, parts: Sequence, candidates: Sequence, file_timeout: float,
+                  todo: Sequence[int], on_part: Callable[[int, PartRun], None], input_dir: str = "") -> None:
+    """Run the parts whose indexes are in ``todo`` on the cluster, calling ``on_part`` as each ends.
+    ``clean_dir`` and ``input_dir``: absolute paths every node mounts, or s3:// URLs."""
     with connected(address) as ray:
         # a generator: a part's arguments are made when it is submitted, so only those in flight are held
-        calls = ((settings, os.fspath(clean_dir), parts[i], list(candidates[parts[i].begin:parts[i].end]), file_timeout)
+        calls = ((settings, clean_dir, parts[i], list(candidates[parts[i].begin:parts[i].end]), file_timeout, input_dir)
                  for i in todo)
         run_tasks(ray, clean_part, calls, lambda k, run: on_part(todo[k], run))
 
@@ -180,19 +206,41 @@ def process_parts(address: str, settings, clean_dir: Path, parts: Sequence, cand
 # ---------------------------------------------------------------- shard
 
 
-def shard_task(plan, clean_dir: str, out_dir: str):
-    """A Ray task: write one shard with the function a local run uses; return its index entry."""
+def shard_task(plan, clean_dir: str, out_dir: str) -> tuple[Any, PartRun]:
+    """A Ray task: write one shard with the function a local run uses; return its index entry
+    and what the summary says about the task. CLEAN_DIR and SHARD_DIR are shared folders or
+    s3:// URLs: from object storage the shard's files are fetched to this node first, to it the
+    finished shard is uploaded under its name (one object, whole or absent)."""
+    import tempfile
+
     from pipeline.shard.write import write_shard
+    from pipeline.storage import Folder, is_remote, open_folder
+    from pipeline.storage.transfer import download
 
-    try:
-        return write_shard(plan, Path(clean_dir), Path(out_dir))
-    except OSError as err:
-        raise StageFailed(f"could not write {Path(out_dir) / plan.name}: {err}") from None
+    t = time.perf_counter()
+    out = output_folder(out_dir, "SHARD_DIR")
+    if not is_remote(clean_dir) and not (Path(clean_dir) / "manifest.parquet").is_file():
+        raise UsageError(f"CLEAN_DIR {clean_dir} is not visible on the Ray node {_node()}: with --executor ray a "
+                         "local CLEAN_DIR must be a shared file system mounted at the same path on every node; or use s3://")
+    with tempfile.TemporaryDirectory(prefix="pipe-shard-") as tmp:
+        source = Path(clean_dir)
+        if is_remote(clean_dir):
+            source = Path(tmp) / "in"
+            download(open_folder(clean_dir), [p for p in (*plan.images, *plan.texts) if p is not None], source)
+        target = Path(tmp) if isinstance(out, Folder) else out
+        try:
+            entry = write_shard(plan, source, target)
+        except OSError as err:
+            raise StageFailed(f"could not write {out_dir}/{plan.name}: {err}") from None
+        if isinstance(out, Folder):
+            out.upload(plan.name, target / plan.name)
+    return entry, PartRun(plan.name, len(plan), time.perf_counter() - t, _node())
 
 
-def write_shards(address: str, plans: Iterable, clean_dir: Path, out_dir: Path,
+def write_shards(address: str, plans: Iterable, clean_dir: str, out_dir: str,
                  on_done: Callable[[int, Any], None]) -> None:
     """Write each planned shard (`pipeline.shard.plan.ShardPlan`) in a Ray task; ``on_done(i,
-    entry)`` as each ends. Plans are taken from ``plans`` only as tasks are handed out."""
+    (entry, run))`` as each ends. Plans are taken from ``plans`` only as tasks are handed out.
+    ``clean_dir`` and ``out_dir``: the folders as every node sees them (shared), or s3:// URLs."""
     with connected(address) as ray:
-        run_tasks(ray, shard_task, ((p, os.fspath(clean_dir), os.fspath(out_dir)) for p in plans), on_done)
+        run_tasks(ray, shard_task, ((p, clean_dir, out_dir) for p in plans), on_done)

@@ -263,11 +263,13 @@ def readers_warning(train_shards: int, n_train: int, cfg: ShardConfig) -> str | 
 # ---------------------------------------------------------------- the stage
 
 
-def run(cfg: ShardConfig, show_progress: bool = True) -> dict:
+def run(cfg: ShardConfig, show_progress: bool = True, task_dirs: tuple[str, str] | None = None) -> dict:
     """Run the whole stage; return a summary (what index.json says, in counts, plus warnings).
 
     SHARD_DIR is locked for the whole run (a second run into it stops at once), and only after
-    `validate` found nothing in it that pipe shard did not write: the lock is the first thing written."""
+    `validate` found nothing in it that pipe shard did not write: the lock is the first thing written.
+    ``task_dirs``: with --executor ray, (CLEAN_DIR, SHARD_DIR) as the Ray tasks reach them when
+    not as ``cfg`` names them (s3:// URLs whose driver-side copies ``cfg`` names, `remote.py`)."""
     if is_remote(cfg.input) or is_remote(cfg.output):
         from pipeline.shard import remote
 
@@ -275,10 +277,10 @@ def run(cfg: ShardConfig, show_progress: bool = True) -> dict:
     validate(cfg)
     with output_lock(cfg.output, "pipe shard"):
         claim_output(cfg)
-        return _run(cfg, show_progress)
+        return _run(cfg, show_progress, task_dirs or (str(cfg.input.resolve()), str(cfg.output.resolve())))
 
 
-def _run(cfg: ShardConfig, show_progress: bool) -> dict:
+def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> dict:
     timings: dict[str, float] = {}
     t = time.perf_counter()
     samples, manifest_sha = load(cfg.input)
@@ -300,7 +302,7 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
 
     t = time.perf_counter()
     spans = make_plan(samples.tar_bytes(), is_val, cfg.seed, cfg.max_count, cfg.max_size)
-    entries, resumed = _write_all(cfg, samples, spans, show_progress)
+    entries, resumed, parts = _write_all(cfg, samples, spans, show_progress, task_dirs)
     timings["write_s"] = time.perf_counter() - t
 
     counts = {sp: _split_counts(samples, is_val == (sp == "val"), sum(e.split == sp for e in entries)) for sp in SPLITS}
@@ -341,7 +343,7 @@ def _run(cfg: ShardConfig, show_progress: bool) -> dict:
             "train_shards": counts["train"]["shards"], "val_shards": counts["val"]["shards"],
             "bytes": sum(e.bytes for e in entries), "unlabelled": samples.unlabelled,
             "near_duplicate_groups": res.groups, "reused_shards": resumed, "warnings": warnings,
-            "timings": {k: round(v, 3) for k, v in timings.items()}}
+            "timings": {k: round(v, 3) for k, v in timings.items()}, **({"parts": parts} if parts else {})}
 
 
 def _split_counts(samples: Samples, mask: np.ndarray, shards: int) -> dict:
@@ -353,22 +355,22 @@ def _split_counts(samples: Samples, mask: np.ndarray, shards: int) -> dict:
             "texts": int(np.count_nonzero(samples.text_size[mask] >= 0))}
 
 
-def _write_all(cfg: ShardConfig, samples: Samples, spans: list[Span],
-               show_progress: bool) -> tuple[list[shard_index.ShardEntry], int]:
+def _write_all(cfg: ShardConfig, samples: Samples, spans: list[Span], show_progress: bool,
+               task_dirs: tuple[str, str]) -> tuple[list[shard_index.ShardEntry], int, dict | None]:
     """Write every shard of the plan (keeping those an interrupted run of the same plan finished,
-    `resume.py`); return their entries and how many were kept. One shard's plan entry is made
-    at a time: the plan itself is a few arrays."""
+    `resume.py`); return their entries, how many were kept and, on Ray, the summary's "parts"
+    section. One shard's plan entry is made at a time: the plan itself is a few arrays."""
     from pipeline.shard.resume import WrittenShards
 
     out = cfg.output
     _prepare_output(cfg)
     journal = WrittenShards(out)
     done: list[tuple[shard_index.ShardEntry, str]] = []
-    resumed = 0
+    resumed, parts = 0, None
     try:
         with progress("write shards", len(spans), show_progress, counts=False) as advance:
             if cfg.executor == "ray":
-                resumed = _write_on_ray(cfg, samples, spans, journal, done, advance)
+                resumed, parts = _write_on_ray(cfg, samples, spans, journal, done, advance, task_dirs)
             for span in spans if cfg.executor != "ray" else ():
                 plan = entry(samples, span)
                 digest = plan.digest(cfg.input, __version__)
@@ -392,14 +394,15 @@ def _write_all(cfg: ShardConfig, samples: Samples, spans: list[Span],
         journal.finish(done)
     except OSError as err:
         raise StageFailed(f"could not finish writing {out}: {err}") from None
-    return [e for e, _ in done], resumed
+    return [e for e, _ in done], resumed, parts
 
 
 def _write_on_ray(cfg: ShardConfig, samples: Samples, spans: list[Span], journal, done: list,
-                  advance) -> int:
+                  advance, task_dirs: tuple[str, str]) -> tuple[int, dict]:
     """--executor ray: one Ray task writes each shard the journal cannot reuse, with the same
     `write_shard` (`pipeline.distribute.ray_executor`); fill ``done`` in plan order (index.json's
-    order), return how many shards were reused. Plans are made as tasks are handed out."""
+    order); return how many shards were reused and the summary's "parts" section (per task:
+    shard, samples, seconds, node). Plans are made as tasks are handed out."""
     from pipeline.distribute.ray_executor import write_shards
 
     slots: list[tuple[shard_index.ShardEntry, str] | None] = [None] * len(spans)
@@ -413,17 +416,27 @@ def _write_on_ray(cfg: ShardConfig, samples: Samples, spans: list[Span], journal
         else:
             todo.append((i, digest))
 
-    def finished(k: int, written: shard_index.ShardEntry) -> None:
+    runs: list[dict] = []
+    t = time.perf_counter()
+
+    def finished(k: int, result: tuple[shard_index.ShardEntry, Any]) -> None:
+        written, run = result
         i, digest = todo[k]
         journal.add(written, digest)
         slots[i] = (written, digest)
+        runs.append(run.as_dict())
         advance(True)
 
     if todo:
         plans = (entry(samples, spans[i]) for i, _ in todo)
-        write_shards(cfg.ray_address, plans, cfg.input, cfg.output, finished)
+        write_shards(cfg.ray_address, plans, task_dirs[0], task_dirs[1], finished)
     done.extend(s for s in slots if s is not None)
-    return len(spans) - len(todo)
+    seconds = time.perf_counter() - t
+    written_samples = sum(r["files"] for r in runs)
+    parts = {"executor": "ray", "parts": len(spans), "reused_parts": len(spans) - len(todo), "redone_parts": len(todo),
+             "samples_per_s": round(written_samples / seconds, 2) if todo and seconds > 0 else None,
+             "runs": sorted(runs, key=lambda r: r["part"])}
+    return len(spans) - len(todo), parts
 
 
 def _prepare_output(cfg: ShardConfig) -> None:

@@ -18,6 +18,7 @@ class Entry:
     rel: str
     size: int
     version: str
+    mtime_ns: int = 0  # when it was last written (an object's Last-Modified): what a re-run compares
 
 
 class Stream(Protocol):
@@ -92,6 +93,11 @@ class Folder(abc.ABC):
     def write_if_absent(self, rel: str, data: bytes) -> bool:
         """Create ``rel`` only if nothing is there; False if something was (then nothing changes).
         Of two concurrent callers exactly one gets True: this is how a run commits its output."""
+
+    @abc.abstractmethod
+    def move(self, src: str, dest: str) -> None:
+        """Rename ``src`` to ``dest`` (replacing it); FileNotFoundError when ``src`` is absent. On S3
+        a server-side copy then a delete: a reader may see both names for a moment, never neither."""
 
     @abc.abstractmethod
     def exists(self, rel: str) -> bool:

@@ -31,7 +31,7 @@ class LocalFolder(Folder):
                 if not _is_regular(st.st_mode):
                     continue
                 rel = (base / name).relative_to(self.root).as_posix()
-                found.append(Entry(rel=rel, size=st.st_size, version=str(st.st_mtime_ns)))
+                found.append(Entry(rel=rel, size=st.st_size, version=str(st.st_mtime_ns), mtime_ns=st.st_mtime_ns))
         found.sort(key=lambda e: sort_key(e.rel))
         return found
 
@@ -73,6 +73,11 @@ class LocalFolder(Folder):
             with contextlib.suppress(OSError):
                 tmp.unlink()
         return True
+
+    def move(self, src: str, dest: str) -> None:
+        target = self._path(dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(src), target)
 
     def exists(self, rel: str) -> bool:
         return self._path(rel).is_file()

@@ -183,7 +183,8 @@ class S3Folder(Folder):
                 for obj in page.get("Contents", ()):
                     rel = obj["Key"][len(base):]
                     if rel and not rel.endswith("/"):  # "folder/" markers some tools create hold nothing
-                        found.append(Entry(rel=rel, size=int(obj["Size"]), version=str(obj.get("ETag", "")).strip('"')))
+                        found.append(Entry(rel=rel, size=int(obj["Size"]), version=str(obj.get("ETag", "")).strip('"'),
+                                           mtime_ns=_ns(obj.get("LastModified"))))
         found.sort(key=lambda e: sort_key(e.rel))
         return found
 
@@ -293,6 +294,20 @@ class S3Folder(Folder):
             time.sleep(0.1 * 2**attempt)
         return False
 
+    def move(self, src: str, dest: str) -> None:
+        """CopyObject then DeleteObject (S3 has no rename); objects over 5 GiB are copied in parts
+        by boto3's managed copy."""
+        from botocore.exceptions import ClientError
+
+        with self._errors(src):
+            try:
+                client().copy({"Bucket": self.bucket, "Key": self._key(src)}, self.bucket, self._key(dest))
+            except ClientError as e:
+                if _code(e) in _NOT_FOUND:
+                    raise FileNotFoundError(2, "no such object", f"{self.url}/{src}") from None
+                raise
+            client().delete_object(Bucket=self.bucket, Key=self._key(src))
+
     def exists(self, rel: str) -> bool:
         from botocore.exceptions import ClientError
 
@@ -315,14 +330,21 @@ class S3Folder(Folder):
         return S3Folder(self.bucket, self._key(rel))
 
 
+def _ns(when: Any) -> int:
+    """An object's Last-Modified (a datetime from boto3) in ns since the epoch; 0 when absent."""
+    return int(when.timestamp()) * 1_000_000_000 if when is not None else 0
+
+
 class ObjectStream(io.RawIOBase):
-    """An object's body as a binary stream; ``stat()`` gives its size (times are 0: an object
-    has none a re-run could compare). A failure while reading is a storage failure (StageFailed)."""
+    """An object's body as a binary stream; ``stat()`` gives its size and its Last-Modified as
+    the modification time (what a re-run compares with the listing's; no ctime: 0). A failure
+    while reading is a storage failure (StageFailed)."""
 
     def __init__(self, folder: S3Folder, rel: str, resp: dict):
         super().__init__()
         self._folder, self._rel, self._body = folder, rel, resp["Body"]
         self._size = int(resp.get("ContentLength", 0))
+        self._mtime_ns = _ns(resp.get("LastModified"))
 
     def readable(self) -> bool:
         return True
@@ -342,7 +364,7 @@ class ObjectStream(io.RawIOBase):
         super().close()
 
     def stat(self) -> SimpleNamespace:
-        return SimpleNamespace(st_size=self._size, st_mtime_ns=0, st_ctime_ns=0)
+        return SimpleNamespace(st_size=self._size, st_mtime_ns=self._mtime_ns, st_ctime_ns=0)
 
 
 class _EmptyRange(Exception):

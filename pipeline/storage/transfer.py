@@ -72,17 +72,19 @@ def _files(root: Path) -> list[str]:
     return sorted(out)
 
 
-def publish(staging: Path, dest: Folder, commit: str, keep: Callable[[str], bool], owned: Callable[[str], bool]) -> None:
+def publish(staging: Path, dest: Folder, commit: str, keep: Callable[[str], bool], owned: Callable[[str], bool],
+            uploaded: Iterable[str] = ()) -> None:
     """Upload every staged file ``keep`` accepts (the marker first, ``commit`` last and only if
-    absent), then remove objects of an earlier run that this run did not write and ``owned``
-    says are the stage's own. Raises StageFailed when another run committed first."""
+    absent), then remove objects of an earlier run that this run did not write (nor put there
+    itself by other means: ``uploaded``, e.g. shards Ray tasks uploaded) and ``owned`` says are
+    the stage's own. Raises StageFailed when another run committed first."""
     files = [rel for rel in _files(staging) if keep(rel) and rel != commit]
     if (staging / MARKER).is_file():
         dest.upload(MARKER, staging / MARKER)
-    _parallel(lambda rel: dest.upload(rel, staging / rel), [rel for rel in files if rel != MARKER])
-    written = set(files) | {commit}
+    parallel(lambda rel: dest.upload(rel, staging / rel), [rel for rel in files if rel != MARKER])
+    written = set(files) | set(uploaded) | {commit}
     stale = [e.rel for e in dest.list() if e.rel not in written and owned(e.rel)]
-    _parallel(dest.delete, stale)
+    parallel(dest.delete, stale)
     if not dest.write_if_absent(commit, (staging / commit).read_bytes()):
         raise StageFailed(f"{dest.url}/{commit} was committed by another run while this one worked; that run's output "
                           "stands and this run's was not committed")
@@ -97,10 +99,11 @@ def download(src: Folder, rels: Iterable[str], staging: Path) -> None:
         with src.open(rel) as f, open(path, "wb") as out:
             shutil.copyfileobj(f, out, 1 << 20)
 
-    _parallel(get, list(rels))
+    parallel(get, list(rels))
 
 
-def _parallel(fn: Callable[[str], None], items: list[str]) -> None:
+def parallel(fn: Callable[[str], None], items: list[str]) -> None:
+    """``fn`` on every item, THREADS at a time (each is one round trip); the first error stops it."""
     if not items:
         return
     with ThreadPoolExecutor(min(THREADS, len(items))) as pool:

@@ -1,15 +1,20 @@
 """`--executor ray` on a real 2-node cluster (tests/raycluster.py): the result equals a local
-run's, byte for byte, and stays so when a worker process, a node or the driver is killed.
+run's, byte for byte, and stays so when a worker process, a node or the driver is killed; with
+s3:// folders (a real `rclone serve s3`, tests/s3server.py) the tasks read and write the object
+store themselves.
 
-Every run is a real `python -m pipeline` process in the cluster's network namespace. The
-cluster is started once for the module (it costs tens of seconds); the test that kills the
-worker node runs last.
+Every run is a real `python -m pipeline` process in the cluster's network namespace, where the
+S3 server runs too (this machine's loopback is not the namespace's): the tests see its objects
+on disk, where rclone keeps them (``BUCKET`` is a folder there). The cluster and the server are
+started once for the module (it costs tens of seconds); the test that kills the worker node
+runs last.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,21 +23,45 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO as REPO_ROOT
 from tests.conftest import pipe_env
 from tests.factories import photo, write
-from tests.raycluster import Cluster, start_cluster
+from tests.raycluster import Cluster, Namespace, start_cluster
+from tests.s3server import ACCESS_KEY, SECRET_KEY, start_rclone
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 PART = 3  # files per part: the 36 files below make 12 parts
 PARTS = 12
+BUCKET = "data"
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    c = start_cluster()
+def objects(tmp_path_factory) -> Path:
+    """The S3 server's objects on disk: ``objects / BUCKET / key``."""
+    return tmp_path_factory.mktemp("rclone") / "objects"
+
+
+@pytest.fixture(scope="module")
+def cluster(raw, objects):
+    """The 2-node cluster, with an S3 server in its namespace holding a copy of ``raw`` at
+    s3://BUCKET/raw (put there before the server starts, so its listings see it)."""
+    shutil.copytree(raw, objects / BUCKET / "raw")  # copy2: the same times a listing reports
+    ns = Namespace.start()
+    try:
+        server = start_rclone(objects.parent, netns=ns.prefix())
+    except BaseException:
+        ns.stop()
+        raise
+    try:
+        c = start_cluster(ns, env=server.env)
+    except BaseException:
+        server.stop()
+        ns.stop()
+        raise
     try:
         yield c
     finally:
+        server.stop()
         c.stop()
 
 
@@ -135,6 +164,71 @@ def _wait(what, timeout: float = 120, every: float = 0.05):
             return found
         time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _stored(objects: Path, prefix: str) -> Path:
+    """Where the server keeps the objects under s3://BUCKET/prefix."""
+    return objects / BUCKET / prefix
+
+
+def test_ray_with_object_storage_killed_driver_reruns_unfinished_parts_and_equals_local(cluster, local, objects):
+    """s3:// in and out: the tasks write outputs and part results to the bucket themselves (they
+    are there while the driver runs), a killed driver leaves no manifest, the rerun redoes only
+    the unfinished parts, and clean then shard give what the local runs gave, byte for byte."""
+    args = ["clean", f"s3://{BUCKET}/raw", "-o", f"s3://{BUCKET}/clean", "--size", "64", "--executor", "ray",
+            "--ray-address", cluster.address, "--part-files", PART, "--json"]
+    out = _stored(objects, "clean")
+    parts_dir = out / ".pipe" / "parts"
+
+    def finished() -> list[str]:
+        return sorted(n for n in os.listdir(parts_dir) if n.endswith(".jsonl")) if parts_dir.is_dir() else []
+
+    driver = cluster.driver(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(finished)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    _wait(lambda: not cluster.task_pids("clean_part"), every=0.5)
+    time.sleep(1)
+    done = finished()
+    assert 1 <= len(done) < PARTS, done
+    assert not (out / "manifest.parquet").exists()
+    assert (out / "data").is_dir()  # the finished parts' outputs, written by the tasks
+
+    p = cluster.pipe(args)
+    assert p.returncode == 0, p.stderr
+    parts = _report(out)["parts"]
+    assert parts["reused"] == done
+    assert parts["redone_parts"] == PARTS - len(done) == len(parts["runs"])
+    assert {r["node"] for r in parts["runs"]} <= {"127.0.0.2", "127.0.0.3"}
+    _same_clean(out, local / "clean")
+
+    s = cluster.pipe(["shard", f"s3://{BUCKET}/clean", "-o", f"s3://{BUCKET}/shards", "--max-count", "5",
+                      "--executor", "ray", "--ray-address", cluster.address, "--json"])
+    assert s.returncode == 0, s.stderr
+    shards = _files(_stored(objects, "shards"), skip=(".pipe",))
+    assert shards == _files(local / "shards", skip=(".pipe",))
+    summary = json.loads(s.stdout)["parts"]
+    tars = len([n for n in shards if n.endswith(".tar")])
+    assert summary["parts"] == summary["redone_parts"] == len(summary["runs"]) == tars
+    assert all(r["seconds"] > 0 and r["node"] in ("127.0.0.2", "127.0.0.3") for r in summary["runs"])
+    said = p.stdout + p.stderr + s.stdout + s.stderr
+    written = [*_files(out, skip=()).values(), *shards.values()]
+    for secret in (SECRET_KEY, ACCESS_KEY):
+        assert secret not in said and not [w for w in written if secret.encode() in w]
+
+
+def test_a_local_output_no_node_can_see_stops_the_run_in_one_line(cluster, raw, tmp_path):
+    """A driver whose CLEAN_DIR is its own (a tmpfs in a mount namespace of its own, as a local
+    disk is on a real cluster): the tasks find no marker there and the run stops, saying why."""
+    out = tmp_path / "clean"
+    out.mkdir()
+    cmd = " ".join(["mount -t tmpfs none", str(out), "&& exec", sys.executable, "-m pipeline",
+                    *map(str, _clean_args(raw, out, cluster))])
+    p = cluster.ns.run(["unshare", "--mount", "--", "sh", "-c", cmd], env=cluster.env, cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert "shared file system" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert os.listdir(out) == []  # nothing landed where the driver cannot see it
 
 
 def test_a_worker_process_killed_during_a_part_is_retried(cluster, raw, local, tmp_path):

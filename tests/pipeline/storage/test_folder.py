@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,24 @@ def test_exists_delete_child(folder):
     assert sub.url == folder.url + "/sub/dir"
     folder.delete("sub/dir/f.txt")
     assert not sub.exists("f.txt")
+
+
+def test_move_renames_and_a_missing_source_is_file_not_found(folder):
+    folder.write("data/a.jpg", b"pixels")
+    folder.move("data/a.jpg", ".pipe/parked/data/a.jpg")
+    assert not folder.exists("data/a.jpg") and folder.read(".pipe/parked/data/a.jpg") == b"pixels"
+    with pytest.raises(FileNotFoundError):
+        folder.move("data/a.jpg", "data/b.jpg")
+
+
+def test_a_listing_and_an_opened_file_give_the_same_modification_time(folder):
+    """What a rerun compares to tell an unchanged input: the listing's time against the one the
+    worker recorded from the opened file (an object's Last-Modified on S3)."""
+    folder.write("x.bin", b"12345")
+    (entry,) = folder.list()
+    with folder.open("x.bin") as f:
+        st = f.stat() if hasattr(f, "stat") else os.fstat(f.fileno())  # as pipeline.clean.process does
+    assert entry.mtime_ns > 0 and entry.mtime_ns == st.st_mtime_ns and entry.size == st.st_size == 5
 
 
 def test_local_write_if_absent_creates_once(tmp_path):
