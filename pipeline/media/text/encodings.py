@@ -724,7 +724,7 @@ _CJK_MIDDLE_DOT = _Lazy("\u00b7(?<=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3].)(?
 # A Cyrillic capital after lower-case letters of its word ("народжуютьсЯ": MacCyrillic "я" read
 # as cp1251): Cyrillic has no camelCase identifiers.
 # (One class of both first, as `_GLUED`.)
-_CYRILLIC_CAMEL = re.compile("[\u0400-\u045f](?:(?<=[\u0430-\u045f]{2}[\u0400-\u042f])"
+_CYRILLIC_CAMEL = re.compile("[\u0400-\u045f](?:(?<=[\u0400-\u042f])(?<=[\u0430-\u045f]{2}.)"
                              # ...or a word's lower-case first letter before capitals ("пРИВЕТ": cp1251 read as KOI8)
                              "|(?<=[\u0430-\u045f])(?<![^\\W\\d_].)(?=[\u0400-\u042f]{2}))")
 _GREEK_OR_CYRILLIC_WORD = re.compile("[\u0370-\u03ff\u0400-\u04ff]{2}")
@@ -738,12 +738,15 @@ def _foreign_letters(text: str) -> int:
     Ukrainian "і", a Swedish "på" read as ISO-8859-3 is Maltese "pċ" beside Swedish "ä". Real
     text is written in one language, and its letters beyond ASCII fit that language's alphabet,
     bar a name or two."""
-    counts = collections.Counter(text.lower())
-    for ch in [ch for ch in counts if ch < "\u00c0" or ch in "×÷" or not ch.isalpha()]:
-        del counts[ch]  # ASCII, Latin-1 signs, and what is not a letter
-    if not counts:
-        return 0
-    letters, total = set(counts), sum(counts.values())
+    lower = text.lower()
+    # ASCII, Latin-1 signs, and what is not a letter do not count
+    letters = {ch for ch in set(lower) if ch >= "\u00c0" and ch not in "×÷" and ch.isalpha()}
+    if not letters or _one_alphabet_holds(letters):
+        return 0  # (most texts: told by the distinct letters, without counting each)
+    counts = collections.Counter(lower)
+    for ch in [ch for ch in counts if ch not in letters]:
+        del counts[ch]
+    total = sum(counts.values())
     inside = 0
     # the alphabets holding the most frequent letter first: one of them mostly holds them all,
     # and the scan ends there (CJK text would otherwise be weighed against 40 alphabets first)
@@ -752,6 +755,18 @@ def _foreign_letters(text: str) -> int:
         if inside == total:
             break
     return total - inside
+
+
+def _one_alphabet_holds(letters: set[str]) -> bool:
+    """One of `_ALPHABETS` holds all of ``letters``: such an alphabet holds any one of them, so
+    only those holding one are tried."""
+    some = min(letters)
+    for alphabet in _alphabets_holding_first(some):
+        if not alphabet.holds(some):
+            return False  # the rest hold none of them
+        if len(alphabet.held(letters)) == len(letters):
+            return True
+    return False
 
 
 # The letters beyond ASCII of the languages legacy files were written in, lower case, each
