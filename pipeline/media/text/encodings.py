@@ -158,6 +158,19 @@ _PLAUSIBLE_UTF16 = ((0x0020, 0x024F), (0x0370, 0x052F), (0x0590, 0x06FF), (0x090
                     (0xAC00, 0xD7A3), (0xFF00, 0xFFEF))
 
 
+class _Lazy:
+    """A regular expression compiled when first used. The compiler fills a table a character at
+    a time for a class over the CJK or Hangul blocks: milliseconds each, which every process
+    paid at import, though most files (UTF-8) never need them."""
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self.pattern, self.flags = pattern, flags
+
+    @functools.cached_property
+    def compiled(self) -> re.Pattern[str]:
+        return re.compile(self.pattern, self.flags)
+
+
 @dataclass
 class Decoded:
     """The text of a file, or why there is none."""
@@ -277,7 +290,7 @@ def _utf16_without_nuls(data: bytes) -> Decoded | None:
     best = None
     for enc in ("utf-16-le", "utf-16-be"):
         head = sample[:512].decode(enc, "surrogatepass")
-        if len(_IMPLAUSIBLE_CHAR.findall(head)) > len(head) // 2:
+        if len(_IMPLAUSIBLE_CHAR.compiled.findall(head)) > len(head) // 2:
             continue  # a legacy text read as UTF-16 fails in its first characters: no need to decode 8 KB
         try:
             text = sample.decode(enc)
@@ -316,14 +329,14 @@ def _plausible_text(text: str, min_breaks: float) -> bool:
     if not text:
         return False
     most = 0.02 * len(text)
-    if len(_IMPLAUSIBLE_CHAR.findall(text, 0, 256)) > most:
+    if len(_IMPLAUSIBLE_CHAR.compiled.findall(text, 0, 256)) > most:
         return False  # a legacy text read as UTF-16 fails in its first characters, at a 16th of the cost
-    odd = len(_IMPLAUSIBLE_CHAR.findall(text))
+    odd = len(_IMPLAUSIBLE_CHAR.compiled.findall(text))
     breaks = len(_BREAK_CHAR.findall(text))
     return odd <= most and breaks >= min_breaks * len(text)
 
 
-_IMPLAUSIBLE_CHAR = re.compile("[^\t\n\r" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _PLAUSIBLE_UTF16) + "]")
+_IMPLAUSIBLE_CHAR = _Lazy("[^\t\n\r" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _PLAUSIBLE_UTF16) + "]")
 # Spaces and the punctuation of East Asian prose: the ideographic space, comma and full stop,
 # brackets and quotation marks, and the full-width and half-width forms of ASCII punctuation
 # (full-width digits too: "ウィンドウ１０に切り替え" has no other).
@@ -353,17 +366,17 @@ def _hz(data: bytes) -> Decoded | None:
         text = data.decode("hz")
     except UnicodeDecodeError:
         return None
-    runs = [run.encode("ascii").decode("hz") for run in _HZ_RUN.findall(data.decode("ascii"))]
-    if not all(_HZ_PLAUSIBLE.fullmatch(run) for run in runs) or len(_HAN.findall("".join(runs))) < 2:
+    runs = [run.encode("ascii").decode("hz") for run in _HZ_RUN.compiled.findall(data.decode("ascii"))]
+    if not all(_HZ_PLAUSIBLE.compiled.fullmatch(run) for run in runs) or len(_HAN.compiled.findall("".join(runs))) < 2:
         return None
     return Decoded(text, "hz", 0.99, notes=["HZ (7-bit GB2312 between ~{ and ~})"])
 
 
-_HAN = re.compile("[\u4e00-\u9fff]")
-_HZ_RUN = re.compile(r"~\{.*?~\}", re.S)
+_HAN = _Lazy("[\u4e00-\u9fff]")
+_HZ_RUN = _Lazy(r"~\{.*?~\}", re.S)
 # what GB2312 holds beyond ASCII: Han, CJK and full-width punctuation, kana, Greek, Cyrillic,
 # box drawing; at least one Han character per run
-_HZ_PLAUSIBLE = re.compile("[\u4e00-\u9fff\u3000-\u30ff\uff01-\uff5e\u2000-\u26ff"
+_HZ_PLAUSIBLE = _Lazy("[\u4e00-\u9fff\u3000-\u30ff\uff01-\uff5e\u2000-\u26ff"
                            "\u0391-\u03c9\u0401-\u0451\u00a4-\u00fc\\s]*", re.S)
 
 
@@ -634,9 +647,10 @@ def _penalty(text: str, data: bytes, codec: str) -> int:
     """How implausible a reading is: its oddities (`_oddities`) and its letters that no one
     language's alphabet holds together with the rest (`_foreign_letters`)."""
     odd = _oddities(text, data, codec)
-    if odd and _HANGUL.search(text):  # Korean writes Han and Hangul in one word ("期間등"): no oddity
-        odd = max(0, odd - len(_HAN_HANGUL.findall(text, 0, 2000)))
-    odd -= len(_CJK_MIDDLE_DOT.findall(text, 0, 2000))  # "声声慢·寻寻觅觅", "고용·임금": a separator
+    if odd and _HANGUL.compiled.search(text):  # Korean writes Han and Hangul in one word ("期間등"): no oddity
+        odd = max(0, odd - len(_HAN_HANGUL.compiled.findall(text, 0, 2000)))
+    if "\u00b7" in text:  # "声声慢·寻寻觅觅", "고용·임금": a separator
+        odd -= len(_CJK_MIDDLE_DOT.compiled.findall(text, 0, 2000))
     ukrainian_g = text.count("ґ")
     return (max(0, odd) + _foreign_letters(text) + _rare_ideographs(text, codec) + len(_GLUED.findall(text))
             + len(_CYRILLIC_CAMEL.findall(text))
@@ -651,7 +665,7 @@ def _rare_ideographs(text: str, codec: str) -> int:
     common = _COMMON_IDEOGRAPH.get(codecs.lookup(codec).name) if codec in MULTIBYTE or codec in _COMMON_IDEOGRAPH else None
     if common is None:
         return 0
-    han = _HAN.findall(text, 0, 4000)
+    han = _HAN.compiled.findall(text, 0, 4000)
     rare = sum(1 for ch in han if not common(ch))
     return max(0, rare - len(han) // 10)
 
@@ -686,26 +700,33 @@ def _rare_letters(text: str) -> int:
     return len(rare)
 
 
-# `_RARE_LETTER` with each match's character first (a look-behind first is tried at every position)
-_RARE_LETTER_FAST = re.compile("[ŕŔĺĹďĎŤĒ]|[^\\W\\d_](?<=[0-9].)(?![^\\W\\d_])"
-                               "|[\u0370-\u03ff\u0400-\u04ff](?<![^\\W\\d_].)(?![^\\W\\d_])")
+# `_RARE_LETTER`, matching from one class of the characters a match can start with (a rare
+# letter, a digit, a Greek or Cyrillic letter): the scan skips to those, where a look-behind
+# first, or a letter class first, is tried at every position (a third of the cost)
+_RARE_LETTER_FAST = re.compile("[ŕŔĺĹďĎŤĒ0-9\u0370-\u03ff\u0400-\u04ff]"
+                               "(?:(?<=[ŕŔĺĹďĎŤĒ])|(?<=[0-9])[^\\W\\d_](?![^\\W\\d_])"
+                               "|(?<=[\u0370-\u03ff\u0400-\u04ff])(?<![^\\W\\d_].)(?![^\\W\\d_]))")
 
 
 # Signs a wrong code page puts where a capital letter was, at the start of a word: MacCyrillic
 # capitals read as cp1251 ("‚сі" for "Всі", "€нший" for "Інший"), a DOS or Mac letter read as a
-# Windows one. Between two letters they are oddities already.
-_GLUED = re.compile("[†‡•‰‹›€™…№¬√ƒ≈∆÷](?<![^\\W\\d_].)(?=[^\\W\\d_])|‚(?=[\u0430-\u045f])|‚(?<!\\S.)(?!\\S)"
-                    "|[–—](?<![^\\W\\d_].)(?=[\u0430-\u045f])"
+# Windows one. Between two letters they are oddities already. (Each match is one sign, matched
+# from one class of them all and told apart by a look-behind after it: the scan skips to the
+# signs, where an alternation of classes is tried at every position, at five times the cost.)
+_GLUED = re.compile("[†‡•‰‹›€™…№¬√ƒ≈∆÷‚–—\u2500-\u259f\u2320\u2321]"
+                    "(?:(?<=[†‡•‰‹›€™…№¬√ƒ≈∆÷])(?<![^\\W\\d_].)(?=[^\\W\\d_])|(?<=‚)(?=[\u0430-\u045f])|(?<=‚)(?<!\\S.)(?!\\S)"
+                    "|(?<=[–—])(?<![^\\W\\d_].)(?=[\u0430-\u045f])"
                     # box drawing touching a letter: a DOS code page's letters read as another's
-                    "|[\u2500-\u259f\u2320\u2321](?=[^\\W\\d_])|[\u2500-\u259f\u2320\u2321](?<=[^\\W\\d_].)")
-_HANGUL = re.compile("[\uac00-\ud7a3]")
-_HAN_HANGUL = re.compile("[\u4e00-\u9fff](?=[\uac00-\ud7a3])|[\uac00-\ud7a3](?=[\u4e00-\u9fff])")
-_CJK_MIDDLE_DOT = re.compile("\u00b7(?<=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3].)(?=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3])")
+                    "|(?<=[\u2500-\u259f\u2320\u2321])(?=[^\\W\\d_])|(?<=[\u2500-\u259f\u2320\u2321])(?<=[^\\W\\d_].))")
+_HANGUL = _Lazy("[\uac00-\ud7a3]")
+_HAN_HANGUL = _Lazy("[\u4e00-\u9fff](?=[\uac00-\ud7a3])|[\uac00-\ud7a3](?=[\u4e00-\u9fff])")
+_CJK_MIDDLE_DOT = _Lazy("\u00b7(?<=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3].)(?=[\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3])")
 # A Cyrillic capital after lower-case letters of its word ("народжуютьсЯ": MacCyrillic "я" read
 # as cp1251): Cyrillic has no camelCase identifiers.
-_CYRILLIC_CAMEL = re.compile("[\u0400-\u042f](?<=[\u0430-\u045f]{2}.)"
+# (One class of both first, as `_GLUED`.)
+_CYRILLIC_CAMEL = re.compile("[\u0400-\u045f](?:(?<=[\u0400-\u042f])(?<=[\u0430-\u045f]{2}.)"
                              # ...or a word's lower-case first letter before capitals ("пРИВЕТ": cp1251 read as KOI8)
-                             "|[\u0430-\u045f](?<![^\\W\\d_].)(?=[\u0400-\u042f]{2})")
+                             "|(?<=[\u0430-\u045f])(?<![^\\W\\d_].)(?=[\u0400-\u042f]{2}))")
 _GREEK_OR_CYRILLIC_WORD = re.compile("[\u0370-\u03ff\u0400-\u04ff]{2}")
 
 
@@ -717,12 +738,15 @@ def _foreign_letters(text: str) -> int:
     Ukrainian "і", a Swedish "på" read as ISO-8859-3 is Maltese "pċ" beside Swedish "ä". Real
     text is written in one language, and its letters beyond ASCII fit that language's alphabet,
     bar a name or two."""
-    counts = collections.Counter(text.lower())
-    for ch in [ch for ch in counts if ch < "\u00c0" or ch in "×÷" or not ch.isalpha()]:
-        del counts[ch]  # ASCII, Latin-1 signs, and what is not a letter
-    if not counts:
-        return 0
-    letters, total = set(counts), sum(counts.values())
+    lower = text.lower()
+    # ASCII, Latin-1 signs, and what is not a letter do not count
+    letters = {ch for ch in set(lower) if ch >= "\u00c0" and ch not in "×÷" and ch.isalpha()}
+    if not letters or _one_alphabet_holds(letters):
+        return 0  # (most texts: told by the distinct letters, without counting each)
+    counts = collections.Counter(lower)
+    for ch in [ch for ch in counts if ch not in letters]:
+        del counts[ch]
+    total = sum(counts.values())
     inside = 0
     # the alphabets holding the most frequent letter first: one of them mostly holds them all,
     # and the scan ends there (CJK text would otherwise be weighed against 40 alphabets first)
@@ -731,6 +755,18 @@ def _foreign_letters(text: str) -> int:
         if inside == total:
             break
     return total - inside
+
+
+def _one_alphabet_holds(letters: set[str]) -> bool:
+    """One of `_ALPHABETS` holds all of ``letters``: such an alphabet holds any one of them, so
+    only those holding one are tried."""
+    some = min(letters)
+    for alphabet in _alphabets_holding_first(some):
+        if not alphabet.holds(some):
+            return False  # the rest hold none of them
+        if len(alphabet.held(letters)) == len(letters):
+            return True
+    return False
 
 
 # The letters beyond ASCII of the languages legacy files were written in, lower case, each
@@ -762,8 +798,8 @@ class _Alphabet:
     def held(self, letters: set[str]) -> set[str]:
         """Those of ``letters`` in the alphabet (`&` runs over the smaller side)."""
         held = letters & self.letters
-        if self.blocks:
-            held.update(ch for ch in letters if any(lo <= ch <= hi for lo, hi in self.blocks))
+        for lo, hi in self.blocks:  # one pass a block: a CJK text has hundreds of letters to place
+            held.update(ch for ch in letters if lo <= ch <= hi)
         return held
 
 
@@ -964,16 +1000,21 @@ def _decodes(data: bytes, enc: str) -> bool:
 
 def _paired(text: str) -> bool:
     """At least two characters beyond Latin-1 were made of paired bytes."""
-    first = _PAIRED_CHAR.search(text, 0, 4000)
-    return first is not None and _PAIRED_CHAR.search(text, first.end(), 4000) is not None
+    first = _PAIRED_CHAR.compiled.search(text, 0, 4000)
+    return first is not None and _PAIRED_CHAR.compiled.search(text, first.end(), 4000) is not None
 
 
-_PAIRED_CHAR = re.compile("[^\x00-\u2e7f]")  # negated: a range to the end of Unicode compiles slowly
+_PAIRED_CHAR = _Lazy("[^\x00-\u2e7f]")  # negated: a range to the end of Unicode compiles slowly
 
 
 def _first_high_byte(data: bytes) -> int:
-    stripped = data.lstrip(bytes(range(0x80)))
-    return len(data) - len(stripped)
+    """Where the first byte beyond ASCII is (``len(data)`` if none): a search, where stripping
+    the ASCII before it copied the rest of the file each time."""
+    found = _HIGH_BYTE.search(data)
+    return found.start() if found else len(data)
+
+
+_HIGH_BYTE = re.compile(b"[\x80-\xff]")
 
 
 def _chardet_candidates(chardet, data: bytes, era) -> list[tuple[str, float]]:
@@ -1071,8 +1112,9 @@ _ODD_SYMBOL = re.compile(f"[¤{_RARE_SYMBOLS}](?:(?<=¤)|(?<={_LETTER}.)|(?={_LE
 # a capital inside a lower-case word: Cyrillic "Я" ("подходЯщие" is MacCyrillic, whose "я" is
 # cp1251's "Я", read as cp1251), or an accented Latin one ("karatØai" is Estonian ISO-8859-15
 # "karatšai" read as cp1257). Prose has no such camelCase; program identifiers do, so only these.
-_CAMEL = re.compile("\u042f(?<=[\u0430-\u045f]{2}.)(?=[\u0430-\u045f])"  # the capital first: the scan skips to it
-                    "|[\u00c0-\u00d6\u00d8-\u00de](?<=[a-z\u00df-\u00f6\u00f8-\u00ff]{2}.)(?=[a-z\u00df-\u00f6\u00f8-\u00ff])")
+# (the capitals first, in one class: the scan skips to them)
+_CAMEL = re.compile("[\u042f\u00c0-\u00d6\u00d8-\u00de](?:(?<=[\u0430-\u045f]{2}\u042f)(?=[\u0430-\u045f])"
+                    "|(?<=[a-z\u00df-\u00f6\u00f8-\u00ff]{2}[\u00c0-\u00d6\u00d8-\u00de])(?=[a-z\u00df-\u00f6\u00f8-\u00ff]))")
 _SCRIPT_CACHE: dict[str, str] = {}
 
 
@@ -1107,7 +1149,7 @@ def _oddities(text: str, data: bytes | None = None, codec: str | None = None, li
     start = max(0, start - 64)
     window = text[start : start + limit]
     if raw is not None and table:
-        changes = len(_SCRIPT_CHANGE_BYTES.findall(raw[start : start + limit].translate(table.tags)))
+        changes = _script_changes_in_bytes(raw[start : start + limit].translate(table.tags))
     else:
         changes = _mixed_script_words(window)
     return odd + changes + len(_WEDGED.findall(window)) + len(_CAMEL.findall(window))
@@ -1172,6 +1214,16 @@ class _ScriptTags(dict):
         return tag
 
 
+def _script_changes_in_bytes(tags: bytes) -> int:
+    """`_mixed_script_words` for a single-byte reading's bytes, each replaced by its script's tag
+    (`_ByteTables.tags`). One script throughout, as in most texts, has no change: two byte
+    operations tell, where the regex's back-reference is tried at every letter."""
+    letters = tags.replace(b" ", b"")
+    if not letters.strip(letters[:1]):
+        return 0
+    return len(_SCRIPT_CHANGE_BYTES.findall(tags))
+
+
 def _mixed_script_words(text: str) -> int:
     """Script changes within words, e.g. Latin to Greek in "cafι": the mark of a wrong code page.
 
@@ -1179,6 +1231,11 @@ def _mixed_script_words(text: str) -> int:
     before them, so a Latin word set in them touches their characters ("使用CSS布局", "PC에서"):
     no change of script within a word. A lone East Asian character between two Latin letters
     still is ("d捐ut"): a multi-byte code page pairing an accented letter with the next one."""
+    if len({_SCRIPT_TAGS[ord(ch)] for ch in set(text)} - {" "}) <= 1:
+        # one script throughout (most texts): no change anywhere. Told from the distinct
+        # characters, at a fifth of the cost of tagging each (a CJK text's are hundreds of
+        # look-ups, its characters thousands)
+        return 0
     tags = text.translate(_SCRIPT_TAGS)  # each letter -> its script's tag, the rest -> " "
     changes = len(_SCRIPT_CHANGE.findall(tags))
     if _CJK_TAG in tags or _HANGUL_TAG in tags:
