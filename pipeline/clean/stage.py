@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import __version__
+from pipeline.clean import WORKER_MODULES
 from pipeline.clean.discover import Candidate, discover
 from pipeline.clean.journal import STATE_DIR, Journal
-from pipeline.clean.process import WORKER_MODULES, WorkerSettings, crashed, init_worker, output_path, process, timed_out
+from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
 from pipeline.clean.records import FileResult
 from pipeline.clean.report import ReportBuilder
 from pipeline.core.config import parse_byte_size

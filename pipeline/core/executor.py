@@ -158,6 +158,8 @@ class OrderedPool(Generic[T, R]):
         self.preload = tuple(preload)
         self._pool: ProcessPoolExecutor | None = None
         self._starting: list[Future] = []  # start's no-op calls, done once a worker runs
+        self._launcher: threading.Thread | None = None  # submits those calls (see `start`)
+        self._from_server = False  # whether the last pool made forks its workers from the fork server
 
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
         _single_threaded_workers()
@@ -168,25 +170,49 @@ class OrderedPool(Generic[T, R]):
             forkserver.ensure_running()
             server = _server_pid()
             if server is not None:  # the workers' parent is the server, which dies with us
+                self._from_server = True
                 return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
                                            initargs=(server, self.initializer, self.initargs))
         # spawn, not fork: the parent may hold threads (progress bar, pyarrow) that fork would copy mid-state
+        self._from_server = False
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                    initializer=_start_worker, initargs=(os.getpid(), self.initializer, self.initargs))
 
     def start(self) -> OrderedPool:
         """Spawn the workers now, so that their start-up (a fresh interpreter importing the
-        decoders) overlaps with what the caller does before `map` (discovery, resume)."""
+        decoders) overlaps with what the caller does before `map` (discovery, resume).
+
+        Forked from a fork server, a worker's launch waits until the server has imported the
+        preloaded modules (it answers with the new pid only then): a thread launches them, so
+        the caller goes on with its discovery meanwhile. Spawned workers are launched here, by
+        the caller's thread: a worker is killed when the thread that started it ends."""
         if self._pool is None:
-            self._pool = self._new_pool(self.workers)
-            self._starting = [self._pool.submit(_nothing, self.fn) for _ in range(self.workers)]
+            pool = self._pool = self._new_pool(self.workers)
+            if self._from_server:
+                self._launcher = threading.Thread(target=self._launch, args=(pool,), daemon=True, name="pool-launch")
+                self._launcher.start()
+            else:
+                self._launch(pool)
         return self
+
+    def _launch(self, pool: ProcessPoolExecutor) -> None:
+        try:
+            self._starting = [pool.submit(_nothing, self.fn) for _ in range(self.workers)]
+        except (BrokenProcessPool, RuntimeError):
+            pass  # a pool that broke while it started: map's first submission finds out and recovers
+
+    def _launched(self) -> None:
+        """Wait for the thread `start` may have left launching the workers."""
+        launcher, self._launcher = self._launcher, None
+        if launcher is not None:
+            launcher.join()
 
     def _started(self) -> None:
         """Wait (at most `START_WAIT` s) until the workers of the pool `start` made have run a
         first call (and imported the function's module): a timeout counts from the moment an
         item is the oldest in flight, and a pool's start-up (long on a loaded machine) must not
         be blamed on the first item it gets."""
+        self._launched()
         starting, self._starting = self._starting, []
         if starting:
             wait(starting, timeout=START_WAIT)
@@ -199,6 +225,8 @@ class OrderedPool(Generic[T, R]):
         self.start()
         if timeout:
             self._started()
+        else:
+            self._launched()
         pending: deque[tuple[T, Future]] = deque()
         it = iter(items)
         try:
@@ -274,6 +302,7 @@ class OrderedPool(Generic[T, R]):
         pending.extend((item, self._submit(item)) for item in items)
 
     def close(self) -> None:
+        self._launched()
         self._starting = []
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
