@@ -486,12 +486,21 @@ def _move_if_there(src: Path, dest: Path) -> None:
 
 
 def _sweep(folder: Path, keep: set[str], root: Path) -> None:
-    """Remove files under ``folder`` that this run did not produce (left by earlier runs)."""
-    if not folder.exists():
-        return
-    for p in sorted(folder.rglob("*"), reverse=True):
-        if p.is_file() or p.is_symlink():
-            if p.relative_to(root).as_posix() not in keep:
-                p.unlink()
-        elif p.is_dir() and not any(p.iterdir()):
-            p.rmdir()
+    """Remove files under ``folder`` that this run did not produce (left by earlier runs), and
+    the folders that leaves empty. Paths as strings from os.scandir: a Path per file (rglob,
+    relative_to, is_file) was ~0.1 ms a file of the main process, after every run."""
+    if folder.exists():
+        _sweep_in(str(folder), folder.relative_to(root).as_posix() + "/", keep)
+
+
+def _sweep_in(path: str, prefix: str, keep: set[str]) -> None:
+    """`_sweep` below ``path`` (``prefix``: its path relative to the output folder, with a "/")."""
+    with os.scandir(path) as it:
+        entries = list(it)
+    for e in entries:
+        if e.is_dir(follow_symlinks=False):
+            _sweep_in(e.path, f"{prefix}{e.name}/", keep)
+            if not os.listdir(e.path):
+                os.rmdir(e.path)
+        elif (e.is_file() or e.is_symlink()) and prefix + e.name not in keep:
+            os.unlink(e.path)
