@@ -27,6 +27,7 @@ class Candidate:
     key: str = ""
     problem: Reason | None = None  # a reason decided while walking (OUTSIDE_ROOT, UNREADABLE, ...)
     detail: str = ""
+    size: int | None = None  # bytes, when the walk saw it (a local regular file): how long it may take
 
 
 def display_path(rel: str) -> str:
@@ -71,7 +72,7 @@ def _classify(rel: str, abspath: str, root_real: str, link: bool = True) -> Cand
     if kind == Kind.TEXT and _looks_binary(head):
         fmt = _pillow_format(real) or fmt  # one of the many formats Pillow knows by content (FLI, BLP, SGI...)
         kind = Kind.IMAGE if fmt != "text?" else kind
-    return Candidate(rel, real, kind, fmt)
+    return Candidate(rel, real, kind, fmt, size=st.st_size)
 
 
 def _looks_binary(head: bytes) -> bool:
