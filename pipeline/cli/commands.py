@@ -82,6 +82,8 @@ def _coerce_plain_values_directly(command) -> None:
     for param in command.params:
         _plain_values(param)
     made = command.get_help_option
+    if getattr(made, "plain_values", False):
+        return  # done when this command ran before
 
     def get_help_option(ctx):
         option = made(ctx)
@@ -89,6 +91,7 @@ def _coerce_plain_values_directly(command) -> None:
             _plain_values(option)
         return option
 
+    get_help_option.plain_values = True  # type: ignore[attr-defined]
     command.get_help_option = get_help_option
 
 
