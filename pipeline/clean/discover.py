@@ -27,6 +27,7 @@ class Candidate:
     key: str = ""
     problem: Reason | None = None  # a reason decided while walking (OUTSIDE_ROOT, UNREADABLE, ...)
     detail: str = ""
+    size: int | None = None  # bytes, when the walk saw it (a local regular file): how long it may take
 
 
 def display_path(rel: str) -> str:
@@ -47,11 +48,15 @@ def _read_head(path: str) -> bytes:
         return f.read(HEAD_BYTES + 512)
 
 
-def _classify(rel: str, abspath: str, root_real: str) -> Candidate:
+def _classify(rel: str, abspath: str, root_real: str, link: bool = True) -> Candidate:
+    """``link``: False when the walk knows the entry is no symbolic link. Every folder walked
+    below the root is a real one (links to folders are rows, never walked), so such a file's
+    real path is the root's followed by its relative path, without a realpath per file (an
+    lstat per component of its path: the most of discovery's system calls)."""
     name = rel.rsplit("/", 1)[-1]
     try:
-        real = os.path.realpath(abspath)
-        if os.path.islink(abspath) and not _within(real, root_real):
+        real = os.path.realpath(abspath) if link else os.path.join(root_real, rel)
+        if link and os.path.islink(abspath) and not _within(real, root_real):
             return Candidate(rel, abspath, Kind.OTHER, "link", problem=Reason.OUTSIDE_ROOT,
                              detail=f"symbolic link to {os.readlink(abspath)} leaves the input folder")
         st = os.stat(abspath)
@@ -67,7 +72,7 @@ def _classify(rel: str, abspath: str, root_real: str) -> Candidate:
     if kind == Kind.TEXT and _looks_binary(head):
         fmt = _pillow_format(real) or fmt  # one of the many formats Pillow knows by content (FLI, BLP, SGI...)
         kind = Kind.IMAGE if fmt != "text?" else kind
-    return Candidate(rel, real, kind, fmt)
+    return Candidate(rel, real, kind, fmt, size=st.st_size)
 
 
 def _looks_binary(head: bytes) -> bool:
@@ -93,8 +98,9 @@ def _pillow_format(path: str) -> str | None:
 
 
 def _walk(root: str, root_real: str, rel: str):
-    """Yield (relative path, absolute path, problem) of every non-directory entry and of every
-    link to a folder; ``problem`` is (reason, detail) when the walk itself decided one.
+    """Yield (relative path, absolute path, problem, link) of every non-directory entry and of
+    every link to a folder; ``problem`` is (reason, detail) when the walk itself decided one,
+    ``link`` False for an entry known to be no symbolic link.
 
     A link to a folder is never walked: one inside the root points at a folder that is read
     under its own name (its files keep their own folder's label, and are listed once), one
@@ -103,7 +109,7 @@ def _walk(root: str, root_real: str, rel: str):
     try:
         entries = sorted(os.scandir(here), key=lambda e: e.name)
     except OSError as e:
-        yield rel, here, (Reason.UNREADABLE, f"directory not readable: {e.strerror or e}")
+        yield rel, here, (Reason.UNREADABLE, f"directory not readable: {e.strerror or e}"), True
         return
     for entry in entries:
         child = f"{rel}/{entry.name}" if rel else entry.name
@@ -116,13 +122,20 @@ def _walk(root: str, root_real: str, rel: str):
             inside = os.path.relpath(real, root_real).replace(os.sep, "/") if _within(real, root_real) else None
             yield child, entry.path, None if inside is None else (
                 Reason.UNSUPPORTED_FORMAT, f"a link to the folder {display_path(inside) if inside != '.' else 'INPUT itself'}, "
-                                      "whose files are read there, under their own folder's label")
+                                      "whose files are read there, under their own folder's label"), True
         elif is_dir and _metadata_folder(entry.name):
-            yield child, entry.path, (Reason.UNSUPPORTED_FORMAT, hidden_folder_detail(_count_files(entry.path)))
+            yield child, entry.path, (Reason.UNSUPPORTED_FORMAT, hidden_folder_detail(_count_files(entry.path))), True
         elif is_dir:
             yield from _walk(root, root_real, child)
         else:
-            yield child, entry.path, None
+            yield child, entry.path, None, _is_link(entry)
+
+
+def _is_link(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_symlink()
+    except OSError:
+        return True  # not known: treated as a link, which is always safe
 
 
 def _metadata_folder(name: str) -> bool:
@@ -151,13 +164,13 @@ def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str]
     root_s = os.path.abspath(root)
     root_real = os.path.realpath(root_s)
     out: list[Candidate] = []
-    for rel, abspath, problem in _walk(root_s, root_real, ""):
+    for rel, abspath, problem, link in _walk(root_s, root_real, ""):
         if exclude and rel in exclude:
             continue
         if problem:
             out.append(Candidate(display_path(rel) or ".", abspath, Kind.OTHER, "directory", problem=problem[0], detail=problem[1]))
             continue
-        cand = _classify(rel, abspath, root_real)
+        cand = _classify(rel, abspath, root_real, link)
         cand.source = display_path(rel)
         out.append(cand)
     return labelled(out, labels)

@@ -19,11 +19,6 @@ from pipeline.media.image.clean import ImageSettings
 from pipeline.media.text.clean import TextSettings
 
 HASH_CHUNK = 1 << 20
-# What the workers import, all of it at start-up rather than on their first file: the fork
-# server imports these once, and every worker forks from it ready (see pipeline.core.executor)
-WORKER_MODULES = ("pipeline.clean.process", "pipeline.media.image.decode", "pipeline.media.image.resize",
-                  "pipeline.similarity.perceptual", "pipeline.media.text.encodings", "pipeline.formats.sample",
-                  "cykooz_resizer", "simplejpeg", "xxhash")
 _SETTINGS: WorkerSettings | None = None  # set once per worker process by init_worker
 
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import __version__
+from pipeline.clean import WORKER_MODULES
 from pipeline.clean.discover import Candidate, discover
 from pipeline.clean.journal import STATE_DIR, Journal
-from pipeline.clean.process import WORKER_MODULES, WorkerSettings, crashed, init_worker, output_path, process, timed_out
+from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
 from pipeline.clean.records import FileResult
 from pipeline.clean.report import ReportBuilder
 from pipeline.core.config import parse_byte_size
@@ -49,6 +50,9 @@ MAX_SIZE = 8192
 OWNED = ("data", "quarantine", "manifest.parquet", "report.json", STATE_DIR)
 # Links, FIFOs and unreadable files have nothing (or nothing of ours) to copy into quarantine/.
 NO_COPY_REASONS = {Reason.OUTSIDE_ROOT, Reason.UNREADABLE}
+# Small files go to the workers BATCH_FILES to a message: a message per file cost the main
+# process ~0.2-0.3 ms of CPU, as much as a small text's whole judging in the worker
+BATCH_FILES, BATCH_BYTES = 16, 256 * 1024
 # Outputs of files that did not end kept (duplicates) wait here, so a re-run where they become
 # kept (their better copy was removed) need not decode them again.
 PARKED = f"{STATE_DIR}/parked"
@@ -442,7 +446,8 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
         pool = _pool(cfg, min(worker_count(cfg.workers), max(1, len(todo))))
     results: list[FileResult] = []
     with progress("clean", len(candidates), show_progress) as advance:
-        computed = pool.map(todo, on_crash=crashed, timeout=cfg.file_timeout, on_timeout=timed_out) if todo else iter(())
+        computed = pool.map(todo, on_crash=crashed, timeout=cfg.file_timeout, on_timeout=timed_out,
+                            batch=BATCH_FILES, batchable=_small) if todo else iter(())
         computed = _after_first(computed, _warm_up_manifest_writer) if todo else computed
         if not todo:
             _warm_up_manifest_writer()
@@ -462,6 +467,12 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
             pool.close()
             journal.close()
     return results, len(reuse)
+
+
+def _small(c: Candidate) -> bool:
+    """A file judged in far less than any --file-timeout (a 256 KiB JPEG: tens of ms), so it
+    may travel to a worker with others (`OrderedPool.map`'s batch)."""
+    return c.problem is not None or (c.size is not None and c.size <= BATCH_BYTES)
 
 
 def _finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict:
@@ -575,12 +586,21 @@ def _move_if_there(src: Path, dest: Path) -> None:
 
 
 def _sweep(folder: Path, keep: set[str], root: Path) -> None:
-    """Remove files under ``folder`` that this run did not produce (left by earlier runs)."""
-    if not folder.exists():
-        return
-    for p in sorted(folder.rglob("*"), reverse=True):
-        if p.is_file() or p.is_symlink():
-            if p.relative_to(root).as_posix() not in keep:
-                p.unlink()
-        elif p.is_dir() and not any(p.iterdir()):
-            p.rmdir()
+    """Remove files under ``folder`` that this run did not produce (left by earlier runs), and
+    the folders that leaves empty. Paths as strings from os.scandir: a Path per file (rglob,
+    relative_to, is_file) was ~0.1 ms a file of the main process, after every run."""
+    if folder.exists():
+        _sweep_in(str(folder), folder.relative_to(root).as_posix() + "/", keep)
+
+
+def _sweep_in(path: str, prefix: str, keep: set[str]) -> None:
+    """`_sweep` below ``path`` (``prefix``: its path relative to the output folder, with a "/")."""
+    with os.scandir(path) as it:
+        entries = list(it)
+    for e in entries:
+        if e.is_dir(follow_symlinks=False):
+            _sweep_in(e.path, f"{prefix}{e.name}/", keep)
+            if not os.listdir(e.path):
+                os.rmdir(e.path)
+        elif (e.is_file() or e.is_symlink()) and prefix + e.name not in keep:
+            os.unlink(e.path)

@@ -158,6 +158,8 @@ class OrderedPool(Generic[T, R]):
         self.preload = tuple(preload)
         self._pool: ProcessPoolExecutor | None = None
         self._starting: list[Future] = []  # start's no-op calls, done once a worker runs
+        self._launcher: threading.Thread | None = None  # submits those calls (see `start`)
+        self._from_server = False  # whether the last pool made forks its workers from the fork server
 
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
         _single_threaded_workers()
@@ -168,62 +170,96 @@ class OrderedPool(Generic[T, R]):
             forkserver.ensure_running()
             server = _server_pid()
             if server is not None:  # the workers' parent is the server, which dies with us
+                self._from_server = True
                 return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
                                            initargs=(server, self.initializer, self.initargs))
         # spawn, not fork: the parent may hold threads (progress bar, pyarrow) that fork would copy mid-state
+        self._from_server = False
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                    initializer=_start_worker, initargs=(os.getpid(), self.initializer, self.initargs))
 
     def start(self) -> OrderedPool:
         """Spawn the workers now, so that their start-up (a fresh interpreter importing the
-        decoders) overlaps with what the caller does before `map` (discovery, resume)."""
+        decoders) overlaps with what the caller does before `map` (discovery, resume).
+
+        Forked from a fork server, a worker's launch waits until the server has imported the
+        preloaded modules (it answers with the new pid only then): a thread launches them, so
+        the caller goes on with its discovery meanwhile. Spawned workers are launched here, by
+        the caller's thread: a worker is killed when the thread that started it ends."""
         if self._pool is None:
-            self._pool = self._new_pool(self.workers)
-            self._starting = [self._pool.submit(_nothing, self.fn) for _ in range(self.workers)]
+            pool = self._pool = self._new_pool(self.workers)
+            if self._from_server:
+                self._launcher = threading.Thread(target=self._launch, args=(pool,), daemon=True, name="pool-launch")
+                self._launcher.start()
+            else:
+                self._launch(pool)
         return self
+
+    def _launch(self, pool: ProcessPoolExecutor) -> None:
+        try:
+            self._starting = [pool.submit(_nothing, self.fn) for _ in range(self.workers)]
+        except (BrokenProcessPool, RuntimeError):
+            pass  # a pool that broke while it started: map's first submission finds out and recovers
+
+    def _launched(self) -> None:
+        """Wait for the thread `start` may have left launching the workers."""
+        launcher, self._launcher = self._launcher, None
+        if launcher is not None:
+            launcher.join()
 
     def _started(self) -> None:
         """Wait (at most `START_WAIT` s) until the workers of the pool `start` made have run a
         first call (and imported the function's module): a timeout counts from the moment an
         item is the oldest in flight, and a pool's start-up (long on a loaded machine) must not
         be blamed on the first item it gets."""
+        self._launched()
         starting, self._starting = self._starting, []
         if starting:
             wait(starting, timeout=START_WAIT)
 
     def map(self, items: Iterable[T], on_crash: Callable[[T, BaseException], R], window: int | None = None,
-            timeout: float | None = None, on_timeout: Callable[[T, float], R] | None = None) -> Iterator[R]:
+            timeout: float | None = None, on_timeout: Callable[[T, float], R] | None = None,
+            batch: int = 1, batchable: Callable[[T], bool] | None = None) -> Iterator[R]:
         """Results in input order. ``timeout`` counts from the moment an item is the oldest in
-        flight: in FIFO dispatch it is running by then, so it is never cut short."""
+        flight: in FIFO dispatch it is running by then, so it is never cut short.
+
+        ``batch``: up to that many consecutive items for which ``batchable`` says yes travel to
+        a worker in one message and come back in one (``window`` counts messages). A message
+        per item cost more of the caller's CPU than a small file's whole judging. A batch
+        counts as one item for ``timeout``; one that runs past it has its worker killed and its
+        items run again one by one, each with the whole ``timeout`` (so a file that hangs in a
+        batch is told after up to twice ``timeout``): batch only items that take far less."""
         window = window or self.workers * 4
         self.start()
         if timeout:
             self._started()
-        pending: deque[tuple[T, Future]] = deque()
-        it = iter(items)
+        else:
+            self._launched()
+        pending: deque[tuple[list[T], Future]] = deque()
+        groups = _groups(items, batch, batchable)
         try:
             while True:
                 while len(pending) < window:
-                    try:
-                        item = next(it)
-                    except StopIteration:
+                    group = next(groups, None)
+                    if group is None:
                         break
-                    pending.append((item, self._submit(item)))
+                    pending.append((group, self._submit(group)))
                 if not pending:
                     return
-                item, fut = pending[0]
+                group, fut = pending[0]
                 try:
-                    result = fut.result(timeout=timeout or None)
+                    results = fut.result(timeout=timeout or None)
                 except FutureTimeout:
                     pending.popleft()
-                    yield _timed_out(item, timeout, on_timeout)
-                    self._restart(pending)
+                    if len(group) == 1:
+                        yield _timed_out(group[0], timeout, on_timeout)
+                    self._restart(pending, [[item] for item in group] if len(group) > 1 else [])
                     continue
                 except BrokenProcessPool:
                     yield from self._recover(pending, on_crash, timeout, on_timeout)
                     continue
                 pending.popleft()
-                yield result
+                yield from results
         finally:
             self.close()
 
@@ -234,9 +270,9 @@ class OrderedPool(Generic[T, R]):
             raise RuntimeError("OrderedPool: no pool running (used outside map)")
         return self._pool
 
-    def _submit(self, item: T) -> Future:
+    def _submit(self, group: list[T]) -> Future:
         try:
-            return self._running().submit(self.fn, item)
+            return self._running().submit(_each, self.fn, group)
         except BrokenProcessPool:
             fut: Future = Future()
             fut.set_exception(BrokenProcessPool("pool broken"))
@@ -245,8 +281,9 @@ class OrderedPool(Generic[T, R]):
     def _recover(self, pending: deque, on_crash, timeout, on_timeout) -> Iterator[R]:
         """The pool died: run each in-flight item alone to find the one that kills its worker."""
         self._running().shutdown(wait=False, cancel_futures=True)
-        while pending:
-            item, _ = pending.popleft()
+        items = [item for group, _ in pending for item in group]
+        pending.clear()
+        for item in items:
             solo = self._new_pool(1)
             if timeout:
                 wait([solo.submit(_nothing, self.fn)], timeout=START_WAIT)
@@ -264,20 +301,46 @@ class OrderedPool(Generic[T, R]):
         if timeout:
             self._started()
 
-    def _restart(self, pending: deque) -> None:
-        """Kill the workers (one is stuck) and run the other in-flight items again in a new pool."""
+    def _restart(self, pending: deque, first: list[list[T]]) -> None:
+        """Kill the workers (one is stuck) and run the other in-flight items again in a new pool,
+        after the groups in ``first``."""
         _kill(self._running())
         self._pool = None
         self.start()._started()
-        items = [item for item, _ in pending]
+        groups = [*first, *(group for group, _ in pending)]
         pending.clear()
-        pending.extend((item, self._submit(item)) for item in items)
+        pending.extend((group, self._submit(group)) for group in groups)
 
     def close(self) -> None:
+        self._launched()
         self._starting = []
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _each(fn: Callable[[T], R], group: list[T]) -> list[R]:
+    """What a worker runs for one message: ``fn`` over its items, in order."""
+    return [fn(item) for item in group]
+
+
+def _groups(items: Iterable[T], batch: int, batchable: Callable[[T], bool] | None) -> Iterator[list[T]]:
+    """``items`` as messages: runs of up to ``batch`` batchable items, every other item alone."""
+    group: list[T] = []
+    for item in items:
+        if batch > 1 and batchable is not None and batchable(item):
+            group.append(item)
+            if len(group) < batch:
+                continue
+        elif group:
+            yield group
+            group = [item]
+        else:
+            group = [item]
+        yield group
+        group = []
+    if group:
+        yield group
 
 
 def _timed_out(item: T, timeout: float | None, on_timeout: Callable[[T, float], R] | None) -> R:

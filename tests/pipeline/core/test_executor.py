@@ -86,3 +86,31 @@ def test_a_worker_whose_caller_died_while_it_started_exits_at_once():
     code = "from pipeline.core.executor import _start_worker; _start_worker(1, None, ()); print('kept running')"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=pipe_env())
     assert p.returncode == 1 and "kept running" not in p.stdout, (p.returncode, p.stdout, p.stderr)
+
+
+
+@HOW
+def test_batches_keep_input_order_and_single_items_between_them(preload):
+    # batch: runs of consecutive batchable items go to a worker in one message (pipe clean's small files)
+    pool = OrderedPool(square, workers=2, preload=preload)
+    out = list(pool.map(range(60), on_crash=lambda i, e: -1, window=3, batch=4, batchable=lambda x: x % 7 != 0))
+    assert out == [i * i for i in range(60)]
+
+
+@HOW
+def test_a_crash_in_a_batch_is_pinned_on_its_item(preload):
+    pool = OrderedPool(crash_on_seven, workers=2, preload=preload)
+    out = list(pool.map(range(20), on_crash=lambda i, e: ("crashed", i), window=2, batch=4, batchable=lambda x: True))
+    assert out == [*range(7), ("crashed", 7), *range(8, 20)]
+
+
+@HOW
+def test_a_stuck_item_in_a_batch_times_out_alone_and_its_batch_completes(preload):
+    import time
+
+    pool = OrderedPool(hang_on_three, workers=2, preload=preload)
+    t = time.monotonic()
+    out = list(pool.map(range(12), on_crash=lambda i, e: ("crashed", i), window=2, timeout=2,
+                        on_timeout=lambda i, s: ("timeout", i), batch=4, batchable=lambda x: True))
+    assert out == [0, 1, 2, ("timeout", 3), *range(4, 12)]
+    assert time.monotonic() - t < 40
