@@ -41,8 +41,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = fused_on_cpu(list(model.parameters()))
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, **({"fused": True} if fused else {}))
+    fused = fused_on_cpu(list(model.parameters())) or None  # None: torch's own choice
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, fused=fused)
 
 
 def fused_on_cpu(params: list[torch.Tensor]) -> bool:
