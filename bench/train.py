@@ -22,9 +22,17 @@ torchvision): `pipe train --model torchvision:resnet18` against the naive way, a
 script (this file, ``--naive-rank``) with ``ImageFolder`` over the same images as loose JPEGs,
 ``Resize(224)`` + ``ToTensor`` + ``Normalize`` in the workers and a ``DistributedSampler``; same
 model, batch, workers, optimizer. Samples/s and the share of step time spent waiting for data,
-first two steps of each run left out, in one run:
+first two steps of each run left out, in one run; and the CPU seconds per sample of each run's
+whole process tree (launcher, ranks, workers) over the same steps, polled from /proc, which does
+not depend on how much of a shared machine a run was given. `pipe train` runs twice: with its own
+launcher, and as ranks under the same torchrun as the naive script. The difference matters on a
+loaded Linux machine: torchrun starts each rank in a session of its own, and with the kernel's
+autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default on desktop
+distributions) CPU time is shared fairly between sessions, so each naive rank gets as much CPU as
+a whole other user's session, while `pipe train`'s ranks share the one session they were started
+in. Rounds are interleaved, the order reversed every other round; medians are printed:
 
-    python bench/train.py --resnet --quick   # ~3-6 min on 2 shared cores: 128 images of 512 px, 1 epoch
+    python bench/train.py --resnet --quick [--rounds 2]   # ~6-15 min a round on 2 shared cores
 
 The load average (`uptime`) is printed before and after: on a shared machine only the ratios
 within one run mean anything. With fewer cores than ranks x (1 + workers), two ranks cannot be
@@ -136,14 +144,67 @@ def naive_rank(data: Path, epochs: int, batch: int, workers: int, out: Path) -> 
             steps += 1
             if steps == 2:  # process start, worker start and the first batches left out, as for pipe
                 started = done
+                since = time.time()
             elif steps > 2:
                 busy, waited = busy + (done - t), waited + (got - t)
             t = done
     if rank == 0 and started is not None:
         measured = steps - 2
         out.write_text(json.dumps({"samples_per_s": measured * batch * world / max(busy, 1e-9),
-                                   "data_wait": waited / max(busy, 1e-9), "steps": measured}))
+                                   "data_wait": waited / max(busy, 1e-9), "steps": measured,
+                                   "span": [since, time.time()], "samples": measured * batch * world}))
     dist.destroy_process_group()
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) so far of ``root`` and every live process below it (Linux /proc)."""
+    tick, total, todo = os.sysconf("SC_CLK_TCK"), 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in os.listdir(f"/proc/{pid}/task"):
+                todo += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return total
+
+
+def run_polled(cmd: list[str], env: dict | None = None) -> tuple[float, list[tuple[float, float]]]:
+    """Run ``cmd`` to the end; its wall seconds and (time.time(), CPU seconds of its process tree)
+    every 0.25 s: CPU per sample is then independent of how much of the machine the run got."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, **(env or {})})
+    polls: list[tuple[float, float]] = []
+    err: list[str] = []
+    import threading
+
+    drain = threading.Thread(target=lambda: err.append(p.stderr.read() if p.stderr else ""), daemon=True)
+    drain.start()
+    while p.poll() is None:
+        polls.append((time.time(), tree_cpu(p.pid)))
+        time.sleep(0.25)
+    drain.join()
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd[:6])} ... failed ({p.returncode}):\n{''.join(err)[-2000:]}")
+    return time.perf_counter() - t, polls
+
+
+def cpu_between(polls: list[tuple[float, float]], start: float, end: float) -> float:
+    """The tree's CPU seconds between two wall-clock instants, read off the polls (linear in between)."""
+    times, cpus = [t for t, _ in polls], [c for _, c in polls]
+    return float(np.interp(end, times, cpus) - np.interp(start, times, cpus))
+
+
+def pipe_measured(run: Path, wall: float, polls) -> dict:
+    """Samples/s and data-wait of a pipe train run (metrics.jsonl, first window left out) and its
+    CPU seconds per sample over the same windows."""
+    rows = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    global_batch = json.loads((run / "config.json").read_text())["global_batch"]
+    samples = (rows[-1]["step"] - rows[0]["step"]) * global_batch
+    return {**steady(run), "wall": wall, "cpu_per_sample": cpu_between(polls, rows[0]["time"], rows[-1]["time"]) / samples}
 
 
 def resnet_bench(a) -> None:
@@ -159,27 +220,60 @@ def resnet_bench(a) -> None:
         pipe("shard", str(root / "clean"), "-o", str(root / "shards"), "--val-fraction", "0")
         print(f"data: {images} JPEGs of {a.size} px; ResNet-18 at 224 px, 2 ranks, batch {a.batch_size} per rank, "
               f"{a.workers} worker(s) per rank, {epochs} epoch(s)")
-        run = root / "ours"
-        p = pipe("train", str(root / "shards"), "-o", str(run), "--model", "torchvision:resnet18", "--nproc-per-node", "2",
-                 "--epochs", str(epochs), "--batch-size", str(a.batch_size), "--workers", str(a.workers),
-                 "--log-every", "2", "--checkpoint-every", "0", "--precision", "fp32")
-        ours = {**steady(run), "wall": p.seconds}
-        out = root / "naive.json"
-        t = time.perf_counter()
-        n = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                            __file__, "--naive-rank", "--data", str(root / "raw"), "--epochs", str(epochs),
-                            "--batch-size", str(a.batch_size), "--workers", str(a.workers), "--out", str(out)],
-                           capture_output=True, text=True)
-        if n.returncode != 0:
-            sys.exit(f"the naive torchrun script failed ({n.returncode}):\n{n.stderr[-2000:]}")
-        naive = {**json.loads(out.read_text()), "wall": time.perf_counter() - t}
-    print(f"after: {load()}")
-    print(f"\n{'ResNet-18, 224 px, 2 ranks':>30} {'samples/s':>10} {'data wait':>10} {'wall s':>8}")
-    for name, r in (("pipe train", ours), ("naive torchrun + ImageFolder", naive)):
-        print(f"{name:>30} {r['samples_per_s']:>10.2f} {r['data_wait']:>10.1%} {r['wall']:>8.1f}")
-    print(f"\npipe train / naive: {ours['samples_per_s'] / naive['samples_per_s']:.2f}x samples/s "
-          f"(target >= 1.2x, data wait under 5% of step time: {ours['data_wait']:.1%})")
+        env = {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        train_args = ["--model", "torchvision:resnet18", "--epochs", str(epochs), "--batch-size", str(a.batch_size),
+                      "--workers", str(a.workers), "--log-every", "2", "--checkpoint-every", "0", "--precision", "fp32"]
 
+        def ours(name: str, under_torchrun: bool) -> dict:
+            run = root / name
+            launcher = [*torchrun, "-m", "pipeline"] if under_torchrun else [sys.executable, "-m", "pipeline"]
+            more = [] if under_torchrun else ["--nproc-per-node", "2"]
+            wall, polls = run_polled([*launcher, "train", str(root / "shards"), "-o", str(run), *more, *train_args], env)
+            return pipe_measured(run, wall, polls)
+
+        def naive(name: str) -> dict:
+            out = root / f"{name}.json"
+            wall, polls = run_polled([*torchrun, __file__, "--naive-rank", "--data", str(root / "raw"), "--epochs",
+                                      str(epochs), "--batch-size", str(a.batch_size), "--workers", str(a.workers),
+                                      "--out", str(out)])
+            r = json.loads(out.read_text())
+            return {**r, "wall": wall, "cpu_per_sample": cpu_between(polls, *r["span"]) / r["samples"]}
+
+        ways = {"pipe train": lambda i: ours(f"ours{i}", False),
+                "pipe train under torchrun": lambda i: ours(f"ours-torchrun{i}", True),
+                "naive torchrun + ImageFolder": lambda i: naive(f"naive{i}")}
+        results: dict[str, list[dict]] = {name: [] for name in ways}
+        for i in range(a.rounds):  # interleaved, the order reversed every other round
+            for name in (list(ways) if i % 2 == 0 else list(reversed(ways))):
+                results[name].append(ways[name](i))
+                r = results[name][-1]
+                print(f"  round {i + 1}: {name}: {r['samples_per_s']:.2f} samples/s, {r['cpu_per_sample']:.3f} CPU s "
+                      f"per sample, {r['wall']:.0f} s wall ({load()})", flush=True)
+    print(f"after: {load()}")
+    print(f"\n{'ResNet-18, 224 px, 2 ranks':>30} {'samples/s':>10} {'CPU s/sample':>13} {'data wait':>10} {'wall s':>8}"
+          f"   (medians of {a.rounds} round(s))")
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("samples_per_s", "cpu_per_sample", "data_wait", "wall")}
+           for name, rs in results.items()}
+    for name, r in med.items():
+        print(f"{name:>30} {r['samples_per_s']:>10.2f} {r['cpu_per_sample']:>13.3f} {r['data_wait']:>10.1%} "
+              f"{r['wall']:>8.1f}")
+    base = med["naive torchrun + ImageFolder"]
+    for name in ("pipe train", "pipe train under torchrun"):
+        r = med[name]
+        print(f"\n{name} / naive: {r['samples_per_s'] / base['samples_per_s']:.2f}x samples/s, "
+              f"{base['cpu_per_sample'] / r['cpu_per_sample']:.2f}x samples per CPU second "
+              f"(target >= 1.2x, data wait under 5% of step time: {r['data_wait']:.1%})")
+    print("(samples/s on a loaded machine: torchrun starts each rank in a session of its own, and with the kernel's "
+          f"autogroup scheduling ({autogroup()} here) each session gets an equal share of the CPU: 'pipe train' "
+          "starts its ranks in its own session, one share for all of them; under torchrun both get the same)")
+
+
+def autogroup() -> str:
+    try:
+        return "on" if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1" else "off"
+    except OSError:
+        return "unknown"
 
 def main() -> None:
     if "--naive-rank" in sys.argv:
@@ -203,6 +297,7 @@ def main() -> None:
     ap.add_argument("--resolution", type=int, default=64, help="the side the built-in model works at")
     ap.add_argument("--keep", type=Path, help="keep the data and runs here instead of a temporary folder")
     ap.add_argument("--resnet", action="store_true", help="torchvision ResNet-18 at 224 px, 2 ranks: pipe train vs torchrun")
+    ap.add_argument("--rounds", type=int, default=1, help="--resnet: rounds of the three runs, interleaved")
     a = ap.parse_args()
     if a.resnet:
         if a.batch_size == 16:

@@ -36,11 +36,27 @@ def warmup_steps(cfg: TrainConfig, total_steps: int) -> int:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW over all parameters; no weight decay on biases and norm scales (1-d parameters)."""
+    """AdamW over all parameters; no weight decay on biases and norm scales (1-d parameters).
+    On CPU, AdamW's fused kernel (`fused_on_cpu`)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr)
+    fused = fused_on_cpu(list(model.parameters())) or None  # None: torch's own choice
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, fused=fused)
+
+
+def fused_on_cpu(params: list[torch.Tensor]) -> bool:
+    """Whether AdamW should use its fused kernel: for plain parameters on the CPU.
+
+    On CPU torch's default AdamW is the per-parameter loop, six element-wise passes over every
+    parameter per step: 110 ms of a 2.3 s ResNet-18 step (batch 8 at 224 px, one thread), the
+    fused kernel one pass, 20 ms (bench/train.py --resnet). GPUs already default to the
+    multi-tensor kernels and stay as they are; sharded parameters (DTensors under --strategy
+    fsdp) too. A resumed run keeps the kernel its checkpoint was made with (the optimizer's
+    state dict carries the flag), so it stays bit-identical to the run it continues.
+    """
+    return bool(params) and all(type(p) is nn.Parameter and p.device.type == "cpu" and p.is_floating_point()
+                                for p in params)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int,
