@@ -209,11 +209,11 @@ def _count_image(px: ImagePixels, val: bool, stats: shard_index.PixelStats, size
 def _decode_unmeasured(cfg: ShardConfig, images: list[str], is_val: list[bool], show_progress: bool,
                        stats: shard_index.PixelStats, sizes: Counter) -> None:
     """Decode (in worker processes when there are many) the images the manifest has no numbers for."""
+    if not images:
+        return  # (the usual case: the process pool's modules are not even imported)
     from pipeline.core.cores import worker_count
     from pipeline.core.executor import OrderedPool
 
-    if not images:
-        return
     paths = [str(cfg.input / image) for image in images]
     workers = min(worker_count(cfg.workers), max(1, len(paths) // 64))
     results: Iterator[ImagePixels | tuple[str, str]]
