@@ -394,7 +394,9 @@ def _phashes(hexes, keys) -> tuple[np.ndarray, np.ndarray]:
     values = np.zeros(n, dtype=np.uint64)
     plain = _mask(pc.match_substring_regex(hexes, "^[0-9a-fA-F]{16}$"))
     if plain.any():  # the digits of all at once: a table from ASCII to digit value
-        digits = np.frombuffer(b"".join(s.encode("ascii") for s in hexes.filter(plain).to_pylist()), dtype=np.uint8)
+        from pipeline.shard.plan import values as string_values
+
+        digits = string_values(hexes.filter(_pa_mask(plain)))[1]  # 16 bytes each, one after another
         values[plain] = (_HEX[digits].reshape(-1, 16).astype(np.uint64) << _NIBBLES).sum(axis=1, dtype=np.uint64)
     for i in np.flatnonzero(has & ~plain).tolist():  # written otherwise (a hand-made manifest): as Python reads it
         values[i] = _phash(keys[i].as_py(), hexes[i].as_py())

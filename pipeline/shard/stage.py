@@ -186,11 +186,10 @@ def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray, show_progres
     px = samples.pixels
     is_image = samples.image_ext >= 0
     recorded = is_image & (px[:, 0] >= 0)
-    stats, sizes = shard_index.PixelStats(), Counter[tuple[int, int]]()
-    sizes.update(zip(px[recorded, 0].tolist(), px[recorded, 1].tolist()))
+    stats, sizes = shard_index.PixelStats(), _size_counts(px[recorded, :2])
     train = px[recorded & ~is_val]
-    stats.add(sum(w * h for w, h in zip(train[:, 0].tolist(), train[:, 1].tolist())),
-              [sum(train[:, 2 + c].tolist()) for c in range(3)], [sum(train[:, 5 + c].tolist()) for c in range(3)])
+    stats.add(_exact_sum(train[:, 0], train[:, 1]), [_exact_sum(train[:, 2 + c]) for c in range(3)],
+              [_exact_sum(train[:, 5 + c]) for c in range(3)])
     todo = np.flatnonzero(is_image & ~recorded)
     _decode_unmeasured(cfg, [samples.image[int(i)].as_py() for i in todo], is_val[todo].tolist(), show_progress, stats, sizes)
     if len(sizes) > 1 or any(w != h for w, h in sizes):
@@ -198,6 +197,27 @@ def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray, show_progres
         raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
     size = next(iter(sizes))[0] if sizes else None
     return stats, size, len(todo)
+
+
+def _size_counts(wh: np.ndarray) -> Counter:
+    """(width, height) -> images, in the order each size first appears (the order the message
+    on mixed sizes lists ties in), counted as arrays."""
+    if not len(wh):
+        return Counter()
+    found, first, counts = np.unique(wh, axis=0, return_index=True, return_counts=True)
+    order = np.argsort(first)
+    return Counter({(int(w), int(h)): int(n) for (w, h), n in zip(found[order].tolist(), counts[order].tolist())})
+
+
+def _exact_sum(values: np.ndarray, times: np.ndarray | None = None) -> int:
+    """The exact sum of non-negative int64 ``values`` (of ``values * times`` where given) as a
+    Python int, added up as arrays: the high and low 32 bits summed apart can not overflow
+    (under 2**31 items). Products that might not fit 63 bits are added up in Python."""
+    if times is not None:
+        if not len(values) or int(values.max()) * int(times.max()) >= 1 << 62:
+            return sum(a * b for a, b in zip(values.tolist(), times.tolist()))
+        values = values * times
+    return (int(np.sum(values >> 32, dtype=np.int64)) << 32) + int(np.sum(values & 0xFFFFFFFF, dtype=np.int64))
 
 
 def _count_image(px: ImagePixels, val: bool, stats: shard_index.PixelStats, sizes: Counter) -> None:
