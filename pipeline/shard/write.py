@@ -8,8 +8,9 @@ padding left zero. Each full window is hashed and written in one call: sha256 wh
 no file read twice, memory bounded by the window whatever the shard's size. A member larger
 than the window is streamed through it.
 
-The shard is written under a temporary name, fsynced, then renamed; a failed write removes the
-temporary file (left behind on a full disk, it would keep the disk full).
+The shard is written under a temporary name, fsynced, then renamed (`start_shard` returns the
+last two as a call of their own, for a thread); a failed write removes the temporary file (left
+behind on a full disk, it would keep the disk full).
 """
 
 from __future__ import annotations
@@ -38,16 +39,49 @@ FILE, TEXT, SMALL = 0, 1, 2  # what a member's data is: an image file, a text fi
 def write_shard(plan: ShardPlan, clean_dir: Path, out_dir: Path) -> shard_index.ShardEntry:
     """Write ``plan``'s shard into ``out_dir`` (atomically), reading its files from ``clean_dir``;
     return its index entry (sample offsets, size, sha256)."""
+    entry, finish = start_shard(plan, clean_dir, out_dir)
+    finish()
+    return entry
+
+
+def start_shard(plan: ShardPlan, clean_dir: Path, out_dir: Path) -> tuple[shard_index.ShardEntry, Unfinished]:
+    """`write_shard` in two steps: write the shard's bytes under its temporary name and return
+    its index entry with the `Unfinished` shard, whose call finishes it (fsync, then rename into
+    place). The finishing call waits for the disk and barely needs the CPU: pipe shard runs it
+    on a thread while it writes the next shard."""
     path = out_dir / plan.name
     tmp = tmp_name(path)
     try:
         entry = _write(plan, clean_dir, tmp)
-        os.replace(tmp, path)
-        return entry
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    return entry, Unfinished(tmp, path)
+
+
+class Unfinished:
+    """A shard whose bytes are written under a temporary name: called, it is fsynced and renamed
+    into place (the temporary file removed if that fails); `discard` removes it instead."""
+
+    def __init__(self, tmp: Path, path: Path):
+        self.tmp, self.path = tmp, path
+
+    def __call__(self) -> None:
+        try:
+            fd = os.open(self.tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # the data written through the writer's descriptor, closed by now
+            finally:
+                os.close(fd)
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self.tmp.unlink()
 
 
 class _Members:
@@ -152,7 +186,6 @@ def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntr
                 window.flush()
             finally:
                 window.release()
-            os.fsync(f.fileno())
     finally:
         os.close(root)
     total = int(m.starts[-1]) + len(tarstream.END_OF_ARCHIVE)
