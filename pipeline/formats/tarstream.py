@@ -89,10 +89,19 @@ def headers(names: list[str], sizes: np.ndarray) -> np.ndarray:
     n = len(names)
     if n and max(map(len, names)) > MAX_NAME or len(sizes) and (sizes.min() < 0 or sizes.max() >= _MAX_SIZE):
         return np.frombuffer(b"".join(header(nm, int(sz)) for nm, sz in zip(names, sizes)), dtype=np.uint8).reshape(n, BLOCK)
-    out = np.empty((n, BLOCK), dtype=np.uint8)
-    out[:] = _TEMPLATE_ROW
     # a str name that is not ASCII raises here, as in `header`; a shorter one is padded with NULs
-    out[:, :MAX_NAME] = np.frombuffer(np.array(names, dtype=f"S{MAX_NAME}").tobytes(), dtype=np.uint8).reshape(n, MAX_NAME)
+    rows = np.frombuffer(np.array(names, dtype=f"S{MAX_NAME}").tobytes(), dtype=np.uint8).reshape(n, MAX_NAME)
+    return header_rows(rows, sizes)
+
+
+def header_rows(name_rows: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """`headers` of names given as rows of the name field (``(n, MAX_NAME)`` uint8: the ASCII
+    name, NUL-padded), as pipe shard assembles them from its key columns without a str per
+    member. Sizes must fit the field (0 <= size < 8**11; `headers` checks that)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    out = np.empty((len(sizes), BLOCK), dtype=np.uint8)
+    out[:] = _TEMPLATE_ROW
+    out[:, :MAX_NAME] = name_rows
     out[:, 124:135] = (sizes[:, None] >> _SIZE_SHIFTS & 7) + ord("0")
     out[:, 135] = 0
     checksum = _FIXED_SUM + out[:, :MAX_NAME].sum(axis=1, dtype=np.int64) + out[:, 124:136].sum(axis=1, dtype=np.int64)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,22 +36,23 @@ class Span:
 
 @dataclass
 class ShardPlan:
-    """Everything one shard's bytes are made of, its samples in order: for each, the shard key,
-    class index, .json member, and the image and text files (paths relative to CLEAN_DIR, None
-    when absent, with the size and mtime_ns they had at load: another size stops the write)."""
+    """Everything one shard's bytes are made of, its samples in order, as columns (Arrow strings
+    and binaries, numpy numbers: no object per sample): for each, the shard key, class index,
+    .json member, and the image and text files (paths relative to CLEAN_DIR, null when absent,
+    with the size and mtime_ns they had at load: another size stops the write)."""
 
     name: str
     split: str
-    keys: list[str]
-    cls: list[int]
-    meta: list[bytes]
-    images: list[str | None]
-    image_exts: list[str | None]
-    image_sizes: list[int]
-    image_mtimes: list[int]
-    texts: list[str | None]
-    text_sizes: list[int]
-    text_mtimes: list[int]
+    keys: Any  # pyarrow string array
+    cls: np.ndarray  # int64
+    meta: Any  # pyarrow binary array: each sample's .json member
+    images: Any  # pyarrow string array, null without an image
+    image_exts: np.ndarray  # int8: index into IMAGE_EXTS, -1 without an image
+    image_sizes: np.ndarray  # int64
+    image_mtimes: np.ndarray
+    texts: Any  # pyarrow string array, null without a text
+    text_sizes: np.ndarray
+    text_mtimes: np.ndarray
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -58,16 +60,63 @@ class ShardPlan:
     def digest(self, clean_dir: Path, version: str) -> str:
         """sha256 of everything the shard's bytes follow from: pipe's version (the tar layout), the
         CLEAN_DIR, the shard's name and, per sample in order, its key, class, .json member and files
-        (path, size and mtime, so a file pipe clean rewrote since counts as changed)."""
+        (path, size and mtime, so a file pipe clean rewrote since counts as changed). Hashed from
+        the columns' buffers, the bytes as they always were: each string column joined with NULs
+        (null as "\1"; no path holds a NUL) after its length, the numbers as int64 rows, the
+        .json members one after another."""
+        import pyarrow as pa
+
         h = hashlib.sha256(f"{version}\0{clean_dir.resolve()}\0{self.name}\n".encode())
-        for strings in (self.keys, self.image_exts, self.images, self.texts):  # None as "\1"; no path holds a NUL
-            raw = "\0".join(["\1" if x is None else x for x in strings]).encode("utf-8", "surrogatepass")
+        exts = pa.array(IMAGE_EXTS, pa.string()).take(pa.array(self.image_exts, mask=self.image_exts < 0))
+        for strings in (self.keys, exts, self.images, self.texts):
+            raw = _joined(strings)
             h.update(len(raw).to_bytes(8, "little") + raw)
-        numbers = [self.cls, self.image_sizes, self.image_mtimes, self.text_sizes, self.text_mtimes, [len(m) for m in self.meta]]
-        h.update(np.array(numbers, dtype=np.int64).tobytes())
-        for m in self.meta:
-            h.update(m)
+        meta_at, meta = values(self.meta)
+        numbers = [self.cls, self.image_sizes, self.image_mtimes, self.text_sizes, self.text_mtimes, np.diff(meta_at)]
+        h.update(np.array(numbers, dtype=np.int64).reshape(len(numbers), len(self)).tobytes())
+        h.update(meta.tobytes())
         return h.hexdigest()
+
+
+def values(arr) -> tuple[np.ndarray, np.ndarray]:
+    """A string or binary Arrow array's value offsets (int64, n + 1, from 0) and its values'
+    bytes (uint8, one after another), read from its buffers: no Python object per value. Null
+    values read as empty (fill them first where they mean something)."""
+    import pyarrow as pa
+
+    n = len(arr)
+    if arr.null_count:
+        arr = _nulls_empty(arr)
+    _, offsets_buf, data_buf = arr.buffers()[:3]
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    kind = np.dtype(np.int64 if wide else np.int32)
+    if offsets_buf is None or n == 0:
+        return np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.uint8)
+    offsets = np.frombuffer(offsets_buf, dtype=kind, count=n + 1, offset=arr.offset * kind.itemsize).astype(np.int64)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, dtype=np.uint8)
+    return offsets - offsets[0], data[offsets[0] : offsets[-1]]
+
+
+def _nulls_empty(arr):
+    """``arr`` with its nulls made empty values (the format lets a null slot span bytes)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    empty = b"" if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type) else ""
+    return pc.fill_null(arr, pa.scalar(empty, arr.type))
+
+
+def _joined(strings) -> bytes:
+    """A string column's values joined with NULs, a null as "\1": what the digest hashes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if strings.null_count:
+        strings = pc.fill_null(strings, pa.scalar("\1", strings.type))
+    at, data = values(strings)
+    if len(at) <= 2:
+        return data.tobytes()
+    return np.insert(data, at[1:-1], 0).tobytes()
 
 
 def make_plan(tar_bytes: np.ndarray, is_val: np.ndarray, seed: int, max_count: int, max_size: int) -> list[Span]:
@@ -103,9 +152,6 @@ def entry(samples, span: Span) -> ShardPlan:
 
     idx = span.samples
     at = pa.array(idx)
-    exts = samples.image_ext[idx]
-    return ShardPlan(
-        span.name, span.split, samples.key.take(at).to_pylist(), samples.cls[idx].tolist(), samples.meta.take(at).to_pylist(),
-        samples.image.take(at).to_pylist(), [IMAGE_EXTS[e] if e >= 0 else None for e in exts.tolist()],
-        samples.image_size[idx].tolist(), samples.image_mtime[idx].tolist(),
-        samples.text.take(at).to_pylist(), samples.text_size[idx].tolist(), samples.text_mtime[idx].tolist())
+    return ShardPlan(span.name, span.split, samples.key.take(at), samples.cls[idx], samples.meta.take(at),
+                     samples.image.take(at), samples.image_ext[idx], samples.image_size[idx], samples.image_mtime[idx],
+                     samples.text.take(at), samples.text_size[idx], samples.text_mtime[idx])

@@ -8,8 +8,9 @@ padding left zero. Each full window is hashed and written in one call: sha256 wh
 no file read twice, memory bounded by the window whatever the shard's size. A member larger
 than the window is streamed through it.
 
-The shard is written under a temporary name, fsynced, then renamed; a failed write removes the
-temporary file (left behind on a full disk, it would keep the disk full).
+The shard is written under a temporary name, fsynced, then renamed (`start_shard` returns the
+last two as a call of their own, for a thread); a failed write removes the temporary file (left
+behind on a full disk, it would keep the disk full).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import tmp_name
 from pipeline.formats import index as shard_index
 from pipeline.formats import tarstream
-from pipeline.shard.plan import ShardPlan
+from pipeline.formats.sample import IMAGE_EXTS
+from pipeline.shard.plan import ShardPlan, values
 
 BLOCK = tarstream.BLOCK
 WINDOW = 4 << 20  # bytes assembled before one hash update and one write
@@ -37,16 +39,49 @@ FILE, TEXT, SMALL = 0, 1, 2  # what a member's data is: an image file, a text fi
 def write_shard(plan: ShardPlan, clean_dir: Path, out_dir: Path) -> shard_index.ShardEntry:
     """Write ``plan``'s shard into ``out_dir`` (atomically), reading its files from ``clean_dir``;
     return its index entry (sample offsets, size, sha256)."""
+    entry, finish = start_shard(plan, clean_dir, out_dir)
+    finish()
+    return entry
+
+
+def start_shard(plan: ShardPlan, clean_dir: Path, out_dir: Path) -> tuple[shard_index.ShardEntry, Unfinished]:
+    """`write_shard` in two steps: write the shard's bytes under its temporary name and return
+    its index entry with the `Unfinished` shard, whose call finishes it (fsync, then rename into
+    place). The finishing call waits for the disk and barely needs the CPU: pipe shard runs it
+    on a thread while it writes the next shard."""
     path = out_dir / plan.name
     tmp = tmp_name(path)
     try:
         entry = _write(plan, clean_dir, tmp)
-        os.replace(tmp, path)
-        return entry
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    return entry, Unfinished(tmp, path)
+
+
+class Unfinished:
+    """A shard whose bytes are written under a temporary name: called, it is fsynced and renamed
+    into place (the temporary file removed if that fails); `discard` removes it instead."""
+
+    def __init__(self, tmp: Path, path: Path):
+        self.tmp, self.path = tmp, path
+
+    def __call__(self) -> None:
+        try:
+            fd = os.open(self.tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # the data written through the writer's descriptor, closed by now
+            finally:
+                os.close(fd)
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self.tmp.unlink()
 
 
 class _Members:
@@ -57,37 +92,38 @@ class _Members:
     array operation, and only files take a step in Python."""
 
     def __init__(self, plan: ShardPlan):
-        has_image = np.array([p is not None for p in plan.images], dtype=bool)
-        has_text = np.array([p is not None for p in plan.texts], dtype=bool)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n_samples = len(plan)
+        has_image = plan.image_exts >= 0
+        has_text = np.asarray(pc.is_valid(plan.texts).to_numpy(zero_copy_only=False), dtype=bool)
         count = has_image.astype(np.int64) + has_text + 2  # members per sample: image, text, .cls, .json
         self.firsts = np.concatenate(([0], np.cumsum(count)[:-1]))  # each sample's first member
         at_image, at_text = self.firsts[has_image], (self.firsts + has_image)[has_text]
         at_cls = self.firsts + has_image + has_text
         n = int(count.sum())
-        keys, images, texts, exts = plan.keys, plan.images, plan.texts, plan.image_exts
-        digits = [str(c).encode("ascii") for c in range(max(plan.cls, default=-1) + 1)]
-        cls = [digits[c] for c in plan.cls]
-        image_of, text_of = np.flatnonzero(has_image).tolist(), np.flatnonzero(has_text).tolist()
-        names, paths = np.empty(n, dtype=object), np.empty(n, dtype=object)
+        self.count = n
+        digits = pa.array([str(c) for c in range(int(plan.cls.max(initial=-1)) + 1)], pa.binary())
+        cls = digits.take(pa.array(plan.cls))
+        meta_at, _ = values(plan.meta)
         kinds, sizes = np.full(n, SMALL, dtype=np.int8), np.empty(n, dtype=np.int64)
-        names[at_image] = [f"{keys[i]}.{exts[i]}" for i in image_of]
-        names[at_text] = [f"{keys[i]}.txt" for i in text_of]
-        names[at_cls] = [f"{k}.cls" for k in keys]
-        names[at_cls + 1] = [f"{k}.json" for k in keys]
-        paths[at_image], paths[at_text] = [images[i] for i in image_of], [texts[i] for i in text_of]
         kinds[at_image], kinds[at_text] = FILE, TEXT
-        sizes[at_image] = np.array(plan.image_sizes, dtype=np.int64)[has_image]
-        sizes[at_text] = np.array(plan.text_sizes, dtype=np.int64)[has_text]
-        sizes[at_cls] = [len(c) for c in cls]
-        sizes[at_cls + 1] = [len(m) for m in plan.meta]
-        self.names: list[str] = names.tolist()
+        sizes[at_image] = plan.image_sizes[has_image]
+        sizes[at_text] = plan.text_sizes[has_text]
+        sizes[at_cls] = np.diff(values(cls)[0])
+        sizes[at_cls + 1] = np.diff(meta_at)
+        self.name_rows = _names(plan, n, n_samples, at_image, at_text, at_cls, has_image, has_text)
         self.kinds = kinds
         self.sizes = sizes
         self.file_members = np.flatnonzero(kinds != SMALL)
+        paths = np.empty(n, dtype=object)
+        paths[at_image] = plan.images.filter(pa.array(has_image)).to_pylist()
+        paths[at_text] = plan.texts.filter(pa.array(has_text)).to_pylist()
         self.paths: list[str] = paths[self.file_members].tolist()
         self.small_members = np.stack([at_cls, at_cls + 1], axis=1).reshape(-1)  # each sample's .cls, then its .json
         self.small_at = np.concatenate(([0], np.cumsum(sizes[self.small_members])))
-        self.blob = np.frombuffer(b"".join([b for pair in zip(cls, plan.meta) for b in pair]), dtype=np.uint8)
+        self.blob = values(pc.binary_join_element_wise(cls, plan.meta.cast(pa.binary()), b""))[1]  # .cls, .json, .cls, ...
         self.spans = tarstream.member_sizes(sizes)  # header + data + padding
         self.starts = np.concatenate(([0], np.cumsum(self.spans)))  # offset of each member; the last: where the end goes
 
@@ -101,9 +137,42 @@ class _Members:
         return self.paths[int(np.searchsorted(self.file_members, member))]
 
 
+def _names(plan: ShardPlan, n: int, n_samples: int, at_image: np.ndarray, at_text: np.ndarray, at_cls: np.ndarray,
+           has_image: np.ndarray, has_text: np.ndarray) -> np.ndarray:
+    """The name field of every member's header, ``(n, MAX_NAME)`` uint8: the sample's key and the
+    member's extension (`.jpg`/`.png`/`.webp`, `.txt`, `.cls`, `.json`), NUL-padded, placed
+    from the key column's bytes with array operations (no str per member)."""
+    key_at, key_bytes = values(plan.keys)
+    key_len = np.diff(key_at)
+    if key_len.max(initial=0) + len(".json") > tarstream.MAX_NAME:  # (shard keys are capped well below)
+        raise ValueError(f"tar member name longer than {tarstream.MAX_NAME} bytes in {plan.name}")
+    keys = np.zeros((n_samples, tarstream.MAX_NAME), dtype=np.uint8)
+    keys[np.repeat(np.arange(n_samples), key_len), np.arange(len(key_bytes)) - np.repeat(key_at[:-1], key_len)] = key_bytes
+    sample = np.repeat(np.arange(n_samples), has_image.astype(np.int64) + has_text + 2)
+    rows = keys[sample]
+    image_samples, text_samples = np.flatnonzero(has_image), np.flatnonzero(has_text)
+    ends = (
+        [(at_image[plan.image_exts[image_samples] == e], image_samples[plan.image_exts[image_samples] == e], f".{ext}")
+         for e, ext in enumerate(IMAGE_EXTS)]
+        + [(at_text, text_samples, ".txt"), (at_cls, np.arange(n_samples), ".cls"), (at_cls + 1, np.arange(n_samples), ".json")])
+    for members, samples, suffix in ends:
+        if len(members):
+            rows[members[:, None], key_len[samples][:, None] + np.arange(len(suffix))] = np.frombuffer(suffix.encode(), dtype=np.uint8)
+    return rows
+
+
+def _headers(m: _Members) -> np.ndarray:
+    """Every member's tar header, one 512-byte row each (`tarstream.header_rows`); a size the
+    USTAR field cannot hold goes through `tarstream.headers`, which says why."""
+    if len(m.sizes) and (m.sizes.min() < 0 or m.sizes.max() >= 8**11):
+        names = [row.tobytes().rstrip(b"\0").decode("ascii") for row in m.name_rows]
+        return tarstream.headers(names, m.sizes)
+    return tarstream.header_rows(m.name_rows, m.sizes)
+
+
 def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntry:
     m = _Members(plan)
-    heads = tarstream.headers(m.names, m.sizes)
+    heads = _headers(m)
     digest = hashlib.sha256()
     root = os.open(clean_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -111,13 +180,12 @@ def _write(plan: ShardPlan, clean_dir: Path, tmp: Path) -> shard_index.ShardEntr
             window = _Window(f, digest, int(m.starts[-1]))
             try:
                 first = 0
-                while first < len(m.names):
+                while first < m.count:
                     first = window.fill(m, heads, first, root, clean_dir)
                 window.put_end()
                 window.flush()
             finally:
                 window.release()
-            os.fsync(f.fileno())
     finally:
         os.close(root)
     total = int(m.starts[-1]) + len(tarstream.END_OF_ARCHIVE)

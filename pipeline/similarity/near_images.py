@@ -52,24 +52,26 @@ def _masks(bits: int, radius: int) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
-def candidate_pairs(hashes: np.ndarray, max_distance: int, max_bucket: int = 256) -> np.ndarray:
+def candidate_pairs(hashes: np.ndarray, max_distance: int, max_bucket: int = 256,
+                    bands: tuple[tuple[int, int], ...] | list[tuple[int, int]] = BANDS) -> np.ndarray:
     """All pairs (i, j, distance), i < j, with Hamming distance <= ``max_distance``.
 
     Exact for buckets of up to ``max_bucket`` hashes; returns an (n, 3) int64 array sorted by
-    (i, j).
+    (i, j). ``bands``: (shift, bits) of disjoint bit ranges covering the 64 bits; one of them
+    differs in at most ``max_distance // len(bands)`` bits (the radius searched).
     """
     h = np.ascontiguousarray(hashes, dtype=np.uint64)
     n = len(h)
     if n < 2 or max_distance < 0:
         return np.zeros((0, 3), dtype=np.int64)
-    radius = max_distance // len(BANDS)
+    radius = max_distance // len(bands)
     # A table the size of the data: a band keeps only its low `bits` bits, about log2(n), so
     # buckets hold about one hash and the table stays in cache. Dropping bits only widens the
     # buckets (the full 64-bit check decides); hashes within r bits on the whole band are
     # within r bits on any part of it, so nothing is missed, and fewer masks are needed.
     width = max(10, int(np.ceil(np.log2(n))))
     found: list[np.ndarray] = []
-    for shift, full_bits in BANDS:
+    for shift, full_bits in bands:
         bits = min(full_bits, width)
         band = ((h >> np.uint64(shift)) & np.uint64((1 << bits) - 1)).astype(np.int32)
         order = np.argsort(band, kind="stable").astype(np.int32)  # input order within a bucket

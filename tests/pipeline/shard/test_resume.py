@@ -10,7 +10,7 @@ from pipeline.shard import stage
 from tests.clean_dirs import make_clean_dir, simple_specs
 
 SETTINGS = {"max_count": 5, "val_fraction": 0.2, "workers": 1}
-WRITE_SHARD = stage.write_shard
+START_SHARD = stage.start_shard
 
 
 def run(clean, out):
@@ -35,14 +35,14 @@ def count_writes(monkeypatch, stop_after=None):
     """Record the name of every shard written; with ``stop_after``, interrupt (Ctrl-C) the run then."""
     written = []
 
-    def write_shard(plan, clean_dir, out_dir):
+    def start_shard(plan, clean_dir, out_dir):
         if stop_after is not None and len(written) == stop_after:
             raise KeyboardInterrupt
-        entry = WRITE_SHARD(plan, clean_dir, out_dir)
+        started = START_SHARD(plan, clean_dir, out_dir)
         written.append(plan.name)
-        return entry
+        return started
 
-    monkeypatch.setattr(stage, "write_shard", write_shard)
+    monkeypatch.setattr(stage, "start_shard", start_shard)
     return written
 
 
