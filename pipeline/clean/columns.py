@@ -1,0 +1,164 @@
+"""Results as columns: what the driver holds of every file between processing and the manifest.
+
+A `FileResult` object costs ~1.3 KB of Python objects (27 fields, each string and list its own
+object); a run of ten million files cannot hold ten million of them. `Columns` holds only what
+`decide` needs, as NumPy arrays of codes and Arrow strings (~110 B a file), and reads the rest
+back part by part when the manifest is written (`Columns.chunks`). Local and Ray runs both go
+through it, so decide and the manifest have one implementation each.
+
+`RESULTS` is the Arrow schema of a `FileResult` (a part's results file, a local run's results).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.clean.records import Decision, FileResult
+from pipeline.formats.vocabulary import Kind, Reason, Status
+
+KINDS: tuple[Kind, ...] = tuple(Kind)
+REASONS: tuple[Reason, ...] = tuple(Reason)
+STATUSES: tuple[Status, ...] = tuple(Status)
+IMAGE, TEXT = KINDS.index(Kind.IMAGE), KINDS.index(Kind.TEXT)
+KEPT, DUPLICATE, QUARANTINED = (STATUSES.index(s) for s in (Status.KEPT, Status.DUPLICATE, Status.QUARANTINED))
+
+_ARROW = {"str": pa.string(), "Kind": pa.string(), "Reason": pa.string(), "int": pa.int64(), "float": pa.float64(),
+          "list[str]": pa.list_(pa.string()), "list[int]": pa.list_(pa.int64())}
+_FIELDS = dataclasses.fields(FileResult)
+NAMES: tuple[str, ...] = tuple(f.name for f in _FIELDS)
+# phash is 64 unsigned bits; every other field by its Python type (an optional one is a nullable column)
+RESULTS = pa.schema([(f.name, pa.uint64() if f.name == "phash" else _ARROW[str(f.type).removesuffix(" | None")])
+                     for f in _FIELDS])
+# what decide reads of each file; the rest (hashes, timestamps, pixel sums) waits in the part files
+DECIDE = ("source", "key", "kind", "label", "reason", "detail", "width", "height", "content_hash", "phash", "minhash",
+          "output", "caption", "caption_reason")
+
+
+def to_table(results: Sequence[FileResult]) -> pa.Table:
+    return pa.Table.from_pylist([vars(r) for r in results], schema=RESULTS)
+
+
+def iter_results(table: pa.Table) -> Iterator[FileResult]:
+    """The table's rows as `FileResult`s, a batch at a time (never all of them at once)."""
+    for batch in table.to_batches(max_chunksize=4096):
+        for d in batch.to_pylist():
+            r = FileResult(**d)
+            r.kind = Kind(r.kind)
+            r.reason = None if r.reason is None else Reason(r.reason)
+            yield r
+
+
+def _codes(column, words: Sequence[str]) -> np.ndarray:
+    """Each value's position in ``words``; -1 for null."""
+    idx = pc.index_in(column, value_set=pa.array(list(map(str, words)), pa.string()))
+    return np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int16)
+
+
+def _dense(column: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Equal values get equal codes (in order of first appearance); -1 for null."""
+    enc = pc.dictionary_encode(column)
+    return pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary
+
+
+def _sparse(column: pa.Array) -> dict[int, str]:
+    rows = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
+    return dict(zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()))
+
+
+class Columns:
+    """Every file's result as decide needs it, in candidate order (row i = the i-th file)."""
+
+    def __init__(self, table: pa.Table, chunks: Callable[[], Iterator[pa.Table]]):
+        """``table``: at least the `DECIDE` columns, every row; ``chunks``: every row's full
+        result again, in order, as tables (read back when the manifest is written)."""
+        col = {name: table.column(name).combine_chunks() for name in DECIDE}
+        self.n = table.num_rows
+        self.chunks = chunks
+        self.kind = _codes(col["kind"], KINDS)
+        self.reason = _codes(col["reason"], REASONS)
+        self.key, _ = _dense(col["key"])
+        self.label, labels = _dense(col["label"])
+        self.label_names: list[str] = labels.to_pylist()
+        self.width = pc.fill_null(col["width"], -1).to_numpy(zero_copy_only=False)
+        self.height = pc.fill_null(col["height"], -1).to_numpy(zero_copy_only=False)
+        chash = pc.if_else(pc.equal(col["content_hash"], ""), pa.scalar(None, pa.string()), col["content_hash"])
+        self.chash, hashes = _dense(chash)
+        # content hashes as strings only where a caption may be compared with one: text files
+        self._hashes = hashes if (self.kind == TEXT).any() else None
+        self.phash_valid = col["phash"].is_valid().to_numpy(zero_copy_only=False)
+        self.phash = pc.fill_null(col["phash"], 0).to_numpy(zero_copy_only=False)
+        self.minhash_valid = pc.fill_null(pc.greater(pc.utf8_length(col["minhash"]), 0), False).to_numpy(zero_copy_only=False)
+        self._source, self._output, self._detail, self._minhash = col["source"], col["output"], col["detail"], col["minhash"]
+        self.caption: dict[int, str] = _sparse(col["caption"])
+        self.caption_reason: dict[int, str] = _sparse(col["caption_reason"])
+
+    @classmethod
+    def from_results(cls, results: Sequence[FileResult]) -> Columns:
+        table = to_table(results)
+        return cls(table, lambda: iter((table,)))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def source(self, i: int) -> str:
+        return self._source[i].as_py()
+
+    def detail(self, i: int) -> str:
+        return self._detail[i].as_py()
+
+    def minhash(self, i: int) -> str | None:
+        return self._minhash[i].as_py()
+
+    def content_hash(self, i: int) -> str | None:
+        if self.chash[i] < 0:
+            return None
+        if self._hashes is None:
+            raise AssertionError("content hashes as strings are kept only when there are texts")
+        return self._hashes[int(self.chash[i])].as_py()
+
+    def labels(self) -> list[str | None]:
+        names = self.label_names
+        return [None if c < 0 else names[c] for c in self.label.tolist()]
+
+    def view(self, i: int) -> OutputRef:
+        """What `decide.Outputs` needs to read file i's output back."""
+        w, h = int(self.width[i]), int(self.height[i])
+        return OutputRef(self.source(i), self._output[i].as_py(), None if w < 0 else w, None if h < 0 else h)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputRef:
+    source: str
+    output: str
+    width: int | None
+    height: int | None
+
+
+class Decisions(Sequence[Decision]):
+    """One `Decision` per file, as columns: status, reason, the row it duplicates, detail."""
+
+    def __init__(self, cols: Columns):
+        self.cols = cols
+        failed = np.flatnonzero(cols.reason >= 0)
+        self.status = np.full(cols.n, KEPT, dtype=np.int8)
+        self.status[failed] = QUARANTINED
+        self.reason = cols.reason.copy()
+        self.twin = np.full(cols.n, -1, dtype=np.int64)
+        self.detail = np.full(cols.n, "", dtype=object)
+        if len(failed):
+            self.detail[failed] = cols._detail.take(pa.array(failed)).to_pylist()
+
+    def __len__(self) -> int:
+        return self.cols.n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        r, t = int(self.reason[i]), int(self.twin[i])
+        return Decision(STATUSES[self.status[i]], None if r < 0 else REASONS[r], None if t < 0 else self.cols.source(t),
+                        self.detail[i])
