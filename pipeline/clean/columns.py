@@ -162,3 +162,49 @@ class Decisions(Sequence[Decision]):
         r, t = int(self.reason[i]), int(self.twin[i])
         return Decision(STATUSES[self.status[i]], None if r < 0 else REASONS[r], None if t < 0 else self.cols.source(t),
                         self.detail[i])
+
+
+def sources(c: Columns, batch: int = 65536) -> Iterator[str]:
+    """Every file's source, in order, a batch of Python strings at a time."""
+    for start in range(0, c.n, batch):
+        yield from c._source.slice(start, batch).to_pylist()
+
+
+def manifest_table(chunk: pa.Table, offset: int, c: Columns, d: Decisions, captions: dict[int, str]) -> pa.Table:
+    """The manifest rows of files offset .. offset + len(chunk), as `records.row` makes one: what
+    the worker found (``chunk``: those files' whole results), what the stage decided (``d``),
+    the kept images' captions written from the labels file (``captions``, by file)."""
+    from pipeline.formats.manifest import COLUMNS
+
+    n = chunk.num_rows
+    rows = slice(offset, offset + n)
+    kept = d.status[rows] == KEPT
+    keep = pa.array(kept)
+    col = {name: chunk.column(name).combine_chunks() for name in chunk.column_names}
+
+    def words(codes: np.ndarray, vocab) -> pa.Array:
+        return pa.array([str(w) for w in vocab], pa.string()).take(pa.array(codes, mask=codes < 0))
+
+    def unless_kept(name: str) -> pa.Array:
+        return pc.if_else(keep, col[name], pa.scalar(None, col[name].type))
+
+    notes = col["notes"].to_pylist()
+    detail = ["; ".join(x for x in [own or found, *more] if x)
+              for own, found, more in zip(d.detail[rows].tolist(), col["detail"].to_pylist(), notes)]
+    twin = d.twin[rows]
+    label = np.asarray(c.label[rows])
+    return pa.table({
+        "source": col["source"], "key": col["key"], "kind": col["kind"],
+        "label": pa.array(c.label_names, pa.string()).take(pa.array(label, mask=label < 0)),
+        "status": words(d.status[rows], STATUSES), "reason": words(d.reason[rows], REASONS),
+        "detail": pa.array(detail, pa.string()),
+        "duplicate_of": c._source.take(pa.array(twin, mask=twin < 0)),
+        "output": pc.if_else(keep, col["output"], ""),
+        "caption": pa.array([captions.get(i, "") if k else "" for i, k in zip(range(offset, offset + n), kept.tolist())],
+                            pa.string()),
+        "bytes": col["bytes"], "sha256": col["sha256"], "width": col["width"], "height": col["height"],
+        "encoding": col["encoding"], "encoding_confidence": col["encoding_confidence"], "content_hash": col["content_hash"],
+        "phash": pa.array([None if h is None else f"{h:016x}" for h in col["phash"].to_pylist()], pa.string()),
+        "output_width": unless_kept("output_width"), "output_height": unless_kept("output_height"),
+        "pixel_sums": unless_kept("pixel_sums"), "pixel_squares": unless_kept("pixel_squares"),
+    }, schema=COLUMNS)

@@ -296,7 +296,12 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
 
             results, reused, parts_report = process_in_parts(cfg, candidates, _worker_settings(cfg), _reusable, show_progress)
         else:
-            results, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+            from pipeline.clean.columns import Columns
+
+            files, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+            results = Columns.from_results(files)
+            del files
+        del candidates  # the listing is not needed any more: a run of millions frees its memory before decide
         if lab is not None:
             from pipeline.clean.labels import attach_captions
 
@@ -415,49 +420,69 @@ def _process_all(cfg: CleanConfig, candidates: list[Candidate], journal: Journal
 
 
 def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: dict) -> dict:
-    from pipeline.clean.records import row
+    """Outputs moved where their status says, quarantined inputs copied, stale files swept, the
+    journal compacted, report.json, and the manifest last. The files' whole results are read
+    back a part at a time (`Columns.chunks`), so no run holds them all at once."""
+    from pipeline.clean.columns import iter_results, manifest_table
     from pipeline.formats.manifest import ManifestWriter  # pyarrow: only needed now, at the end
 
     out = cfg.output
     keep_outputs, keep_quarantine, keep_parked = set(), set(), set()
     report = ReportBuilder()
     writer = ManifestWriter(out / "manifest.parquet")
+    labels = results.labels()
     try:
-        for r, d in zip(results, decisions):
-            cap = ""
-            if d.status == Status.KEPT and r.caption is not None:  # a caption from the labels file
-                cap = output_path(r.source, r.key, "txt")
-                _write_if_changed(out / cap, r.caption.encode("utf-8"))
-                keep_outputs.add(cap)
-                d = dataclasses.replace(d, detail=f"{d.detail}: {cap}")
-            if d.status == Status.KEPT:
-                keep_outputs.add(r.output)
-                _move_if_there(out / PARKED / r.output, out / r.output)
-            elif r.output:
-                keep_parked.add(f"{PARKED}/{r.output}")
-                _move_if_there(out / r.output, out / PARKED / r.output)
-            if d.status == Status.QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
-                rel = f"quarantine/{d.reason}/{r.source}"
-                keep_quarantine.add(rel)
-                dest = out / rel
-                if not (dest.exists() and dest.stat().st_size == r.bytes):
-                    try:
-                        _copy_input(cfg, r.source, dest)
-                    except FileNotFoundError:  # gone since, or a name that is not UTF-8
-                        keep_quarantine.discard(rel)
-            rec = row(r, d, cap)
-            report.add(rec)
-            writer.add(rec)
+        offset = 0
+        with journal.rewrite() as journal_line:
+            for chunk in results.chunks():
+                captions: dict[int, str] = {}
+                for i, r in enumerate(iter_results(chunk), offset):
+                    r.label, r.caption, r.caption_reason = labels[i], results.caption.get(i), results.caption_reason.get(i)
+                    cap = _finalize_file(cfg, r, decisions[i], keep_outputs, keep_parked, keep_quarantine)
+                    if cap:
+                        captions[i] = cap
+                        decisions.detail[i] = f"{decisions.detail[i]}: {cap}"
+                    journal_line(r)
+                rows = manifest_table(chunk, offset, results, decisions, captions)
+                report.add_table(rows)
+                writer.add_table(rows)
+                offset += chunk.num_rows
         _sweep(out / "data", keep_outputs, out)
         _sweep(out / "quarantine", keep_quarantine, out)
         _sweep(out / PARKED, keep_parked, out)
-        journal.compact(results)
         doc = report.build(cfg.as_dict(), {k: round(v, 3) for k, v in timings.items()}, extra)
         atomic_write_text(out / "report.json", json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
         writer.close()  # the manifest last: its presence means the folder is complete
     except OSError as e:
         raise StageFailed(f"could not finish writing {out}: {e}") from None
     return doc
+
+
+def _finalize_file(cfg, r: FileResult, d, keep_outputs: set, keep_parked: set, keep_quarantine: set) -> str:
+    """One file's output and quarantine copy where its decision says; its caption file's path
+    when it is a kept image with a caption from the labels file (written now), else ""."""
+    out = cfg.output
+    cap = ""
+    if d.status == Status.KEPT and r.caption is not None:  # a caption from the labels file
+        cap = output_path(r.source, r.key, "txt")
+        _write_if_changed(out / cap, r.caption.encode("utf-8"))
+        keep_outputs.add(cap)
+    if d.status == Status.KEPT:
+        keep_outputs.add(r.output)
+        _move_if_there(out / PARKED / r.output, out / r.output)
+    elif r.output:
+        keep_parked.add(f"{PARKED}/{r.output}")
+        _move_if_there(out / r.output, out / PARKED / r.output)
+    if d.status == Status.QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
+        rel = f"quarantine/{d.reason}/{r.source}"
+        keep_quarantine.add(rel)
+        dest = out / rel
+        if not (dest.exists() and dest.stat().st_size == r.bytes):
+            try:
+                _copy_input(cfg, r.source, dest)
+            except FileNotFoundError:  # gone since, or a name that is not UTF-8
+                keep_quarantine.discard(rel)
+    return cap
 
 
 def _copy_input(cfg: CleanConfig, source: str, dest: Path) -> None:
