@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import shutil
@@ -25,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,60 +96,96 @@ def _same(a: Path, b: Path) -> bool:
 # ---------------------------------------------------------------- 2. the driver
 
 
-def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
-    """n image rows as a finished run's part results files (one in 50 an exact copy of another)."""
-    from pipeline.clean.records import FileResult
-    from pipeline.distribute import parts as partlib
+SETTINGS = {"size": 256}  # the part fingerprints' settings (any: the names only have to match the plan)
+
+
+def synthetic_candidate(i: int):
+    """The i-th file of the synthetic listing, as discovery makes it."""
+    from pipeline.clean.discover import Candidate
     from pipeline.formats.vocabulary import Kind
 
-    rng = random.Random(n)
-    folder = clean_dir / partlib.PARTS_DIR
-    folder.mkdir(parents=True)
-    for index, (b, e) in enumerate(partlib.cut(n, part_files)):
-        lines = []
-        for i in range(b, e):
-            twin = i - 1 if i % 50 == 49 else i
-            key = f"f{i:09d}"
-            r = FileResult(f"class{i % 100}/{key}.jpg", key, Kind.IMAGE, f"class{i % 100}", bytes=50_000 + i % 1000,
-                           sha256=f"{rng.getrandbits(256):064x}", mtime_ns=1_700_000_000 * 10**9 + i, ctime_ns=1_700_000_000 * 10**9 + i,
-                           width=640, height=480, content_hash=f"{twin:032x}", phash=rng.getrandbits(64),
-                           output=f"data/class{i % 100}/{key}.jpg", output_bytes=20_000, output_width=256, output_height=256,
-                           pixel_sums=[i * 3, i * 5, i * 7], pixel_squares=[i * 11, i * 13, i * 17])
-            lines.append(r.to_json() + "\n")
-        (folder / f"{index:06d}.{'0' * 16}{partlib.SUFFIX}").write_text("".join(lines), encoding="utf-8")
+    key = f"f{i:09d}"
+    return Candidate(f"class{i % 100}/{key}.jpg", f"/raw/class{i % 100}/{key}.jpg", Kind.IMAGE, "jpeg", f"class{i % 100}", key)
 
 
-def driver_child(clean_dir: str) -> None:
-    """What the driver does after the parts: gather, decide, manifest rows. Prints one JSON line."""
-    from pipeline.clean.decide import DecideSettings, Outputs, decide
-    from pipeline.clean.discover import Candidate
-    from pipeline.clean.records import FileResult, row
+def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
+    """n image rows as a finished run's part results files, named as the driver's plan names
+    them (one row in 50 an exact copy of another under another label). Made a column at a time
+    (FileResult objects made ten million rows in half an hour); the same format as
+    `parts.write_results`, which a test reads back."""
+    import pyarrow as pa
+
+    from pipeline.clean.columns import RESULTS
     from pipeline.distribute import parts as partlib
-    from pipeline.formats.manifest import ManifestWriter
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    folder = Path(clean_dir) / partlib.PARTS_DIR
+    rng = random.Random(n)
+    for index, (b, e) in enumerate(partlib.cut(n, part_files)):
+        cands = [synthetic_candidate(i) for i in range(b, e)]
+        rows = range(b, e)
+        m = e - b
+        cols = {name: pa.nulls(m, RESULTS.field(name).type) for name in RESULTS.names}
+        cols.update(
+            source=[c.source for c in cands], key=[c.key for c in cands], kind=["image"] * m, label=[c.label for c in cands],
+            bytes=[50_000 + i % 1000 for i in rows], sha256=[f"{rng.getrandbits(256):064x}" for _ in rows],
+            mtime_ns=[1_700_000_000 * 10**9 + i for i in rows], ctime_ns=[1_700_000_000 * 10**9 + i for i in rows],
+            detail=[""] * m, width=[640] * m, height=[480] * m,
+            content_hash=[f"{i - 1 if i % 50 == 49 else i:032x}" for i in rows], phash=[rng.getrandbits(64) for _ in rows],
+            output=[f"data/{c.source}" for c in cands], output_bytes=[20_000] * m, notes=[[]] * m,
+            output_width=[256] * m, output_height=[256] * m,
+            pixel_sums=[[i * 3, i * 5, i * 7] for i in rows], pixel_squares=[[i * 11, i * 13, i * 17] for i in rows])
+        table = pa.table({k: pa.array(v, RESULTS.field(k).type) if isinstance(v, list) else v for k, v in cols.items()},
+                         schema=RESULTS).replace_schema_metadata(partlib.FORMAT)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        part = partlib.Part(index, b, e, partlib.fingerprint(cands, SETTINGS))
+        (clean_dir / partlib.PARTS_DIR).mkdir(parents=True, exist_ok=True)
+        (clean_dir / partlib.PARTS_DIR / part.name).write_bytes(sink.getvalue().to_pybytes())
+
+
+def _rss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def driver_child(clean_dir: str, n: int, part_files: int) -> None:
+    """What the driver of `pipe clean --executor ray` does from the listing on, with the same
+    functions: plan the parts, gather each finished part's decide columns, free the listing,
+    decide, and finalize (each part's results read back, the journal compacted, the manifest and
+    report written; the outputs' moves find no file here). Prints one JSON line."""
+    from pipeline.clean.decide import DecideSettings, Outputs, decide
+    from pipeline.clean.journal import Journal
+    from pipeline.clean.stage import PARKED, CleanConfig, _finalize
+    from pipeline.distribute import parts as partlib
+    from pipeline.distribute.clean import as_columns, gather
+
+    out = Path(clean_dir)
+    base = _rss_kib()
     t = time.perf_counter()
-    results: list[FileResult] = []
-    for name in sorted(os.listdir(folder)):
-        results.extend(FileResult.from_json(line) for line in (folder / name).read_text(encoding="utf-8").splitlines())
-    gather = time.perf_counter() - t
-    # the listing the driver holds all run long (discovery's candidates), as the real driver does
-    candidates = [Candidate(r.source, f"/raw/{r.source}", r.kind, "jpeg", r.label, r.key) for r in results]
-    gathered = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    candidates = [synthetic_candidate(i) for i in range(n)]  # the listing, held from discovery on
+    listing_s = time.perf_counter() - t
+    listed = _rss_kib()
     t = time.perf_counter()
-    outcome = decide(results, DecideSettings(), Outputs(Path(clean_dir), ".pipe/parked", "pad"))
+    plan = partlib.plan(candidates, SETTINGS, part_files)
+    plan_s = time.perf_counter() - t
+    t = time.perf_counter()
+    tables = [gather(out, p, candidates) for p in plan]
+    if any(x is None for x in tables):
+        raise SystemExit("a part's results file is missing or unreadable")
+    cols = as_columns(out, plan, tables)
+    gather_s = time.perf_counter() - t
+    gathered = _rss_kib()
+    del candidates  # as stage._run does once the parts are in
+    t = time.perf_counter()
+    outcome = decide(cols, DecideSettings(), Outputs(out, PARKED, "pad"))
     decide_s = time.perf_counter() - t
+    decided = _rss_kib()
     t = time.perf_counter()
-    writer = ManifestWriter(Path(clean_dir) / "manifest.parquet")
-    for r, d in zip(results, outcome.decisions):
-        writer.add(row(r, d, ""))
-    writer.close()
+    cfg = CleanConfig(input=Path("/raw"), output=out, executor="ray")
+    report = _finalize(cfg, cols, outcome.decisions, Journal(out), {}, {})
     manifest_s = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"rows": len(results), "gather_s": gather, "decide_s": decide_s, "manifest_s": manifest_s,
-                      "base_kib": base, "gathered_kib": gathered, "peak_kib": peak,
-                      "candidates": len(candidates), "by_status": dict(Counter(str(d.status.value) for d in outcome.decisions))}))
+    print(json.dumps({"rows": n, "listing_s": listing_s, "plan_s": plan_s, "gather_s": gather_s, "decide_s": decide_s,
+                      "manifest_s": manifest_s, "base_kib": base, "listed_kib": listed, "gathered_kib": gathered,
+                      "decided_kib": decided, "peak_kib": _rss_kib(), "by_status": report["by_status"]}))
 
 
 def driver(sizes: list[int], part_files: int) -> None:
@@ -163,12 +197,18 @@ def driver(sizes: list[int], part_files: int) -> None:
             synthetic_parts(work, n, part_files)
             made = time.perf_counter() - t
             mb = sum(p.stat().st_size for p in (work / ".pipe" / "parts").iterdir()) / 1e6
-            p = subprocess.run([sys.executable, __file__, "--driver-child", str(work)], capture_output=True, text=True, check=True)
+            cmd = [sys.executable, __file__, "--driver-child", str(work), "--rows", str(n), "--part-files", str(part_files)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                raise SystemExit(f"the driver child failed: {p.stderr[-3000:]}")
             r = json.loads(p.stdout.strip().splitlines()[-1])
             rows.append(r)
-            print(f"{n:>10} rows ({mb:.0f} MB of part files, made in {made:.0f} s): gather {r['gather_s']:.1f} s, "
-                  f"decide {r['decide_s']:.1f} s, manifest {r['manifest_s']:.1f} s; peak RSS {r['peak_kib'] / 1024:.0f} MiB "
-                  f"({(r['peak_kib'] - r['base_kib']) * 1024 / n:.0f} B/row over the imports), {r['by_status']}")
+            mib = lambda k, r=r: f"{r[k] / 1024:.0f}"  # noqa: E731
+            print(f"{n:>10} rows ({mb:.0f} MB of part files, made in {made:.0f} s): listing {r['listing_s']:.1f} s, "
+                  f"plan {r['plan_s']:.1f} s, gather {r['gather_s']:.1f} s, decide {r['decide_s']:.1f} s, "
+                  f"finalize {r['manifest_s']:.1f} s; RSS MiB: imports {mib('base_kib')}, listed {mib('listed_kib')}, "
+                  f"gathered {mib('gathered_kib')}, decided {mib('decided_kib')}, peak {mib('peak_kib')} "
+                  f"({(r['peak_kib'] - r['base_kib']) * 1024 / n:.0f} B/row over the imports), {r['by_status']}", flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     for a, b in zip(rows, rows[1:]):
@@ -184,9 +224,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="400 files, one pair of runs")
     ap.add_argument("--driver", type=int, nargs="+", metavar="N", help="measure the driver on N synthetic rows instead")
     ap.add_argument("--driver-child", help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.driver_child:
-        driver_child(a.driver_child)
+        driver_child(a.driver_child, a.rows, a.part_files)
     elif a.driver:
         driver(a.driver, 1000)
     else:

@@ -43,14 +43,18 @@ def to_table(results: Sequence[FileResult]) -> pa.Table:
     return pa.Table.from_pylist([vars(r) for r in results], schema=RESULTS)
 
 
+_KIND, _REASON = NAMES.index("kind"), NAMES.index("reason")
+
+
 def iter_results(table: pa.Table) -> Iterator[FileResult]:
-    """The table's rows as `FileResult`s, a batch at a time (never all of them at once)."""
-    for batch in table.to_batches(max_chunksize=4096):
-        for d in batch.to_pylist():
-            r = FileResult(**d)
-            r.kind = Kind(r.kind)
-            r.reason = None if r.reason is None else Reason(r.reason)
-            yield r
+    """The table's rows (all of `RESULTS`' columns) as `FileResult`s, a batch at a time (never all
+    of them at once); column by column, which is several times faster than row dicts."""
+    for batch in table.select(NAMES).to_batches(max_chunksize=4096):
+        columns = [column.to_pylist() for column in batch.columns]
+        columns[_KIND] = [Kind(k) for k in columns[_KIND]]
+        columns[_REASON] = [None if r is None else Reason(r) for r in columns[_REASON]]
+        for values in zip(*columns):
+            yield FileResult(*values)
 
 
 def _codes(column, words: Sequence[str]) -> np.ndarray:
@@ -156,7 +160,7 @@ class Decisions(Sequence[Decision]):
     def __len__(self) -> int:
         return self.cols.n
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         r, t = int(self.reason[i]), int(self.twin[i])

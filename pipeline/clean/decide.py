@@ -313,7 +313,7 @@ def _text_candidates(c: Columns, smp: Samples, members: list[int], s: DecideSett
 
     keys = np.zeros((len(members), BANDS), dtype=np.uint32)
     for row, k in enumerate(members):
-        keys[row] = decode_keys(c.minhash(int(smp.text[k])))
+        keys[row] = decode_keys(c.minhash(int(smp.text[k])) or "")  # members have one (minhash_valid)
     return [(int(a), int(b), "") for a, b in candidate_pairs(keys)]
 
 

@@ -427,7 +427,9 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
     from pipeline.formats.manifest import ManifestWriter  # pyarrow: only needed now, at the end
 
     out = cfg.output
-    keep_outputs, keep_quarantine, keep_parked = set(), set(), set()
+    keep_outputs: set[str] = set()
+    keep_quarantine: set[str] = set()
+    keep_parked: set[str] = set()
     report = ReportBuilder()
     writer = ManifestWriter(out / "manifest.parquet")
     labels = results.labels()
@@ -460,23 +462,24 @@ def _finalize(cfg, results, decisions, journal: Journal, extra: dict, timings: d
 
 def _finalize_file(cfg, r: FileResult, d, keep_outputs: set, keep_parked: set, keep_quarantine: set) -> str:
     """One file's output and quarantine copy where its decision says; its caption file's path
-    when it is a kept image with a caption from the labels file (written now), else ""."""
-    out = cfg.output
+    when it is a kept image with a caption from the labels file (written now), else "".
+    Paths as strings: pathlib's joins cost more than the rest of the file's work."""
+    out = os.fspath(cfg.output)
     cap = ""
     if d.status == Status.KEPT and r.caption is not None:  # a caption from the labels file
         cap = output_path(r.source, r.key, "txt")
-        _write_if_changed(out / cap, r.caption.encode("utf-8"))
+        _write_if_changed(cfg.output / cap, r.caption.encode("utf-8"))
         keep_outputs.add(cap)
     if d.status == Status.KEPT:
         keep_outputs.add(r.output)
-        _move_if_there(out / PARKED / r.output, out / r.output)
+        _move_if_there(f"{out}/{PARKED}/{r.output}", f"{out}/{r.output}")
     elif r.output:
         keep_parked.add(f"{PARKED}/{r.output}")
-        _move_if_there(out / r.output, out / PARKED / r.output)
+        _move_if_there(f"{out}/{r.output}", f"{out}/{PARKED}/{r.output}")
     if d.status == Status.QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
         rel = f"quarantine/{d.reason}/{r.source}"
         keep_quarantine.add(rel)
-        dest = out / rel
+        dest = cfg.output / rel
         if not (dest.exists() and dest.stat().st_size == r.bytes):
             try:
                 _copy_input(cfg, r.source, dest)
@@ -503,9 +506,9 @@ def _write_if_changed(path: Path, data: bytes) -> None:
     atomic_write_bytes(path, data)
 
 
-def _move_if_there(src: Path, dest: Path) -> None:
-    if src.exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
+def _move_if_there(src: str, dest: str) -> None:
+    if os.path.exists(src):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
         os.replace(src, dest)
 
 

@@ -30,18 +30,13 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
     test a local resume applies to each journal line); otherwise it runs again, whole."""
     import pyarrow as pa
 
-    from pipeline.clean.columns import DECIDE, Columns, iter_results
+    from pipeline.clean.columns import DECIDE, iter_results
     from pipeline.core.ui import progress
 
     t0 = time.perf_counter()
     plan = partlib.plan(candidates, cfg.fingerprint(), cfg.part_files)
     partlib.sweep(cfg.output, plan)
     found: dict[int, pa.Table] = {}
-
-    def gather(p: partlib.Part) -> pa.Table | None:
-        table = partlib.read_table(cfg.output, p, DECIDE)
-        return None if table is None else _compact(table, candidates[p.begin:p.end])
-
     for p in plan:
         old = partlib.read_table(cfg.output, p)
         if old is not None and all(reusable(r, c, cfg.output) for r, c in zip(iter_results(old), candidates[p.begin:p.end])):
@@ -57,7 +52,7 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
         tell = PartsLine(len(todo), len(candidates) - reused_files, show_progress)
 
         def done(i: int, run) -> None:
-            table = gather(plan[i])
+            table = gather(cfg.output, plan[i], candidates)
             if table is None:
                 raise StageFailed(f"part {plan[i].name} ended without a readable results file in {cfg.output / partlib.PARTS_DIR}")
             found[i] = table
@@ -70,19 +65,7 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
             from pipeline.distribute.ray_executor import process_parts
 
             process_parts(cfg.ray_address, settings, cfg.output, plan, candidates, cfg.file_timeout, todo, done)
-    table = pa.concat_tables([found.pop(p.index) for p in plan]) if plan else _compact(None, [])
-    out = cfg.output
-
-    def chunks():
-        """Every part's whole results again, in order, for the manifest (one part in memory at a time)."""
-        for p in plan:
-            part = partlib.read_table(out, p)
-            if part is None:
-                raise StageFailed(f"the results file of part {p.name} in {out / partlib.PARTS_DIR} went away during the run")
-            yield part
-
-    cols = Columns(table, chunks)
-    del table
+    cols = as_columns(cfg.output, plan, [found.pop(p.index) for p in plan])
     seconds = time.perf_counter() - t0
     redone_files = len(candidates) - reused_files
     report = {"executor": "ray", "parts": len(plan), "part_files": cfg.part_files,
@@ -91,6 +74,34 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], settings,
               "files_per_s": round(redone_files / seconds, 2) if seconds > 0 else None,
               "runs": sorted(runs, key=lambda r: r["part"])}
     return cols, reused_files, report
+
+
+def gather(out: Path, part: partlib.Part, candidates: Sequence[Candidate]):
+    """What the driver keeps of a finished part: its decide columns (None: no results file)."""
+    from pipeline.clean.columns import DECIDE
+
+    table = partlib.read_table(out, part, DECIDE)
+    return None if table is None else _compact(table, candidates[part.begin:part.end])
+
+
+def as_columns(out: Path, plan: Sequence[partlib.Part], tables: list) -> Columns:
+    """Every part's gathered columns (``tables``, in plan order, emptied here) as one `Columns`,
+    which reads each part's whole results again, in order, when the manifest is written."""
+    import pyarrow as pa
+
+    from pipeline.clean.columns import Columns
+
+    table = pa.concat_tables(tables) if tables else _compact(None, [])
+    tables.clear()
+
+    def chunks():
+        for p in plan:
+            part = partlib.read_table(out, p)
+            if part is None:
+                raise StageFailed(f"the results file of part {p.name} in {out / partlib.PARTS_DIR} went away during the run")
+            yield part
+
+    return Columns(table, chunks)
 
 
 def _compact(table, candidates: Sequence[Candidate]):
