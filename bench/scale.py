@@ -109,38 +109,48 @@ def synthetic_candidate(i: int):
 
 
 def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
-    """n image rows as a finished run's part results files, named as the driver's plan names
-    them (one row in 50 an exact copy of another under another label). Made a column at a time
-    (FileResult objects made ten million rows in half an hour); the same format as
-    `parts.write_results`, which a test reads back."""
+    """n image rows as a finished run's part results files (one row in 50 an exact copy of another
+    under another label), in `parts.write_results`' format (`RESULTS`, `FORMAT`). Made with
+    Arrow compute a column at a time: FileResult objects made ten million rows in over an hour.
+    Named with a dummy fingerprint: the child takes the parts from the folder, not from a plan."""
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from pipeline.clean.columns import RESULTS
     from pipeline.distribute import parts as partlib
 
-    rng = random.Random(n)
+    rng = np.random.default_rng(n)
+    folder = clean_dir / partlib.PARTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
     for index, (b, e) in enumerate(partlib.cut(n, part_files)):
-        cands = [synthetic_candidate(i) for i in range(b, e)]
-        rows = range(b, e)
         m = e - b
+        i = np.arange(b, e, dtype=np.int64)
+        key = pc.binary_join_element_wise("f", pc.utf8_lpad(pc.cast(pa.array(i), pa.string()), width=9, padding="0"), "")
+        label = pc.binary_join_element_wise("class", pc.cast(pa.array(i % 100), pa.string()), "")
+        source = pc.binary_join_element_wise(label, "/", key, ".jpg", "")
+        raw = rng.bytes(32 * m)
+        twin = np.where(i % 50 == 49, i - 1, i).tolist()
+
+        def lists(a: int, b_: int, c: int, i=i, m=m) -> pa.Array:  # per channel: i * a, i * b_, i * c
+            return pa.ListArray.from_arrays(np.arange(0, 3 * m + 1, 3, dtype=np.int32),
+                                            pa.array(np.stack([i * a, i * b_, i * c], axis=1).ravel()))
+
         cols = {name: pa.nulls(m, RESULTS.field(name).type) for name in RESULTS.names}
         cols.update(
-            source=[c.source for c in cands], key=[c.key for c in cands], kind=["image"] * m, label=[c.label for c in cands],
-            bytes=[50_000 + i % 1000 for i in rows], sha256=[f"{rng.getrandbits(256):064x}" for _ in rows],
-            mtime_ns=[1_700_000_000 * 10**9 + i for i in rows], ctime_ns=[1_700_000_000 * 10**9 + i for i in rows],
-            detail=[""] * m, width=[640] * m, height=[480] * m,
-            content_hash=[f"{i - 1 if i % 50 == 49 else i:032x}" for i in rows], phash=[rng.getrandbits(64) for _ in rows],
-            output=[f"data/{c.source}" for c in cands], output_bytes=[20_000] * m, notes=[[]] * m,
-            output_width=[256] * m, output_height=[256] * m,
-            pixel_sums=[[i * 3, i * 5, i * 7] for i in rows], pixel_squares=[[i * 11, i * 13, i * 17] for i in rows])
-        table = pa.table({k: pa.array(v, RESULTS.field(k).type) if isinstance(v, list) else v for k, v in cols.items()},
-                         schema=RESULTS).replace_schema_metadata(partlib.FORMAT)
+            source=source, key=key, kind=pa.array(["image"] * m), label=label, bytes=pa.array(50_000 + i % 1000),
+            sha256=pa.array([raw[k:k + 32].hex() for k in range(0, 32 * m, 32)]),
+            mtime_ns=pa.array(1_700_000_000 * 10**9 + i), ctime_ns=pa.array(1_700_000_000 * 10**9 + i),
+            detail=pa.array([""] * m), width=pa.array(np.full(m, 640)), height=pa.array(np.full(m, 480)),
+            content_hash=pa.array([f"{t:032x}" for t in twin]), phash=pa.array(rng.integers(0, 2**64, m, dtype=np.uint64)),
+            output=pc.binary_join_element_wise("data/", source, ""), output_bytes=pa.array(np.full(m, 20_000)),
+            notes=pa.array([[]] * m, pa.list_(pa.string())), output_width=pa.array(np.full(m, 256)),
+            output_height=pa.array(np.full(m, 256)), pixel_sums=lists(3, 5, 7), pixel_squares=lists(11, 13, 17))
+        table = pa.table(cols, schema=RESULTS).replace_schema_metadata(partlib.FORMAT)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
-        part = partlib.Part(index, b, e, partlib.fingerprint(cands, SETTINGS))
-        (clean_dir / partlib.PARTS_DIR).mkdir(parents=True, exist_ok=True)
-        (clean_dir / partlib.PARTS_DIR / part.name).write_bytes(sink.getvalue().to_pybytes())
+        (folder / partlib.Part(index, b, e, "0" * 64).name).write_bytes(sink.getvalue().to_pybytes())
 
 
 def _rss_kib() -> int:
@@ -148,44 +158,51 @@ def _rss_kib() -> int:
 
 
 def driver_child(clean_dir: str, n: int, part_files: int) -> None:
-    """What the driver of `pipe clean --executor ray` does from the listing on, with the same
-    functions: plan the parts, gather each finished part's decide columns, free the listing,
-    decide, and finalize (each part's results read back, the journal compacted, the manifest and
-    report written; the outputs' moves find no file here). Prints one JSON line."""
+    """What the driver of `pipe clean --executor ray` does once the parts are done, with its own
+    functions: hold the listing (as discovery made it), gather each part's decide columns, free
+    the listing, decide, and write the manifest and report from each part's whole results read
+    back (`_finalize` without its per-file moves and journal, as before this bench's rows).
+    Prints one JSON line a step, so a long run shows where it is and what it holds."""
+    from pipeline.clean.columns import manifest_table
     from pipeline.clean.decide import DecideSettings, Outputs, decide
-    from pipeline.clean.journal import Journal
-    from pipeline.clean.stage import PARKED, CleanConfig, _finalize
+    from pipeline.clean.report import ReportBuilder
+    from pipeline.clean.stage import PARKED
     from pipeline.distribute import parts as partlib
     from pipeline.distribute.clean import as_columns, gather
+    from pipeline.formats.manifest import ManifestWriter
 
     out = Path(clean_dir)
-    base = _rss_kib()
+    step = {"rows": n, "base_kib": _rss_kib()}
+
+    def done(name: str, t: float) -> None:
+        step[f"{name}_s"] = time.perf_counter() - t
+        step[f"{name}_kib"] = _rss_kib()
+        print(json.dumps(step), flush=True)
+
     t = time.perf_counter()
     candidates = [synthetic_candidate(i) for i in range(n)]  # the listing, held from discovery on
-    listing_s = time.perf_counter() - t
-    listed = _rss_kib()
+    done("listing", t)
     t = time.perf_counter()
-    plan = partlib.plan(candidates, SETTINGS, part_files)
-    plan_s = time.perf_counter() - t
-    t = time.perf_counter()
+    plan = [partlib.Part(i, b, e, "0" * 64) for i, (b, e) in enumerate(partlib.cut(n, part_files))]
     tables = [gather(out, p, candidates) for p in plan]
     if any(x is None for x in tables):
         raise SystemExit("a part's results file is missing or unreadable")
     cols = as_columns(out, plan, tables)
-    gather_s = time.perf_counter() - t
-    gathered = _rss_kib()
+    done("gather", t)
     del candidates  # as stage._run does once the parts are in
     t = time.perf_counter()
     outcome = decide(cols, DecideSettings(), Outputs(out, PARKED, "pad"))
-    decide_s = time.perf_counter() - t
-    decided = _rss_kib()
+    done("decide", t)
     t = time.perf_counter()
-    cfg = CleanConfig(input=Path("/raw"), output=out, executor="ray")
-    report = _finalize(cfg, cols, outcome.decisions, Journal(out), {}, {})
-    manifest_s = time.perf_counter() - t
-    print(json.dumps({"rows": n, "listing_s": listing_s, "plan_s": plan_s, "gather_s": gather_s, "decide_s": decide_s,
-                      "manifest_s": manifest_s, "base_kib": base, "listed_kib": listed, "gathered_kib": gathered,
-                      "decided_kib": decided, "peak_kib": _rss_kib(), "by_status": report["by_status"]}))
+    report, writer, offset = ReportBuilder(), ManifestWriter(out / "manifest.parquet"), 0
+    for chunk in cols.chunks():
+        rows = manifest_table(chunk, offset, cols, outcome.decisions, {})
+        report.add_table(rows)
+        writer.add_table(rows)
+        offset += chunk.num_rows
+    writer.close()
+    step["by_status"] = report.build({}, {})["by_status"]
+    done("manifest", t)
 
 
 def driver(sizes: list[int], part_files: int) -> None:
@@ -198,21 +215,23 @@ def driver(sizes: list[int], part_files: int) -> None:
             made = time.perf_counter() - t
             mb = sum(p.stat().st_size for p in (work / ".pipe" / "parts").iterdir()) / 1e6
             cmd = [sys.executable, __file__, "--driver-child", str(work), "--rows", str(n), "--part-files", str(part_files)]
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            if p.returncode != 0:
-                raise SystemExit(f"the driver child failed: {p.stderr[-3000:]}")
-            r = json.loads(p.stdout.strip().splitlines()[-1])
+            print(f"{n:>10} rows: {mb:.0f} MB of part files, made in {made:.0f} s", flush=True)
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as child:
+                assert child.stdout is not None
+                for line in child.stdout:  # a line a step: see where a long run is
+                    r = json.loads(line)
+                    last = [k[:-2] for k in r if k.endswith("_s")][-1]
+                    print(f"{n:>10} rows: {last} {r[last + '_s']:.1f} s, peak RSS so far {r[last + '_kib'] / 1024:.0f} MiB "
+                          f"({(r[last + '_kib'] - r['base_kib']) * 1024 / n:.0f} B/row over the imports)", flush=True)
+            if child.returncode != 0:
+                raise SystemExit(f"the driver child failed ({child.returncode})")
             rows.append(r)
-            mib = lambda k, r=r: f"{r[k] / 1024:.0f}"  # noqa: E731
-            print(f"{n:>10} rows ({mb:.0f} MB of part files, made in {made:.0f} s): listing {r['listing_s']:.1f} s, "
-                  f"plan {r['plan_s']:.1f} s, gather {r['gather_s']:.1f} s, decide {r['decide_s']:.1f} s, "
-                  f"finalize {r['manifest_s']:.1f} s; RSS MiB: imports {mib('base_kib')}, listed {mib('listed_kib')}, "
-                  f"gathered {mib('gathered_kib')}, decided {mib('decided_kib')}, peak {mib('peak_kib')} "
-                  f"({(r['peak_kib'] - r['base_kib']) * 1024 / n:.0f} B/row over the imports), {r['by_status']}", flush=True)
+            print(f"{n:>10} rows: gather {r['gather_s']:.1f} s, decide {r['decide_s']:.1f} s, manifest {r['manifest_s']:.1f} s, "
+                  f"peak RSS {r['manifest_kib'] / 1024:.0f} MiB, {r['by_status']}", flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     for a, b in zip(rows, rows[1:]):
-        slope = (b["peak_kib"] - a["peak_kib"]) * 1024 / (b["rows"] - a["rows"])
+        slope = (b["manifest_kib"] - a["manifest_kib"]) * 1024 / (b["rows"] - a["rows"])
         print(f"driver memory per file between {a['rows']} and {b['rows']} rows: {slope:.0f} B")
 
 

@@ -66,7 +66,7 @@ def _codes(column, words: Sequence[str]) -> np.ndarray:
 def _dense(column: pa.Array) -> tuple[np.ndarray, pa.Array]:
     """Equal values get equal codes (in order of first appearance); -1 for null."""
     enc = pc.dictionary_encode(column)
-    return pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary
+    return np.asarray(pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int32), enc.dictionary
 
 
 def _sparse(column: pa.Array) -> dict[int, str]:
@@ -77,34 +77,43 @@ def _sparse(column: pa.Array) -> dict[int, str]:
 class Columns:
     """Every file's result as decide needs it, in candidate order (row i = the i-th file)."""
 
-    def __init__(self, table: pa.Table, chunks: Callable[[], Iterator[pa.Table]]):
-        """``table``: at least the `DECIDE` columns, every row; ``chunks``: every row's full
-        result again, in order, as tables (read back when the manifest is written)."""
-        col = {name: table.column(name).combine_chunks() for name in DECIDE}
-        self.n = table.num_rows
+    def __init__(self, table: dict[str, pa.ChunkedArray | pa.Array], chunks: Callable[[], Iterator[pa.Table]]):
+        """``table``: the `DECIDE` columns of every row, by name, taken out one at a time (a run of
+        millions holds each only until it is converted); ``chunks``: every row's full result
+        again, in order, as tables (read back when the manifest is written)."""
+        def take(name: str):
+            column = table.pop(name)
+            return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
         self.chunks = chunks
-        self.kind = _codes(col["kind"], KINDS)
-        self.reason = _codes(col["reason"], REASONS)
-        self.key, _ = _dense(col["key"])
-        self.label, labels = _dense(col["label"])
+        self.kind = _codes(take("kind"), KINDS)
+        self.n = len(self.kind)
+        self.reason = _codes(take("reason"), REASONS)
+        self.key, _ = _dense(take("key"))
+        self.label, labels = _dense(take("label"))
         self.label_names: list[str] = labels.to_pylist()
-        self.width = pc.fill_null(col["width"], -1).to_numpy(zero_copy_only=False)
-        self.height = pc.fill_null(col["height"], -1).to_numpy(zero_copy_only=False)
-        chash = pc.if_else(pc.equal(col["content_hash"], ""), pa.scalar(None, pa.string()), col["content_hash"])
+        self.width = pc.fill_null(take("width"), -1).to_numpy(zero_copy_only=False)
+        self.height = pc.fill_null(take("height"), -1).to_numpy(zero_copy_only=False)
+        chash = take("content_hash")
+        chash = pc.if_else(pc.equal(chash, ""), pa.scalar(None, pa.string()), chash)
         self.chash, hashes = _dense(chash)
+        del chash
         # content hashes as strings only where a caption may be compared with one: text files
         self._hashes = hashes if (self.kind == TEXT).any() else None
-        self.phash_valid = col["phash"].is_valid().to_numpy(zero_copy_only=False)
-        self.phash = pc.fill_null(col["phash"], 0).to_numpy(zero_copy_only=False)
-        self.minhash_valid = pc.fill_null(pc.greater(pc.utf8_length(col["minhash"]), 0), False).to_numpy(zero_copy_only=False)
-        self._source, self._output, self._detail, self._minhash = col["source"], col["output"], col["detail"], col["minhash"]
-        self.caption: dict[int, str] = _sparse(col["caption"])
-        self.caption_reason: dict[int, str] = _sparse(col["caption_reason"])
+        phash = take("phash")
+        self.phash_valid = phash.is_valid().to_numpy(zero_copy_only=False)
+        self.phash = pc.fill_null(phash, 0).to_numpy(zero_copy_only=False)
+        del phash
+        self._minhash = take("minhash")
+        self.minhash_valid = pc.fill_null(pc.greater(pc.utf8_length(self._minhash), 0), False).to_numpy(zero_copy_only=False)
+        self._source, self._output, self._detail = take("source"), take("output"), take("detail")
+        self.caption: dict[int, str] = _sparse(take("caption"))
+        self.caption_reason: dict[int, str] = _sparse(take("caption_reason"))
 
     @classmethod
     def from_results(cls, results: Sequence[FileResult]) -> Columns:
         table = to_table(results)
-        return cls(table, lambda: iter((table,)))
+        return cls({name: table.column(name) for name in DECIDE}, lambda: iter((table,)))
 
     def __len__(self) -> int:
         return self.n

@@ -252,7 +252,7 @@ def _signatures(c: Columns, smp: Samples) -> np.ndarray:
     i = np.where(smp.image >= 0, smp.image, smp.text)
     ok = i >= 0
     i = np.where(ok, i, 0)
-    h = c.chash[i]
+    h = c.chash[i].astype(np.int64)
     return np.where(ok & (h >= 0), h * len(KINDS) + c.kind[i], -1)
 
 

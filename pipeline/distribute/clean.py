@@ -93,6 +93,8 @@ def as_columns(out: Path, plan: Sequence[partlib.Part], tables: list) -> Columns
 
     table = pa.concat_tables(tables) if tables else _compact(None, [])
     tables.clear()
+    columns = {name: table.column(name) for name in table.column_names}
+    del table  # each column is freed once Columns has converted it
 
     def chunks():
         for p in plan:
@@ -101,7 +103,7 @@ def as_columns(out: Path, plan: Sequence[partlib.Part], tables: list) -> Columns
                 raise StageFailed(f"the results file of part {p.name} in {out / partlib.PARTS_DIR} went away during the run")
             yield part
 
-    return Columns(table, chunks)
+    return Columns(columns, chunks)
 
 
 def _compact(table, candidates: Sequence[Candidate]):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.distribute import parts
+from pipeline.distribute.parts import SUFFIX
 from tests.conftest import pipe_env
 from tests.factories import photo, write
 from tests.raycluster import Cluster, start_cluster
@@ -151,14 +151,14 @@ def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished
     out = tmp_path / "clean"
     parts_dir = out / ".pipe" / "parts"
     driver = cluster.driver(_clean_args(raw, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait(lambda: parts_dir.is_dir() and any(n.endswith(parts.SUFFIX) for n in os.listdir(parts_dir)))
+    _wait(lambda: parts_dir.is_dir() and any(n.endswith(SUFFIX) for n in os.listdir(parts_dir)))
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     assert not (out / "manifest.parquet").exists()
     # the dead driver's tasks are ended by Ray; wait until none runs, then count what they left
     _wait(lambda: not cluster.task_pids("clean_part"), every=0.5)
     time.sleep(1)
-    finished = sorted(n for n in os.listdir(parts_dir) if n.endswith(parts.SUFFIX))
+    finished = sorted(n for n in os.listdir(parts_dir) if n.endswith(SUFFIX))
     assert 1 <= len(finished) < PARTS, finished
 
     p = cluster.pipe(_clean_args(raw, out, cluster))
