@@ -4,10 +4,11 @@
    local with `--workers 2` against Ray with two one-CPU nodes on this machine (tests/raycluster.py:
    a real cluster, loopback only). Each pair of runs is timed back to back, as whole processes;
    Ray's throughput relative to local is local seconds / Ray seconds (the engine's overhead).
-2. driver (`--driver N [N ...]`): N synthetic `FileResult` rows written as part results files,
-   then, in a fresh process each, what the driver does with them: gather (read every part),
-   decide (exact + near duplicates, label conflicts) and the manifest rows, timed, with the
-   process's peak RSS. Memory per file is the slope between two sizes.
+2. driver (`--driver N [N ...]`): N synthetic rows written as part results files (Arrow IPC,
+   as the tasks write them), then, in a fresh process each, what the driver does with them, with
+   its own functions: hold the listing, gather (each part's decide columns), decide (exact +
+   near duplicates, label conflicts) and the manifest, timed, with the peak RSS after each step.
+   Memory per file is the slope between two sizes.
 
     .venv/bin/python bench/scale.py [--files 2000] [--repeat 2] [--quick]
     .venv/bin/python bench/scale.py --driver 10000 50000 200000 1000000
