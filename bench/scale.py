@@ -4,10 +4,11 @@
    local with `--workers 2` against Ray with two one-CPU nodes on this machine (tests/raycluster.py:
    a real cluster, loopback only). Each pair of runs is timed back to back, as whole processes;
    Ray's throughput relative to local is local seconds / Ray seconds (the engine's overhead).
-2. driver (`--driver N [N ...]`): N synthetic `FileResult` rows written as part results files,
-   then, in a fresh process each, what the driver does with them: gather (read every part),
-   decide (exact + near duplicates, label conflicts) and the manifest rows, timed, with the
-   process's peak RSS. Memory per file is the slope between two sizes.
+2. driver (`--driver N [N ...]`): N synthetic rows written as part results files (Arrow IPC,
+   as the tasks write them), then, in a fresh process each, what the driver does with them, with
+   its own functions: hold the listing, gather (each part's decide columns), decide (exact +
+   near duplicates, label conflicts) and the manifest, timed, with the peak RSS after each step.
+   Memory per file is the slope between two sizes.
 
     .venv/bin/python bench/scale.py [--files 2000] [--repeat 2] [--quick]
     .venv/bin/python bench/scale.py --driver 10000 50000 200000 1000000
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import shutil
@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,60 +97,113 @@ def _same(a: Path, b: Path) -> bool:
 # ---------------------------------------------------------------- 2. the driver
 
 
-def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
-    """n image rows as a finished run's part results files (one in 50 an exact copy of another)."""
-    from pipeline.clean.records import FileResult
-    from pipeline.distribute import parts as partlib
+SETTINGS = {"size": 256}  # the part fingerprints' settings (any: the names only have to match the plan)
+
+
+def synthetic_candidate(i: int):
+    """The i-th file of the synthetic listing, as discovery makes it."""
+    from pipeline.clean.discover import Candidate
     from pipeline.formats.vocabulary import Kind
 
-    rng = random.Random(n)
-    folder = clean_dir / partlib.PARTS_DIR
-    folder.mkdir(parents=True)
-    for index, (b, e) in enumerate(partlib.cut(n, part_files)):
-        lines = []
-        for i in range(b, e):
-            twin = i - 1 if i % 50 == 49 else i
-            key = f"f{i:09d}"
-            r = FileResult(f"class{i % 100}/{key}.jpg", key, Kind.IMAGE, f"class{i % 100}", bytes=50_000 + i % 1000,
-                           sha256=f"{rng.getrandbits(256):064x}", mtime_ns=1_700_000_000 * 10**9 + i, ctime_ns=1_700_000_000 * 10**9 + i,
-                           width=640, height=480, content_hash=f"{twin:032x}", phash=rng.getrandbits(64),
-                           output=f"data/class{i % 100}/{key}.jpg", output_bytes=20_000, output_width=256, output_height=256,
-                           pixel_sums=[i * 3, i * 5, i * 7], pixel_squares=[i * 11, i * 13, i * 17])
-            lines.append(r.to_json() + "\n")
-        (folder / f"{index:06d}.{'0' * 16}{partlib.SUFFIX}").write_text("".join(lines), encoding="utf-8")
+    key = f"f{i:09d}"
+    return Candidate(f"class{i % 100}/{key}.jpg", f"/raw/class{i % 100}/{key}.jpg", Kind.IMAGE, "jpeg", f"class{i % 100}", key)
 
 
-def driver_child(clean_dir: str) -> None:
-    """What the driver does after the parts: gather, decide, manifest rows. Prints one JSON line."""
-    from pipeline.clean.decide import DecideSettings, Outputs, decide
-    from pipeline.clean.discover import Candidate
-    from pipeline.clean.records import FileResult, row
+def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
+    """n image rows as a finished run's part results files (one row in 50 an exact copy of another
+    under another label), in `parts.write_results`' format (`RESULTS`, `FORMAT`). Made with
+    Arrow compute a column at a time: FileResult objects made ten million rows in over an hour.
+    Named with a dummy fingerprint: the child takes the parts from the folder, not from a plan."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pipeline.clean.columns import RESULTS
     from pipeline.distribute import parts as partlib
+
+    rng = np.random.default_rng(n)
+    folder = clean_dir / partlib.PARTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, (b, e) in enumerate(partlib.cut(n, part_files)):
+        m = e - b
+        i = np.arange(b, e, dtype=np.int64)
+        key = pc.binary_join_element_wise("f", pc.utf8_lpad(pc.cast(pa.array(i), pa.string()), width=9, padding="0"), "")
+        label = pc.binary_join_element_wise("class", pc.cast(pa.array(i % 100), pa.string()), "")
+        source = pc.binary_join_element_wise(label, "/", key, ".jpg", "")
+        raw = rng.bytes(32 * m)
+        twin = np.where(i % 50 == 49, i - 1, i).tolist()
+
+        def lists(a: int, b_: int, c: int, i=i, m=m) -> pa.Array:  # per channel: i * a, i * b_, i * c
+            return pa.ListArray.from_arrays(np.arange(0, 3 * m + 1, 3, dtype=np.int32),
+                                            pa.array(np.stack([i * a, i * b_, i * c], axis=1).ravel()))
+
+        cols = {name: pa.nulls(m, RESULTS.field(name).type) for name in RESULTS.names}
+        cols.update(
+            source=source, key=key, kind=pa.array(["image"] * m), label=label, bytes=pa.array(50_000 + i % 1000),
+            sha256=pa.array([raw[k:k + 32].hex() for k in range(0, 32 * m, 32)]),
+            mtime_ns=pa.array(1_700_000_000 * 10**9 + i), ctime_ns=pa.array(1_700_000_000 * 10**9 + i),
+            detail=pa.array([""] * m), width=pa.array(np.full(m, 640)), height=pa.array(np.full(m, 480)),
+            content_hash=pa.array([f"{t:032x}" for t in twin]), phash=pa.array(rng.integers(0, 2**64, m, dtype=np.uint64)),
+            output=pc.binary_join_element_wise("data/", source, ""), output_bytes=pa.array(np.full(m, 20_000)),
+            notes=pa.array([[]] * m, pa.list_(pa.string())), output_width=pa.array(np.full(m, 256)),
+            output_height=pa.array(np.full(m, 256)), pixel_sums=lists(3, 5, 7), pixel_squares=lists(11, 13, 17))
+        table = pa.table(cols, schema=RESULTS).replace_schema_metadata(partlib.FORMAT)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        (folder / partlib.Part(index, b, e, "0" * 64).name).write_bytes(sink.getvalue().to_pybytes())
+
+
+def _rss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def driver_child(clean_dir: str, n: int, part_files: int) -> None:
+    """What the driver of `pipe clean --executor ray` does once the parts are done, with its own
+    functions: hold the listing (as discovery made it), gather each part's decide columns, free
+    the listing, decide, and write the manifest and report from each part's whole results read
+    back (`_finalize` without its per-file moves and journal, as before this bench's rows).
+    Prints one JSON line a step, so a long run shows where it is and what it holds."""
+    from pipeline.clean.columns import manifest_table
+    from pipeline.clean.decide import DecideSettings, Outputs, decide
+    from pipeline.clean.report import ReportBuilder
+    from pipeline.clean.stage import PARKED
+    from pipeline.distribute import parts as partlib
+    from pipeline.distribute.clean import as_columns, gather
     from pipeline.formats.manifest import ManifestWriter
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    folder = Path(clean_dir) / partlib.PARTS_DIR
+    out = Path(clean_dir)
+    step = {"rows": n, "base_kib": _rss_kib()}
+
+    def done(name: str, t: float) -> None:
+        step[f"{name}_s"] = time.perf_counter() - t
+        step[f"{name}_kib"] = _rss_kib()
+        print(json.dumps(step), flush=True)
+
     t = time.perf_counter()
-    results: list[FileResult] = []
-    for name in sorted(os.listdir(folder)):
-        results.extend(FileResult.from_json(line) for line in (folder / name).read_text(encoding="utf-8").splitlines())
-    gather = time.perf_counter() - t
-    # the listing the driver holds all run long (discovery's candidates), as the real driver does
-    candidates = [Candidate(r.source, f"/raw/{r.source}", r.kind, "jpeg", r.label, r.key) for r in results]
-    gathered = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    candidates = [synthetic_candidate(i) for i in range(n)]  # the listing, held from discovery on
+    done("listing", t)
     t = time.perf_counter()
-    outcome = decide(results, DecideSettings(), Outputs(Path(clean_dir), ".pipe/parked", "pad"))
-    decide_s = time.perf_counter() - t
+    plan = [partlib.Part(i, b, e, "0" * 64) for i, (b, e) in enumerate(partlib.cut(n, part_files))]
+    tables = [gather(out, p, candidates) for p in plan]
+    if any(x is None for x in tables):
+        raise SystemExit("a part's results file is missing or unreadable")
+    cols = as_columns(out, plan, tables)
+    done("gather", t)
+    del candidates  # as stage._run does once the parts are in
     t = time.perf_counter()
-    writer = ManifestWriter(Path(clean_dir) / "manifest.parquet")
-    for r, d in zip(results, outcome.decisions):
-        writer.add(row(r, d, ""))
+    outcome = decide(cols, DecideSettings(), Outputs(out, PARKED, "pad"))
+    done("decide", t)
+    t = time.perf_counter()
+    report, writer, offset = ReportBuilder(), ManifestWriter(out / "manifest.parquet"), 0
+    for chunk in cols.chunks():
+        rows = manifest_table(chunk, offset, cols, outcome.decisions, {})
+        report.add_table(rows)
+        writer.add_table(rows)
+        offset += chunk.num_rows
     writer.close()
-    manifest_s = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"rows": len(results), "gather_s": gather, "decide_s": decide_s, "manifest_s": manifest_s,
-                      "base_kib": base, "gathered_kib": gathered, "peak_kib": peak,
-                      "candidates": len(candidates), "by_status": dict(Counter(str(d.status.value) for d in outcome.decisions))}))
+    step["by_status"] = report.build({}, {})["by_status"]
+    done("manifest", t)
 
 
 def driver(sizes: list[int], part_files: int) -> None:
@@ -163,16 +215,24 @@ def driver(sizes: list[int], part_files: int) -> None:
             synthetic_parts(work, n, part_files)
             made = time.perf_counter() - t
             mb = sum(p.stat().st_size for p in (work / ".pipe" / "parts").iterdir()) / 1e6
-            p = subprocess.run([sys.executable, __file__, "--driver-child", str(work)], capture_output=True, text=True, check=True)
-            r = json.loads(p.stdout.strip().splitlines()[-1])
+            cmd = [sys.executable, __file__, "--driver-child", str(work), "--rows", str(n), "--part-files", str(part_files)]
+            print(f"{n:>10} rows: {mb:.0f} MB of part files, made in {made:.0f} s", flush=True)
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as child:
+                assert child.stdout is not None
+                for line in child.stdout:  # a line a step: see where a long run is
+                    r = json.loads(line)
+                    last = [k[:-2] for k in r if k.endswith("_s")][-1]
+                    print(f"{n:>10} rows: {last} {r[last + '_s']:.1f} s, peak RSS so far {r[last + '_kib'] / 1024:.0f} MiB "
+                          f"({(r[last + '_kib'] - r['base_kib']) * 1024 / n:.0f} B/row over the imports)", flush=True)
+            if child.returncode != 0:
+                raise SystemExit(f"the driver child failed ({child.returncode})")
             rows.append(r)
-            print(f"{n:>10} rows ({mb:.0f} MB of part files, made in {made:.0f} s): gather {r['gather_s']:.1f} s, "
-                  f"decide {r['decide_s']:.1f} s, manifest {r['manifest_s']:.1f} s; peak RSS {r['peak_kib'] / 1024:.0f} MiB "
-                  f"({(r['peak_kib'] - r['base_kib']) * 1024 / n:.0f} B/row over the imports), {r['by_status']}")
+            print(f"{n:>10} rows: gather {r['gather_s']:.1f} s, decide {r['decide_s']:.1f} s, manifest {r['manifest_s']:.1f} s, "
+                  f"peak RSS {r['manifest_kib'] / 1024:.0f} MiB, {r['by_status']}", flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     for a, b in zip(rows, rows[1:]):
-        slope = (b["peak_kib"] - a["peak_kib"]) * 1024 / (b["rows"] - a["rows"])
+        slope = (b["manifest_kib"] - a["manifest_kib"]) * 1024 / (b["rows"] - a["rows"])
         print(f"driver memory per file between {a['rows']} and {b['rows']} rows: {slope:.0f} B")
 
 
@@ -184,9 +244,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="400 files, one pair of runs")
     ap.add_argument("--driver", type=int, nargs="+", metavar="N", help="measure the driver on N synthetic rows instead")
     ap.add_argument("--driver-child", help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.driver_child:
-        driver_child(a.driver_child)
+        driver_child(a.driver_child, a.rows, a.part_files)
     elif a.driver:
         driver(a.driver, 1000)
     else:

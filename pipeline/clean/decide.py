@@ -31,16 +31,17 @@ from __future__ import annotations
 
 import os
 from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.clean.columns import DUPLICATE, IMAGE, KEPT, KINDS, QUARANTINED, REASONS, TEXT, Columns, Decisions, OutputRef
 from pipeline.clean.records import Decision, FileResult
-from pipeline.formats.vocabulary import Kind, Reason, Status
+from pipeline.formats.vocabulary import Reason
 
-KEEP = Decision(Status.KEPT)
 MAX_TRIES = 16  # kept copies one sample is compared with at most (best copies first)
 
 
@@ -56,7 +57,7 @@ class DecideSettings:
 
 @dataclass
 class Outcome:
-    decisions: list[Decision]
+    decisions: Sequence[Decision]  # a `Decisions`: columns, one decision per file on demand
     label_conflicts: list[dict] = field(default_factory=list)
     near: dict = field(default_factory=dict)  # near-duplicate search: candidates, confirmed
 
@@ -70,7 +71,7 @@ class Outputs:
         self._cache: OrderedDict = OrderedDict()
         self._size = cache
 
-    def _path(self, r: FileResult) -> str | None:
+    def _path(self, r: OutputRef) -> str | None:
         for d in self.dirs:
             p = d / r.output
             if r.output and p.is_file():
@@ -87,7 +88,7 @@ class Outputs:
             self._cache.popitem(last=False)
         return value
 
-    def view(self, r: FileResult):
+    def view(self, r: OutputRef):
         from pipeline.similarity.perceptual import load_view
 
         def load():
@@ -95,7 +96,7 @@ class Outputs:
             return load_view(p, r.width, r.height, self.resize_mode) if p else None
         return self._cached(("v", r.source), load)
 
-    def shingles(self, r: FileResult):
+    def shingles(self, r: OutputRef):
         from pipeline.similarity.minhash import shingles
 
         def load():
@@ -107,29 +108,77 @@ class Outputs:
         return self._cached(("t", r.source), load)
 
 
-@dataclass
-class Sample:
-    files: list[int]
-    image: int | None = None
-    text: int | None = None
-    label: str | None = None
-    status: Status = Status.KEPT
-    reason: Reason | None = None
-    detail: str = ""
-    of: int | None = None  # the sample this one duplicates (or conflicts with)
+class Samples:
+    """The samples as columns (sample k: the files sharing a key, in file order; a text that is
+    no caption is a sample alone), ordered by their first file, and what decide says of each."""
+
+    def __init__(self, c: Columns):
+        n = c.n
+        kind, reason = c.kind, c.reason
+        alone = (kind == TEXT) & np.isin(reason, [REASONS.index(r) for r in NO_CAPTION])
+        rows = np.flatnonzero(~alone)
+        # a sample starts at a text that is no caption, or at the first file of its key
+        codes, first = np.unique(c.key[rows], return_index=True)
+        starts = alone.copy()
+        starts[rows[first]] = True
+        self.first = np.flatnonzero(starts)  # files[0] of each sample
+        at_start = np.full(n, -1, dtype=np.int64)
+        at_start[self.first] = np.arange(len(self.first))
+        first_of_code = np.full(int(c.key.max()) + 1 if n else 0, -1, dtype=np.int64)
+        first_of_code[codes] = rows[first]
+        sid = at_start.copy()
+        sid[rows] = at_start[first_of_code[c.key[rows]]]
+        self.of_row = sid
+        s = len(self.first)
+        self.n = s
+        self.count = np.bincount(sid, minlength=s)
+        self.image = self._first_where(kind == IMAGE, s)
+        self.text = self._first_where(kind == TEXT, s)
+        self.status = np.full(s, KEPT, dtype=np.int8)
+        self.reason = np.full(s, -1, dtype=np.int16)
+        self.detail = np.full(s, "", dtype=object)
+        self.of = np.full(s, -1, dtype=np.int64)
+        self.label = np.full(s, -1, dtype=np.int64)
+        self._order: np.ndarray | None = None
+        self._offsets: np.ndarray | None = None
+
+    def _first_where(self, mask: np.ndarray, s: int) -> np.ndarray:
+        """Per sample, its first file where ``mask`` holds (-1: none)."""
+        rows = np.flatnonzero(mask)
+        out = np.full(s, -1, dtype=np.int64)
+        k, first = np.unique(self.of_row[rows], return_index=True)
+        out[k] = rows[first]
+        return out
+
+    def files(self, k: int) -> list[int]:
+        if self.count[k] == 1:
+            return [int(self.first[k])]
+        if self._order is None:
+            self._order = np.argsort(self.of_row, kind="stable")
+            self._offsets = np.concatenate(([0], np.cumsum(self.count)))
+        assert self._offsets is not None
+        return self._order[self._offsets[k]:self._offsets[k + 1]].tolist()
+
+    def quarantine(self, k: int, reason: Reason, detail: str = "") -> None:
+        self.status[k], self.reason[k], self.detail[k] = QUARANTINED, REASONS.index(reason), detail
 
 
-def decide(results: list[FileResult], s: DecideSettings = DecideSettings(), outputs: Outputs | None = None) -> Outcome:
-    out: list[Decision] = [KEEP if r.reason is None else Decision(Status.QUARANTINED, r.reason, None, r.detail) for r in results]
-    samples = _samples(results)
-    _pairs_fail_together(results, samples)
-    _labels(results, samples, s)
-    rank = _ranks(results, samples)
-    groups = _exact_duplicates(results, samples, rank)
-    near = _near_duplicates(results, samples, rank, groups, s, outputs) if s.near_dedup else {}
-    conflicts = _label_conflicts(results, samples, rank, groups, s.label_conflicts)
-    _caption_notes(results, samples)
-    _to_files(results, samples, out)
+def decide(results: Sequence[FileResult] | Columns, s: DecideSettings = DecideSettings(),
+           outputs: Outputs | None = None) -> Outcome:
+    c = results if isinstance(results, Columns) else Columns.from_results(results)
+    out = Decisions(c)
+    smp = Samples(c)
+    caption = np.zeros(c.n, dtype=bool)
+    caption[list(c.caption)] = True
+    _pairs_fail_together(c, smp)
+    _labels(c, smp, s)
+    rank = _ranks(c, smp, caption)
+    sig = _signatures(c, smp)
+    groups = _exact_duplicates(smp, rank, sig)
+    near = _near_duplicates(c, smp, rank, groups, s, outputs) if s.near_dedup else {}
+    conflicts = _label_conflicts(c, smp, rank, groups, sig, s.label_conflicts)
+    _caption_notes(c, smp, caption)
+    _to_files(c, smp, out, caption)
     return Outcome(out, conflicts, near)
 
 
@@ -140,137 +189,135 @@ def decide(results: list[FileResult], s: DecideSettings = DecideSettings(), outp
 NO_CAPTION = (Reason.BINARY_CONTENT, Reason.EMPTY_TEXT, Reason.ZERO_BYTES)
 
 
-def _samples(results: list[FileResult]) -> list[Sample]:
-    by_key: dict[str, Sample] = {}
-    order: list[Sample] = []
-    for i, r in enumerate(results):
-        if r.kind == Kind.TEXT and r.reason in NO_CAPTION:
-            order.append(Sample([i], text=i))  # no caption: alone, and the image is kept without one
-            continue
-        smp = by_key.get(r.key)
-        if smp is None:
-            smp = by_key[r.key] = Sample([])
-            order.append(smp)
-        smp.files.append(i)
-        if r.kind == Kind.IMAGE and smp.image is None:
-            smp.image = i
-        elif r.kind == Kind.TEXT and smp.text is None:
-            smp.text = i
-    return order
+def _first_per_sample(smp: Samples, rows: np.ndarray) -> np.ndarray:
+    out = np.full(smp.n, -1, dtype=np.int64)
+    k, first = np.unique(smp.of_row[rows], return_index=True)
+    out[k] = rows[first]
+    return out
 
 
-def _is_pair(smp: Sample, results=None) -> bool:
-    """An image with a caption: a caption file, or (given ``results``) a labels-file caption."""
-    if smp.image is None:
-        return False
-    return smp.text is not None or (results is not None and results[smp.image].caption is not None)
+def _pairs_fail_together(c: Columns, smp: Samples) -> None:
+    failed = _first_per_sample(smp, np.flatnonzero(c.reason >= 0))
+    pair = (smp.image >= 0) & (smp.text >= 0)  # an image with a caption file
+    for row, why in c.caption_reason.items():  # a labels-file caption of a sample's image, rejected
+        k = smp.of_row[row]
+        if why and failed[k] < 0 and smp.image[k] == row and smp.text[k] < 0:
+            smp.quarantine(k, Reason.PAIR_REJECTED, f"its caption in the labels file was rejected: {why}")
+    alone = np.flatnonzero((failed >= 0) & ~pair)
+    smp.status[alone] = QUARANTINED
+    smp.reason[alone] = c.reason[failed[alone]]
+    for k in np.flatnonzero((failed >= 0) & pair).tolist():
+        f = int(failed[k])
+        half = "image" if c.kind[f] == IMAGE else "caption"
+        smp.quarantine(k, Reason.PAIR_REJECTED, f"its {half} was quarantined: {REASONS[c.reason[f]]}")
 
 
-def _pairs_fail_together(results, samples) -> None:
-    for smp in samples:
-        failed = [i for i in smp.files if results[i].reason]
-        if not failed:
-            if smp.image is not None and smp.text is None and results[smp.image].caption_reason:
-                smp.status, smp.reason = Status.QUARANTINED, Reason.PAIR_REJECTED
-                smp.detail = f"its caption in the labels file was rejected: {results[smp.image].caption_reason}"
-            continue
-        smp.status = Status.QUARANTINED
-        if _is_pair(smp):
-            f = results[failed[0]]
-            half = "image" if f.kind == Kind.IMAGE else "caption"
-            smp.reason, smp.detail = Reason.PAIR_REJECTED, f"its {half} was quarantined: {f.reason}"
-        else:
-            smp.reason = results[failed[0]].reason
+def _labels(c: Columns, smp: Samples, s: DecideSettings) -> None:
+    rows = np.flatnonzero(c.label >= 0)
+    lo = np.full(smp.n, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(smp.n, -1, dtype=np.int64)
+    np.minimum.at(lo, smp.of_row[rows], c.label[rows])
+    np.maximum.at(hi, smp.of_row[rows], c.label[rows])
+    labelled = hi >= 0
+    smp.label = np.where(labelled & (lo == hi), hi, -1)
+    if not s.labels_required:
+        return
+    kept = smp.status == KEPT
+    pair = (smp.image >= 0) & (smp.text >= 0)
+    missing = kept & ~labelled
+    smp.status[missing], smp.reason[missing] = QUARANTINED, REASONS.index(Reason.MISSING_LABEL)
+    smp.detail[missing & pair] = "the labels file names neither the image nor its caption"
+    smp.detail[missing & ~pair] = "the labels file has no label for it"
+    for k in np.flatnonzero(kept & labelled & (lo != hi)).tolist():
+        labels = sorted({c.label_names[c.label[i]] for i in smp.files(k) if c.label[i] >= 0})
+        smp.quarantine(k, Reason.LABEL_CONFLICT, f"the image and its caption are labelled differently: {', '.join(labels)}")
 
 
-def _labels(results, samples, s: DecideSettings) -> None:
-    for smp in samples:
-        labels = {results[i].label for i in smp.files if results[i].label is not None}
-        smp.label = next(iter(labels)) if len(labels) == 1 else None
-        if smp.status != Status.KEPT or not s.labels_required:
-            continue
-        if not labels:
-            smp.status, smp.reason = Status.QUARANTINED, Reason.MISSING_LABEL
-            smp.detail = "the labels file names neither the image nor its caption" if _is_pair(smp) \
-                else "the labels file has no label for it"
-        elif len(labels) > 1:
-            smp.status, smp.reason = Status.QUARANTINED, Reason.LABEL_CONFLICT
-            smp.detail = f"the image and its caption are labelled differently: {', '.join(sorted(labels))}"
-
-
-def _ranks(results, samples) -> np.ndarray:
+def _ranks(c: Columns, smp: Samples, caption: np.ndarray) -> np.ndarray:
     """Position of each sample in keep-preference order: largest image, then captioned, then first path."""
-    def area(smp):
-        r = results[smp.image] if smp.image is not None else None
-        return (r.width or 0) * (r.height or 0) if r else 0
-    order = sorted(range(len(samples)), key=lambda k: (-area(samples[k]), not _is_pair(samples[k], results), samples[k].files[0]))
-    rank = np.empty(len(samples), dtype=np.int64)
-    rank[order] = np.arange(len(samples))
+    has = smp.image >= 0
+    img = np.where(has, smp.image, 0)
+    area = np.where(has, np.maximum(c.width[img], 0) * np.maximum(c.height[img], 0), 0)
+    pair = has & ((smp.text >= 0) | caption[img])
+    order = np.lexsort((smp.first, ~pair, -area))
+    rank = np.empty(smp.n, dtype=np.int64)
+    rank[order] = np.arange(smp.n)
     return rank
 
 
-def _signature(results, smp: Sample):
+def _signatures(c: Columns, smp: Samples) -> np.ndarray:
     """What makes two samples the same content: the image's decoded pixels when there is an
-    image (its caption does not count), else the text's normalised content; None when unknown."""
-    i = smp.image if smp.image is not None else smp.text
-    if i is None or not results[i].content_hash:
-        return None
-    return (results[i].kind, results[i].content_hash)
+    image (its caption does not count), else the text's normalised content, as one code per
+    sample (kind and content hash); -1 when unknown."""
+    i = np.where(smp.image >= 0, smp.image, smp.text)
+    ok = i >= 0
+    i = np.where(ok, i, 0)
+    h = c.chash[i].astype(np.int64)
+    return np.where(ok & (h >= 0), h * len(KINDS) + c.kind[i], -1)
 
 
 # --- duplicates ---------------------------------------------------------------------------
 
-def _exact_duplicates(results, samples, rank) -> dict[int, list[int]]:
-    """Group samples of equal content; return kept sample -> all members (itself first)."""
-    by_sig: dict[tuple, list[int]] = defaultdict(list)
-    for k, smp in enumerate(samples):
-        if smp.status == Status.KEPT:
-            sig = _signature(results, smp)
-            if sig is not None:
-                by_sig[sig].append(k)
-    groups: dict[int, list[int]] = {}
-    for members in by_sig.values():
-        members.sort(key=lambda k: rank[k])
-        best = members[0]
-        groups[best] = members
-        for k in members[1:]:
-            samples[k].status, samples[k].reason, samples[k].of = Status.DUPLICATE, Reason.EXACT_DUPLICATE, best
-    return groups
+@dataclass
+class Groups:
+    """Samples of equal content: ``best[k]`` is the kept copy of k's exact group (-1: in none),
+    ``keys`` those kept copies in order of their content's first sample, ``merged`` the kept
+    copies that became near duplicates of another (their whole group goes with them)."""
+
+    best: np.ndarray
+    keys: np.ndarray
+    merged: dict[int, int] = field(default_factory=dict)
 
 
-def _near_duplicates(results, samples, rank, groups, s: DecideSettings, outputs: Outputs | None) -> dict:
+def _exact_duplicates(smp: Samples, rank: np.ndarray, sig: np.ndarray) -> Groups:
+    ks = np.flatnonzero((smp.status == KEPT) & (sig >= 0))
+    ks = ks[np.lexsort((rank[ks], sig[ks]))]  # by content, best copy first
+    start = np.ones(len(ks), dtype=bool)
+    start[1:] = sig[ks[1:]] != sig[ks[:-1]]
+    heads = np.flatnonzero(start)
+    group = np.cumsum(start) - 1
+    best = np.full(smp.n, -1, dtype=np.int64)
+    best[ks] = ks[heads][group]
+    dup = ks[~start]
+    smp.status[dup], smp.reason[dup], smp.of[dup] = DUPLICATE, REASONS.index(Reason.EXACT_DUPLICATE), best[dup]
+    first_seen = np.minimum.reduceat(ks, heads) if len(ks) else heads
+    return Groups(best, ks[heads][np.argsort(first_seen, kind="stable")])
+
+
+def _near_duplicates(c: Columns, smp: Samples, rank, groups: Groups, s: DecideSettings, outputs: Outputs | None) -> dict:
     stats = {"candidates": 0, "confirmed": 0, "unconfirmable": 0}
-    live = [k for k in groups if samples[k].status == Status.KEPT]
-    images = [k for k in live if samples[k].image is not None and results[samples[k].image].phash is not None]
-    texts = [k for k in live if samples[k].image is None and samples[k].text is not None and results[samples[k].text].minhash]
+    live = groups.keys[smp.status[groups.keys] == KEPT]
+    img, txt = smp.image[live], smp.text[live]
+    images = live[(img >= 0) & c.phash_valid[np.where(img >= 0, img, 0)]].tolist()
+    texts = live[(img < 0) & (txt >= 0) & c.minhash_valid[np.where(txt >= 0, txt, 0)]].tolist()
     for members, finder in ((images, _image_candidates), (texts, _text_candidates)):
         if len(members) < 2:
             continue
         # images with and without a caption are one population: a caption never hides a copy
-        pairs = finder(results, samples, members, s)
+        pairs = finder(c, smp, members, s)
         stats["candidates"] += len(pairs)
-        _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats)
+        _cluster(c, smp, rank, groups, members, pairs, s, outputs, stats)
     return stats
 
 
-def _image_candidates(results, samples, members, s):
+def _image_candidates(c: Columns, smp: Samples, members: list[int], s: DecideSettings):
     from pipeline.similarity.near_images import candidate_pairs
 
-    hashes = np.array([results[samples[k].image].phash for k in members], dtype=np.uint64)
+    hashes = np.ascontiguousarray(c.phash[smp.image[members]], dtype=np.uint64)
     pairs = candidate_pairs(hashes, s.near_image_distance)
     return [(int(a), int(b), f"perceptual hash {int(d)} bits apart") for a, b, d in pairs]
 
 
-def _text_candidates(results, samples, members, s):
+def _text_candidates(c: Columns, smp: Samples, members: list[int], s: DecideSettings):
     from pipeline.similarity.minhash import BANDS, candidate_pairs, decode_keys
 
     keys = np.zeros((len(members), BANDS), dtype=np.uint32)
     for row, k in enumerate(members):
-        keys[row] = decode_keys(results[samples[k].text].minhash)
+        keys[row] = decode_keys(c.minhash(int(smp.text[k])) or "")  # members have one (minhash_valid)
     return [(int(a), int(b), "") for a, b in candidate_pairs(keys)]
 
 
-def _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats) -> None:
+def _cluster(c: Columns, smp: Samples, rank, groups: Groups, members, pairs, s, outputs, stats) -> None:
     """Leader clustering: in keep order, each sample becomes a near duplicate of the first kept
     copy among its candidates that the pixels/text confirm, or is kept itself."""
     if not pairs:
@@ -283,30 +330,29 @@ def _cluster(results, samples, rank, groups, members, pairs, s, outputs, stats) 
     leader: dict[int, int] = {}
     for k in sorted(neighbours.keys() | {e for v in neighbours.values() for e, _ in v}, key=lambda k: rank[k]):
         tried: set[int] = set()
-        for cand, why in sorted(neighbours.get(k, ()), key=lambda c: rank[leader.get(c[0], c[0])]):
+        for cand, why in sorted(neighbours.get(k, ()), key=lambda x: rank[leader.get(x[0], x[0])]):
             target = leader.get(cand, cand)
             if target in tried or len(tried) >= MAX_TRIES:
                 continue
             tried.add(target)
-            same, detail = _confirm(results, samples[k], samples[target], s, outputs, stats)
+            same, detail = _confirm(c, smp, k, target, s, outputs, stats)
             if same:
                 leader[k] = target
-                smp = samples[k]
-                smp.status, smp.reason, smp.of = Status.DUPLICATE, Reason.NEAR_DUPLICATE, target
-                smp.detail = "; ".join(x for x in (why, detail) if x)
+                smp.status[k], smp.reason[k], smp.of[k] = DUPLICATE, REASONS.index(Reason.NEAR_DUPLICATE), target
+                smp.detail[k] = "; ".join(x for x in (why, detail) if x)
                 stats["confirmed"] += 1
-                groups[target].extend(groups.pop(k, [k]))
+                groups.merged[k] = target
                 break
 
 
-def _confirm(results, a: Sample, b: Sample, s, outputs: Outputs | None, stats) -> tuple[bool, str]:
-    """Whether ``a`` is the same content as ``b``: the same picture on pixels for samples with an
-    image (whatever their captions), a real Jaccard similarity over the limit for texts alone."""
+def _confirm(c: Columns, smp: Samples, a: int, b: int, s, outputs: Outputs | None, stats) -> tuple[bool, str]:
+    """Whether sample ``a`` is the same content as ``b``: the same picture on pixels for samples
+    with an image (whatever their captions), a real Jaccard similarity over the limit for texts alone."""
     if outputs is None:
         stats["unconfirmable"] += 1
         return False, ""
-    if a.image is not None:
-        va, vb = outputs.view(results[a.image]), outputs.view(results[b.image])
+    if smp.image[a] >= 0:
+        va, vb = outputs.view(c.view(int(smp.image[a]))), outputs.view(c.view(int(smp.image[b])))
         if va is None or vb is None:
             stats["unconfirmable"] += 1
             return False, ""
@@ -315,7 +361,7 @@ def _confirm(results, a: Sample, b: Sample, s, outputs: Outputs | None, stats) -
         return same_picture(vb, va)
     from pipeline.similarity.minhash import jaccard
 
-    sa, sb = outputs.shingles(results[a.text]), outputs.shingles(results[b.text])
+    sa, sb = outputs.shingles(c.view(int(smp.text[a]))), outputs.shingles(c.view(int(smp.text[b])))
     if sa is None or sb is None:
         stats["unconfirmable"] += 1
         return False, ""
@@ -325,45 +371,64 @@ def _confirm(results, a: Sample, b: Sample, s, outputs: Outputs | None, stats) -
 
 # --- label conflicts ----------------------------------------------------------------------
 
-def _label_conflicts(results, samples, rank, groups, policy: str) -> list[dict]:
+def _final_groups(smp: Samples, groups: Groups) -> tuple[np.ndarray, np.ndarray]:
+    """Every grouped sample and the kept copy of its group after near duplicates merged groups,
+    sorted by group, then by rank is left to the caller."""
+    ks = np.flatnonzero(groups.best >= 0)
+    final = np.arange(smp.n, dtype=np.int64)
+    if groups.merged:
+        final[list(groups.merged)] = list(groups.merged.values())
+    return ks, final[groups.best[ks]]
+
+
+def _label_conflicts(c: Columns, smp: Samples, rank, groups: Groups, sig: np.ndarray, policy: str) -> list[dict]:
+    ks, final = _final_groups(smp, groups)
+    lo = np.full(smp.n, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(smp.n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(lo, final, smp.label[ks])  # a missing label (-1) counts as a label of its own
+    np.maximum.at(hi, final, smp.label[ks])
+    mixed = lo[final] != hi[final]
+    ks, final = ks[mixed], final[mixed]
+    order = np.lexsort((rank[ks], rank[final]))  # groups in keep order, each group's members too
+    ks, final = ks[order], final[order]
+    heads = np.flatnonzero(np.concatenate(([True], final[1:] != final[:-1]))) if len(ks) else np.zeros(0, np.int64)
+
+    def label(k: int) -> str | None:
+        return None if smp.label[k] < 0 else c.label_names[smp.label[k]]
+
+    def name(lab: str | None) -> str:
+        return "(none)" if lab is None else lab
+
     report = []
-    for _, members in sorted(groups.items(), key=lambda g: rank[g[0]]):
-        if len(members) < 2:
-            continue
-        counts = Counter(samples[k].label for k in members)
-        if len(counts) < 2:
-            continue
-        members = sorted(members, key=lambda k: rank[k])
-        winner = _winning_label(samples, members, counts, policy)
-
-        def name(lab: str | None) -> str:
-            return "(none)" if lab is None else lab
-
+    for members in np.split(ks, heads[1:]) if len(ks) else []:
+        members = members.tolist()
+        counts = Counter(label(k) for k in members)
+        winner = _winning_label(smp, label, members, counts, policy)
         summary = ", ".join(f"{name(lab)} x{n}" for lab, n in sorted(counts.items(), key=lambda x: (-x[1], name(x[0]))))
-        entry: dict[str, Any] = {"files": sorted(results[samples[k].files[0]].source for k in members),
-                 "labels": {name(lab): n for lab, n in sorted(counts.items(), key=lambda x: name(x[0]))},
-                 "policy": policy}
+        entry: dict[str, Any] = {"files": sorted(c.source(int(smp.first[k])) for k in members),
+                                 "labels": {name(lab): n for lab, n in sorted(counts.items(), key=lambda x: name(x[0]))},
+                                 "policy": policy}
         if winner is _NO_WINNER:
             for k in members:
-                smp = samples[k]
-                other = next(m for m in members if samples[m].label != smp.label)
-                smp.status, smp.reason, smp.of = Status.QUARANTINED, Reason.LABEL_CONFLICT, other
-                smp.detail = f"copies of this content carry different labels ({summary}); all quarantined"
+                other = next(m for m in members if label(m) != label(k))
+                smp.quarantine(k, Reason.LABEL_CONFLICT, f"copies of this content carry different labels ({summary}); all quarantined")
+                smp.of[k] = other
             entry.update(action="quarantined every copy", kept=None)
         else:
-            keep = next(k for k in members if samples[k].label == winner)
-            samples[keep].status, samples[keep].reason, samples[keep].of, samples[keep].detail = Status.KEPT, None, None, ""
+            keep = next(k for k in members if label(k) == winner)
+            smp.status[keep], smp.reason[keep], smp.of[keep], smp.detail[keep] = KEPT, -1, -1, ""
             for k in members:
                 if k == keep:
                     continue
-                smp = samples[k]
-                if smp.label == winner:
-                    exact = _signature(results, smp) == _signature(results, samples[keep])
-                    smp.status, smp.reason, smp.of = Status.DUPLICATE, Reason.EXACT_DUPLICATE if exact else Reason.NEAR_DUPLICATE, keep
+                if label(k) == winner:
+                    exact = sig[k] == sig[keep]
+                    smp.status[k], smp.of[k] = DUPLICATE, keep
+                    smp.reason[k] = REASONS.index(Reason.EXACT_DUPLICATE if exact else Reason.NEAR_DUPLICATE)
                 else:
-                    smp.status, smp.reason, smp.of = Status.QUARANTINED, Reason.LABEL_CONFLICT, keep
-                    smp.detail = f"labelled {name(smp.label)}, but {policy} of its copies says {name(winner)} ({summary})"
-            entry.update(action=f"kept label {name(winner)} ({policy})", kept=results[samples[keep].files[0]].source)
+                    smp.quarantine(k, Reason.LABEL_CONFLICT,
+                                   f"labelled {name(label(k))}, but {policy} of its copies says {name(winner)} ({summary})")
+                    smp.of[k] = keep
+            entry.update(action=f"kept label {name(winner)} ({policy})", kept=c.source(int(smp.first[keep])))
         report.append(entry)
     return report
 
@@ -371,22 +436,23 @@ def _label_conflicts(results, samples, rank, groups, policy: str) -> list[dict]:
 _NO_WINNER = object()
 
 
-def _winning_label(samples, members, counts: Counter, policy: str):
+def _winning_label(smp: Samples, label, members: list[int], counts: Counter, policy: str):
     if policy == "majority":
         (top, n), *rest = counts.most_common()
         return _NO_WINNER if rest and rest[0][1] == n else top
     if policy == "first":
-        return samples[min(members, key=lambda k: samples[k].files[0])].label
+        return label(min(members, key=lambda k: smp.first[k]))
     return _NO_WINNER
 
 
 # --- captions of duplicate images ------------------------------------------------------------
 
-def _caption_of(results, smp: Sample) -> str | None:
+def _caption_of(c: Columns, smp: Samples, k: int) -> str | None:
     """The identity of a sample's caption (its normalised text's hash), None without one."""
-    if smp.text is not None:
-        return results[smp.text].content_hash or f"file:{smp.text}"
-    caption = results[smp.image].caption if smp.image is not None else None
+    if smp.text[k] >= 0:
+        t = int(smp.text[k])
+        return c.content_hash(t) or f"file:{t}"
+    caption = c.caption.get(int(smp.image[k])) if smp.image[k] >= 0 else None
     if caption is None:
         return None
     from pipeline.media.text.clean import text_hash
@@ -394,18 +460,18 @@ def _caption_of(results, smp: Sample) -> str | None:
     return text_hash(caption)
 
 
-def _caption_notes(results, samples) -> None:
+def _caption_notes(c: Columns, smp: Samples, caption: np.ndarray) -> None:
     """Say so when a duplicate image's caption is not the kept copy's: the caption is dropped
     with its image, and a user looking for it should learn why from the row."""
-    for smp in samples:
-        if smp.status != Status.DUPLICATE or smp.of is None or smp.image is None:
-            continue
-        mine, kept = _caption_of(results, smp), _caption_of(results, samples[smp.of])
+    ks = np.flatnonzero((smp.status == DUPLICATE) & (smp.of >= 0) & (smp.image >= 0))
+    ks = ks[(smp.text[ks] >= 0) | caption[smp.image[ks]]]  # the others have no caption to lose
+    for k in ks.tolist():
+        mine, kept = _caption_of(c, smp, k), _caption_of(c, smp, int(smp.of[k]))
         if mine is None or mine == kept:
             continue
         note = ("image and caption dropped together; the kept copy has no caption" if kept is None
                 else "image and caption dropped together; the kept copy has another caption")
-        smp.detail = "; ".join(x for x in (smp.detail, note) if x)
+        smp.detail[k] = "; ".join(x for x in (smp.detail[k], note) if x)
 
 
 # --- back to files ------------------------------------------------------------------------
@@ -413,23 +479,17 @@ def _caption_notes(results, samples) -> None:
 INLINE_CAPTION = "with its caption from the labels file"
 
 
-def _to_files(results, samples, out: list[Decision]) -> None:
-    for smp in samples:
-        if smp.status == Status.KEPT:
-            if smp.image is not None and smp.text is None and results[smp.image].caption is not None \
-                    and not results[smp.image].reason:
-                out[smp.image] = Decision(Status.KEPT, None, None, INLINE_CAPTION)
-            continue
-        other = samples[smp.of] if smp.of is not None else None
-        for i in smp.files:
-            if results[i].reason:
-                continue  # keeps its own reason
-            twin = _twin(results, other, results[i].kind) if other else None
-            out[i] = Decision(smp.status, smp.reason, twin, smp.detail)
-
-
-def _twin(results, other: Sample, kind: Kind) -> str | None:
-    """The file of ``other`` that corresponds to a file of this kind (image to image, ...)."""
-    i = other.image if kind == Kind.IMAGE else other.text if kind == Kind.TEXT else None
-    i = i if i is not None else other.files[0]
-    return results[i].source
+def _to_files(c: Columns, smp: Samples, out: Decisions, caption: np.ndarray) -> None:
+    img = smp.image[(smp.status == KEPT) & (smp.image >= 0) & (smp.text < 0)]
+    out.detail[img[caption[img] & (c.reason[img] < 0)]] = INLINE_CAPTION
+    rows = np.flatnonzero((smp.status[smp.of_row] != KEPT) & (c.reason < 0))  # a file with its own reason keeps it
+    k = smp.of_row[rows]
+    out.status[rows], out.reason[rows], out.detail[rows] = smp.status[k], smp.reason[k], smp.detail[k]
+    # the file of the other sample that corresponds to each (image to image, ...), else its first
+    other = smp.of[k]
+    has = other >= 0
+    o = np.where(has, other, 0)
+    kind = c.kind[rows]
+    twin = np.where(kind == IMAGE, smp.image[o], np.where(kind == TEXT, smp.text[o], -1))
+    twin = np.where(twin >= 0, twin, smp.first[o])
+    out.twin[rows] = np.where(has, twin, -1)

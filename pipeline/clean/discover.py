@@ -17,7 +17,7 @@ from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.sniff import HEAD_BYTES, sniff
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: the driver of a ten-million-file run holds every one (~100 B less each)
 class Candidate:
     source: str  # POSIX path relative to the input root (the link's own path for a link)
     path: str  # absolute path to read

@@ -10,14 +10,16 @@ this folder was made from) and ``journal.jsonl``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
 from pipeline.clean.records import FileResult
-from pipeline.core.files import STATE_DIR, atomic_write_text
+from pipeline.core.files import STATE_DIR, atomic_write_text, tmp_name
 
 FLUSH_EVERY = 0.2  # seconds
 
@@ -82,7 +84,27 @@ class Journal:
             self._f.close()
             self._f = None
 
-    def compact(self, results) -> None:
+    def compact(self, results: Iterable[FileResult]) -> None:
         """Rewrite the journal with exactly the current records, in order."""
+        with self.rewrite() as put:
+            for r in results:
+                put(r)
+
+    @contextlib.contextmanager
+    def rewrite(self) -> Iterator[Callable[[FileResult], None]]:
+        """`compact`, fed one record at a time: streamed to a temporary file that replaces the
+        journal when the block ends without an error (the text of ten million records is GBs)."""
         self.close()
-        atomic_write_text(self.path, "".join(r.to_json() + "\n" for r in results))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_name(self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8", buffering=1 << 20) as f:
+                def put(r: FileResult) -> None:
+                    f.write(r.to_json() + "\n")
+
+                yield put
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise

@@ -137,28 +137,31 @@ def attach_captions(results, captions: dict[str, str], max_bytes: int | None = N
     """Give each image the caption the labels file's text column has for it, normalised like a
     caption file (or the reason it was rejected). A caption file beside the image wins.
 
+    ``results``: `columns.Columns` (its ``caption`` and ``caption_reason``, by file, are set).
     A caption longer than ``max_bytes`` (--max-text-bytes) in UTF-8 is too_large, as a caption
     file of that size would be: judging it would cost the same memory."""
+    from pipeline.clean.columns import IMAGE, TEXT, sources
     from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings
 
     settings = TextSettings(max_bytes=MAX_TEXT_BYTES if max_bytes is None else max_bytes)
 
-    with_file = {r.key for r in results if r.kind == Kind.TEXT}
+    with_file = set(results.key[results.kind == TEXT].tolist())
+    results.caption.clear()  # from this run's labels file only, never the journal's
+    results.caption_reason.clear()
     ignored, rejected, given = [], [], 0
-    for r in results:
-        r.caption = r.caption_reason = None  # from this run's labels file only, never the journal's
-        raw = captions.get(r.source)
-        if raw is None or r.kind != Kind.IMAGE:
+    for i, source in enumerate(sources(results)):
+        raw = captions.get(source)
+        if raw is None or results.kind[i] != IMAGE:
             continue
-        if r.key in with_file:
-            ignored.append(r.source)
+        if results.key[i] in with_file:
+            ignored.append(source)
             continue
         o = _judge_caption(raw, settings)
         if o.reason:
-            r.caption_reason = f"{o.reason} ({o.detail})"
-            rejected.append(f"{r.source}: {o.reason}")
+            results.caption_reason[i] = f"{o.reason} ({o.detail})"
+            rejected.append(f"{source}: {o.reason}")
         else:
-            r.caption = o.text
+            results.caption[i] = o.text
             given += 1
     notes: dict = {"captions": given} if given else {}
     _note(notes, "captions_ignored_for_a_caption_file", ignored)

@@ -5,9 +5,11 @@ the object-storage counterpart of `stage.LocalCleanDir`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
+from pipeline.clean.columns import OutputRef
 from pipeline.clean.decide import Outputs
 from pipeline.clean.discover import Candidate
 from pipeline.clean.records import FileResult
@@ -104,7 +106,11 @@ class ObjectCleanDir:
         for rel in stale:
             del present[rel]
 
-    def finish(self, results: list[FileResult], report_text: str, writer) -> None:
+    def rewrite_journal(self):
+        """No journal on object storage: the part results are what a rerun reuses."""
+        return contextlib.nullcontext(lambda r: None)
+
+    def finish(self, report_text: str, writer) -> None:
         """report.json, then manifest.parquet only if no other run committed first."""
         self.folder.write("report.json", report_text.encode("utf-8"))
         writer.close()
@@ -123,7 +129,7 @@ class _ObjectOutputs(Outputs):
         super().__init__(cache, PARKED, resize_mode)
         self.folder, self.cache, self.parked = folder, cache, PARKED
 
-    def _path(self, r: FileResult) -> str | None:
+    def _path(self, r: OutputRef) -> str | None:
         if not r.output:
             return None
         local = self.cache / r.output

@@ -26,6 +26,16 @@ class ReportBuilder:
         if row.status == Status.KEPT:
             self.label_kept[row.label if row.label is not None else ""] += 1
 
+    def add_table(self, rows) -> None:
+        """Manifest rows as an Arrow table (`columns.manifest_table`): the counts `add` makes of each."""
+        status, label = rows.column("status").to_pylist(), rows.column("label").to_pylist()
+        self.total += rows.num_rows
+        self.status.update(status)
+        self.kind.update(rows.column("kind").to_pylist())
+        self.reason.update(x for x in rows.column("reason").to_pylist() if x)
+        self.encoding.update(x for x in rows.column("encoding").to_pylist() if x)
+        self.label_kept.update("" if lab is None else lab for lab, st in zip(label, status) if st == Status.KEPT)
+
     def build(self, settings: dict, timings: dict, extra: dict | None = None) -> dict:
         s = lambda c: dict(sorted(c.items()))  # noqa: E731 - sorted for byte-stable output
         return {

@@ -311,7 +311,12 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
             results, reused, parts_report = process_in_parts(
                 cfg, candidates, _worker_settings(cfg), lambda old, c: _reusable(old, c, cfg.output), show_progress, cfg.output)
         else:
-            results, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+            from pipeline.clean.columns import Columns
+
+            files, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+            results = Columns.from_results(files)
+            del files
+        del candidates  # the listing is not needed any more: a run of millions frees its memory before decide
         _attach_captions(cfg, lab, results, label_notes)
         timings["process_s"] = time.perf_counter() - t
     finally:
@@ -333,6 +338,7 @@ def run_in_parts(cfg: CleanConfig, place, show_progress: bool) -> dict:
     t = time.perf_counter()
     results, reused, parts_report = process_in_parts(cfg, candidates, _worker_settings(cfg), place.reusable,
                                                      show_progress, place.folder)
+    del candidates  # as in `_run`: the listing is freed before decide
     _attach_captions(cfg, lab, results, label_notes)
     timings["process_s"] = time.perf_counter() - t
     return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, place)
@@ -351,14 +357,14 @@ def _candidates(cfg: CleanConfig):
     return candidates, lab, label_notes
 
 
-def _attach_captions(cfg: CleanConfig, lab, results: list[FileResult], label_notes: dict) -> None:
+def _attach_captions(cfg: CleanConfig, lab, results, label_notes: dict) -> None:
     if lab is not None:
         from pipeline.clean.labels import attach_captions
 
         label_notes.update(attach_captions(results, lab.captions, cfg.text_limit()))
 
 
-def _decide_and_finalize(cfg: CleanConfig, results: list[FileResult], lab, label_notes: dict, reused: int,
+def _decide_and_finalize(cfg: CleanConfig, results, lab, label_notes: dict, reused: int,
                          parts_report: dict | None, timings: dict, place) -> dict:
     t = time.perf_counter()
     from pipeline.clean.decide import DecideSettings, decide  # numpy: not before the workers start
@@ -476,56 +482,78 @@ def _small(c: Candidate) -> bool:
 
 
 def _finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict:
-    """Outputs moved to where each decision puts them, rejects copied to quarantine/, what an
-    earlier run left swept, then report.json and, last, manifest.parquet (``place``: CLEAN_DIR
-    as a folder, `LocalCleanDir`, or on object storage, `pipeline.clean.objects.ObjectCleanDir`)."""
-    from pipeline.clean.records import row
+    """Outputs moved where their status says, quarantined inputs copied, stale files swept, the
+    journal compacted, report.json, and the manifest last (``place``: CLEAN_DIR as a folder,
+    `LocalCleanDir`, or on object storage, `pipeline.clean.objects.ObjectCleanDir`). The files'
+    whole results are read back a part at a time (`Columns.chunks`), so no run holds them all."""
+    from pipeline.clean.columns import iter_results, manifest_table
     from pipeline.formats.manifest import ManifestWriter  # pyarrow: only needed now, at the end
 
-    keep_outputs, keep_quarantine, keep_parked = set(), set(), set()
+    keep_outputs: set[str] = set()
+    keep_quarantine: set[str] = set()
+    keep_parked: set[str] = set()
     report = ReportBuilder()
     writer = ManifestWriter(place.manifest_path())
+    labels = results.labels()
     try:
-        for r, d in zip(results, decisions):
-            cap = ""
-            if d.status == Status.KEPT and r.caption is not None:  # a caption from the labels file
-                cap = output_path(r.source, r.key, "txt")
-                place.write_if_changed(cap, r.caption.encode("utf-8"))
-                keep_outputs.add(cap)
-                d = dataclasses.replace(d, detail=f"{d.detail}: {cap}")
-            if d.status == Status.KEPT:
-                keep_outputs.add(r.output)
-                place.move(f"{PARKED}/{r.output}", r.output)
-            elif r.output:
-                keep_parked.add(f"{PARKED}/{r.output}")
-                place.move(r.output, f"{PARKED}/{r.output}")
-            if d.status == Status.QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
-                rel = f"quarantine/{d.reason}/{r.source}"
-                keep_quarantine.add(rel)
-                if not place.has(rel, r.bytes):
-                    try:
-                        place.copy_input(r.source, rel)
-                    except FileNotFoundError:  # gone since, or a name that is not UTF-8
-                        keep_quarantine.discard(rel)
-            rec = row(r, d, cap)
-            report.add(rec)
-            writer.add(rec)
+        offset = 0
+        with place.rewrite_journal() as journal_line:
+            for chunk in results.chunks():
+                captions: dict[int, str] = {}
+                for i, r in enumerate(iter_results(chunk), offset):
+                    r.label, r.caption, r.caption_reason = labels[i], results.caption.get(i), results.caption_reason.get(i)
+                    cap = _finalize_file(place, r, decisions[i], keep_outputs, keep_parked, keep_quarantine)
+                    if cap:
+                        captions[i] = cap
+                        decisions.detail[i] = f"{decisions.detail[i]}: {cap}"
+                    journal_line(r)
+                rows = manifest_table(chunk, offset, results, decisions, captions)
+                report.add_table(rows)
+                writer.add_table(rows)
+                offset += chunk.num_rows
         place.sweep("data", keep_outputs)
         place.sweep("quarantine", keep_quarantine)
         place.sweep(PARKED, keep_parked)
         doc = report.build(cfg.as_dict(), {k: round(v, 3) for k, v in timings.items()}, extra)
-        place.finish(results, json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=False) + "\n", writer)
+        place.finish(json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=False) + "\n", writer)
     except OSError as e:
         raise StageFailed(f"could not finish writing {place}: {e}") from None
     return doc
 
 
+def _finalize_file(place, r: FileResult, d, keep_outputs: set, keep_parked: set, keep_quarantine: set) -> str:
+    """One file's output and quarantine copy where its decision says; its caption file's path
+    when it is a kept image with a caption from the labels file (written now), else ""."""
+    cap = ""
+    if d.status == Status.KEPT and r.caption is not None:  # a caption from the labels file
+        cap = output_path(r.source, r.key, "txt")
+        place.write_if_changed(cap, r.caption.encode("utf-8"))
+        keep_outputs.add(cap)
+    if d.status == Status.KEPT:
+        keep_outputs.add(r.output)
+        place.move(f"{PARKED}/{r.output}", r.output)
+    elif r.output:
+        keep_parked.add(f"{PARKED}/{r.output}")
+        place.move(r.output, f"{PARKED}/{r.output}")
+    if d.status == Status.QUARANTINED and d.reason not in NO_COPY_REASONS and r.bytes > 0 and r.sha256:
+        rel = f"quarantine/{d.reason}/{r.source}"
+        keep_quarantine.add(rel)
+        if not place.has(rel, r.bytes):
+            try:
+                place.copy_input(r.source, rel)
+            except FileNotFoundError:  # gone since, or a name that is not UTF-8
+                keep_quarantine.discard(rel)
+    return cap
+
+
 class LocalCleanDir:
     """CLEAN_DIR as a folder (this machine's, or one every Ray node mounts): what deciding and
-    finalizing read from and do to it."""
+    finalizing read from and do to it. Paths as strings where it is per file: pathlib's joins
+    cost more than the rest of a file's finalizing."""
 
     def __init__(self, cfg: CleanConfig, journal: Journal):
         self.cfg, self.root, self.journal = cfg, cfg.output, journal
+        self._root = os.fspath(cfg.output)
 
     def __str__(self) -> str:
         return str(self.root)
@@ -538,16 +566,22 @@ class LocalCleanDir:
     def manifest_path(self) -> Path:
         return self.root / "manifest.parquet"
 
+    def rewrite_journal(self):
+        """The journal rewritten with exactly this run's records, fed one at a time."""
+        return self.journal.rewrite()
+
     def write_if_changed(self, rel: str, data: bytes) -> None:
         _write_if_changed(self.root / rel, data)
 
     def move(self, src: str, dest: str) -> None:
         """``src`` to ``dest`` if it is there (it is not when a re-run finds it moved already)."""
-        _move_if_there(self.root / src, self.root / dest)
+        _move_if_there(f"{self._root}/{src}", f"{self._root}/{dest}")
 
     def has(self, rel: str, size: int) -> bool:
-        dest = self.root / rel
-        return dest.exists() and dest.stat().st_size == size
+        try:
+            return os.stat(f"{self._root}/{rel}").st_size == size
+        except FileNotFoundError:
+            return False
 
     def copy_input(self, source: str, rel: str) -> None:
         _copy_input(self.cfg, source, self.root / rel)
@@ -555,8 +589,7 @@ class LocalCleanDir:
     def sweep(self, folder: str, keep: set[str]) -> None:
         _sweep(self.root / folder, keep, self.root)
 
-    def finish(self, results: list[FileResult], report_text: str, writer) -> None:
-        self.journal.compact(results)
+    def finish(self, report_text: str, writer) -> None:
         atomic_write_text(self.root / "report.json", report_text)
         writer.close()  # the manifest last: its presence means the folder is complete
 
@@ -579,9 +612,9 @@ def _write_if_changed(path: Path, data: bytes) -> None:
     atomic_write_bytes(path, data)
 
 
-def _move_if_there(src: Path, dest: Path) -> None:
-    if src.exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
+def _move_if_there(src: str, dest: str) -> None:
+    if os.path.exists(src):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
         os.replace(src, dest)
 
 

@@ -4,9 +4,12 @@ A part is a contiguous range [begin, end) of the sorted candidate listing. Its n
 position and a fingerprint of what it covers (each candidate's source, key, kind, format and
 walking problem, and the settings that change outputs), so a re-run with the same input and
 settings finds the parts a killed run finished, and a part whose files changed is redone.
-A part's per-file outputs are written first and its results file (one JSON line per file, in
-order) last and atomically: the file's presence means the part is complete, and a retried or
-duplicated part rewrites the same bytes under the same name.
+A part's per-file outputs are written first and its results file (an Arrow IPC file, one row
+per file, in order) last and atomically: the file's presence means the part is complete, and a
+retried or duplicated part rewrites the same bytes under the same name. Columns, not JSON lines,
+so the driver of a run of millions reads only the columns `decide` needs (`read_table`) and the
+rest part by part when it writes the manifest. Results files of another format (the JSON lines of
+an earlier pipe) have another name and are never read: their parts are redone.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from pathlib import Path
 
 from pipeline.clean.discover import Candidate
 from pipeline.clean.records import FileResult
-from pipeline.core.files import STATE_DIR, atomic_write_text
+from pipeline.core.files import STATE_DIR, atomic_write_bytes
 from pipeline.storage.folder import Folder
 
 PARTS_DIR = f"{STATE_DIR}/parts"
 PART_FILES = 1000  # files per part: a minute or so of one core on photos; what a killed run redoes at most
-SUFFIX = ".jsonl"
+SUFFIX = ".arrow"
+FORMAT = {b"pipe.part_results": b"2"}  # the results file's format (1: JSON lines, named .jsonl)
 
 
 @dataclass(frozen=True)
@@ -80,29 +84,53 @@ def plan(candidates: Sequence[Candidate], settings: dict, max_files: int = PART_
 
 
 def write_results(clean_dir: Path | Folder, part: Part, results: Sequence[FileResult]) -> None:
-    """The part's results file, atomically: written only after every output of the part.
-    ``clean_dir``: a local (or shared) CLEAN_DIR, or a Folder (one PUT on object storage)."""
-    text = "".join(r.to_json() + "\n" for r in results)
+    """The part's results file, atomically: written only after every output of the part. The
+    same results give the same bytes (no time stamps in an Arrow IPC file). ``clean_dir``: a
+    local (or shared) CLEAN_DIR, or a Folder (one PUT on object storage)."""
+    import pyarrow as pa
+
+    from pipeline.clean.columns import to_table
+
+    table = to_table(results).replace_schema_metadata(FORMAT)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue().to_pybytes()
     if isinstance(clean_dir, Folder):
-        clean_dir.write(f"{PARTS_DIR}/{part.name}", text.encode("utf-8"))
+        clean_dir.write(f"{PARTS_DIR}/{part.name}", data)
     else:
-        atomic_write_text(clean_dir / PARTS_DIR / part.name, text, fsync=True)
+        atomic_write_bytes(clean_dir / PARTS_DIR / part.name, data, fsync=True)
+
+
+def read_table(clean_dir: Path | Folder, part: Part, columns: Sequence[str] | None = None):
+    """The part's results as an Arrow table (only ``columns``, when given), or None when it has
+    no complete results file of this format and schema."""
+    import pyarrow as pa
+
+    from pipeline.clean.columns import RESULTS
+
+    try:
+        if isinstance(clean_dir, Folder):
+            source = pa.BufferReader(clean_dir.read(f"{PARTS_DIR}/{part.name}"))
+        else:
+            source = pa.OSFile(str(clean_dir / PARTS_DIR / part.name))
+        with source as f:
+            fields = sorted(RESULTS.get_field_index(c) for c in columns) if columns is not None else range(len(RESULTS))
+            reader = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=list(fields)))
+            if reader.schema.metadata != FORMAT or not reader.schema.equals(pa.schema([RESULTS.field(i) for i in fields])):
+                return None
+            table = reader.read_all()
+    except (OSError, pa.ArrowException):
+        return None
+    return table if table.num_rows == len(part) else None
 
 
 def read_results(clean_dir: Path | Folder, part: Part) -> list[FileResult] | None:
     """The part's results, or None when it has no complete, readable results file."""
-    try:
-        if isinstance(clean_dir, Folder):
-            text = clean_dir.read(f"{PARTS_DIR}/{part.name}").decode("utf-8")
-        else:
-            text = (clean_dir / PARTS_DIR / part.name).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    try:
-        results = [FileResult.from_json(line) for line in text.splitlines()]
-    except (ValueError, TypeError):
-        return None
-    return results if len(results) == len(part) else None
+    from pipeline.clean.columns import iter_results
+
+    table = read_table(clean_dir, part)
+    return None if table is None else list(iter_results(table))
 
 
 def sweep(clean_dir: Path | Folder, parts: Sequence[Part]) -> None:

@@ -57,6 +57,7 @@ class ManifestWriter:
         self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         self._writer = pq.ParquetWriter(self.tmp, COLUMNS, compression="zstd")
         self._rows: list[dict] = []
+        self._tables: list[pa.Table] = []  # rows given as tables (`add_table`), not yet a whole row group
         self.count = 0
 
     def add(self, rec: ManifestRow) -> None:
@@ -65,7 +66,25 @@ class ManifestWriter:
         if len(self._rows) >= ROW_GROUP:
             self._flush()
 
+    def add_table(self, table: pa.Table) -> None:
+        """Rows as a table of `COLUMNS` (a million-file manifest made without a `ManifestRow` per
+        file): the same row groups, so the same bytes, as the rows added one by one."""
+        if self._rows:
+            raise AssertionError("rows and tables are not mixed in one manifest")
+        self._tables.append(table)
+        self.count += table.num_rows
+        while sum(t.num_rows for t in self._tables) >= ROW_GROUP:
+            self._flush_tables(ROW_GROUP)
+
+    def _flush_tables(self, rows: int) -> None:
+        pending = pa.concat_tables(self._tables)
+        self._writer.write_table(pending.slice(0, rows).combine_chunks())
+        rest = pending.slice(rows)
+        self._tables = [rest] if rest.num_rows else []
+
     def _flush(self) -> None:
+        if self._tables:
+            self._flush_tables(sum(t.num_rows for t in self._tables))
         if self._rows:
             self._writer.write_table(pa.Table.from_pylist(self._rows, schema=COLUMNS))
             self._rows = []

@@ -67,8 +67,34 @@ def test_results_file_round_trips_and_a_short_one_is_not_a_finished_part(tmp_pat
     assert parts.read_results(tmp_path, p) == results
     parts.write_results(tmp_path, p, results)  # a retried part: the same bytes
     assert (tmp_path / parts.PARTS_DIR / p.name).read_bytes() == first
-    (tmp_path / parts.PARTS_DIR / p.name).write_bytes(first.split(b"\n", 1)[1])
+    (tmp_path / parts.PARTS_DIR / p.name).write_bytes(first[: len(first) // 2])  # cut short
     assert parts.read_results(tmp_path, p) is None
+
+
+def test_the_driver_reads_only_the_columns_it_asks_for(tmp_path: Path):
+    cands = _cands(3)
+    (p,) = parts.plan(cands, {}, 10)
+    parts.write_results(tmp_path, p, [FileResult(c.source, c.key, c.kind, sha256="ab" * 32) for c in cands])
+    table = parts.read_table(tmp_path, p, ["source", "kind"])
+    assert table.column_names == ["source", "kind"]
+    assert table.column("source").to_pylist() == [c.source for c in cands]
+
+
+def test_results_of_an_earlier_pipe_are_not_read_and_their_part_is_redone(tmp_path: Path):
+    """pipe before 0.x wrote a part's results as JSON lines (``.jsonl``): a rerun by this pipe
+    must neither misread them nor take them for a finished part, and sweeps them away."""
+    cands = _cands(3)
+    (p,) = parts.plan(cands, {}, 10)
+    folder = tmp_path / parts.PARTS_DIR
+    folder.mkdir(parents=True)
+    old = folder / p.name.replace(parts.SUFFIX, ".jsonl")
+    old.write_text("".join(FileResult(c.source, c.key, c.kind).to_json() + "\n" for c in cands))
+    assert parts.read_results(tmp_path, p) is None
+    (folder / p.name).write_bytes(old.read_bytes())  # JSON lines under this pipe's name: not a results file either
+    assert parts.read_results(tmp_path, p) is None
+    (folder / p.name).unlink()
+    parts.sweep(tmp_path, [p])
+    assert not old.exists()
 
 
 def test_sweep_removes_only_results_of_other_plans(tmp_path: Path):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.distribute.parts import SUFFIX
 from tests.conftest import REPO as REPO_ROOT
 from tests.conftest import pipe_env
 from tests.factories import photo, write
@@ -181,7 +182,7 @@ def test_ray_with_object_storage_killed_driver_reruns_unfinished_parts_and_equal
     parts_dir = out / ".pipe" / "parts"
 
     def finished() -> list[str]:
-        return sorted(n for n in os.listdir(parts_dir) if n.endswith(".jsonl")) if parts_dir.is_dir() else []
+        return sorted(n for n in os.listdir(parts_dir) if n.endswith(SUFFIX)) if parts_dir.is_dir() else []
 
     driver = cluster.driver(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait(finished)
@@ -244,14 +245,14 @@ def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished
     out = tmp_path / "clean"
     parts_dir = out / ".pipe" / "parts"
     driver = cluster.driver(_clean_args(raw, out, cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait(lambda: parts_dir.is_dir() and any(n.endswith(".jsonl") for n in os.listdir(parts_dir)))
+    _wait(lambda: parts_dir.is_dir() and any(n.endswith(SUFFIX) for n in os.listdir(parts_dir)))
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     assert not (out / "manifest.parquet").exists()
     # the dead driver's tasks are ended by Ray; wait until none runs, then count what they left
     _wait(lambda: not cluster.task_pids("clean_part"), every=0.5)
     time.sleep(1)
-    finished = sorted(n for n in os.listdir(parts_dir) if n.endswith(".jsonl"))
+    finished = sorted(n for n in os.listdir(parts_dir) if n.endswith(SUFFIX))
     assert 1 <= len(finished) < PARTS, finished
 
     p = cluster.pipe(_clean_args(raw, out, cluster))
