@@ -226,7 +226,7 @@ def shard_task(plan, clean_dir: str, out_dir: str) -> tuple[Any, PartRun]:
         source = Path(clean_dir)
         if is_remote(clean_dir):
             source = Path(tmp) / "in"
-            download(open_folder(clean_dir), [p for p in (*plan.images, *plan.texts) if p is not None], source)
+            download(open_folder(clean_dir), [p for p in (*plan.images.to_pylist(), *plan.texts.to_pylist()) if p is not None], source)
         target = Path(tmp) if isinstance(out, Folder) else out
         try:
             entry = write_shard(plan, source, target)
