@@ -32,6 +32,15 @@ def pipe_env() -> dict:
     return env
 
 
+def pipe_in_fresh_interpreter(*args, before: str = "", after: str = "", exit_codes=(None, 0)) -> subprocess.CompletedProcess:
+    """Run ``pipe ARGS`` through its real entry point in a new interpreter, with Python code
+    ``before`` it (patches) and ``after`` it (assertions on that interpreter: ``sys.modules``).
+    What a command imports or starts can only be seen in a process that has imported nothing."""
+    code = (f"import sys\n{before}\nfrom pipeline.cli.app import main\nsys.argv = ['pipe'] + sys.argv[1:]\n"
+            f"try:\n    main()\nexcept SystemExit as e:\n    assert e.code in {tuple(exit_codes)!r}, e.code\n{after}\n")
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=pipe_env())
+
+
 @pytest.fixture
 def pipe_proc():
     """Run `python -m pipeline ...` as a real process (for signals, exit codes, import cost)."""

@@ -1,10 +1,8 @@
 """The command line: usage errors are one line and exit 2; help is fast and torch-free."""
 
-import subprocess
-import sys
 
 from pipeline.formats import manifest
-from tests.conftest import pipe_env
+from tests.conftest import pipe_in_fresh_interpreter
 
 
 def test_help_lists_every_command(cli):
@@ -71,20 +69,9 @@ def test_help_and_local_stages_import_neither_torch_nor_the_optional_extras(tmp_
     runs = {"--help": ["--help"], "clean": ["clean", tmp_path / "raw", "-o", tmp_path / "clean", "--workers", "1"],
             "shard": ["shard", tmp_path / "clean", "-o", tmp_path / "shards", "--val-fraction", "0"],
             "check": ["check", tmp_path / "shards"]}
-    code = (
-        "import sys\n"
-        "from pipeline.cli.app import main\n"
-        "sys.argv = ['pipe'] + sys.argv[2:]\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit as e:\n"
-        "    assert e.code in (None, 0, 1), e.code  # check may fail two texts on its policy: not the point here\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in sys.argv[1].split(',')]\n"
-        "assert not bad, sorted(bad)\n"
-    )
-    for name, args in runs.items():
-        argv = [sys.executable, "-c", code, ",".join(NOT_IMPORTED[name]), *map(str, args)]
-        p = subprocess.run(argv, capture_output=True, text=True, env=pipe_env())
+    for name, args in runs.items():  # check may fail two texts on its policy (exit 1): not the point here
+        p = pipe_in_fresh_interpreter(*args, exit_codes=(None, 0, 1), after=(
+            f"bad = [m for m in sys.modules if m.split('.')[0] in {NOT_IMPORTED[name]!r}]\nassert not bad, sorted(bad)"))
         assert p.returncode == 0, (name, p.stderr[-2000:])
     assert len(manifest.read(tmp_path / "clean" / "manifest.parquet")) == 4
     assert (tmp_path / "shards" / "index.json").exists()

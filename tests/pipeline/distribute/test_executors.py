@@ -1,29 +1,21 @@
-"""--executor: local needs nothing (Ray is never imported), ray without Ray installed is one
-line saying how to install it, and an unknown one is refused."""
+"""--executor: ray without Ray installed is one line saying how to install it, and an unknown one
+is refused (that local runs never import Ray: tests/pipeline/cli/test_app.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from tests.conftest import pipe_env
+from tests.conftest import pipe_env, pipe_in_fresh_interpreter
 
 
 def test_executor_ray_without_ray_is_one_line_saying_how_to_install_it(tmp_path):
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "a.txt").write_text("hello")
-    # a Ray that cannot be imported, as on a machine without the extra
-    code = (
-        "import sys\n"
-        "sys.modules['ray'] = None\n"
-        "from pipeline.cli.app import main\n"
-        "sys.argv = ['pipe'] + sys.argv[1:]\n"
-        "main()\n"
-    )
     for cmd in (["clean", tmp_path / "raw", "-o", tmp_path / "out"], ["shard", tmp_path / "clean", "-o", tmp_path / "shards"]):
-        p = subprocess.run([sys.executable, "-c", code, *map(str, cmd), "--executor", "ray"], capture_output=True, text=True,
-                           env=pipe_env())
-        assert p.returncode == 2, p.stderr
+        # a Ray that cannot be imported, as on a machine without the extra; pipe exits 2
+        p = pipe_in_fresh_interpreter(*cmd, "--executor", "ray", before="sys.modules['ray'] = None", exit_codes=(2,))
+        assert p.returncode == 0, p.stderr
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "pip install 'pipe-ml[ray]'" in lines[0], p.stderr
     assert not (tmp_path / "out").exists()
