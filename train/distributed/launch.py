@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.core.errors import StageFailed, UsageError
 from train.config import LaunchConfig
@@ -241,13 +241,23 @@ def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
     try:
         return record(_as_rank)(entry, arg)
     except KeyboardInterrupt:
-        raise
+        _end_interrupted_rank()
     except BaseException as e:
         if _interrupts.seen:  # a dataloader worker or a peer that the same Ctrl-C stopped first
-            raise KeyboardInterrupt from None
+            _end_interrupted_rank()
         sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {one_line(e)}\n")
         sys.stderr.flush()
         raise
+
+
+def _end_interrupted_rank() -> NoReturn:
+    """End a rank that Ctrl-C stopped, once it has unwound (its dataloader workers stopped, its
+    group left), without the interpreter's teardown: on a loaded machine that teardown took seconds
+    the agent waits through, and a finalizer in it can print a stray traceback under the launcher's
+    one "interrupted" line. 130 is what a shell reports for a command ended by SIGINT."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 class _interrupts:
