@@ -121,13 +121,13 @@ def test_ctrl_c_of_a_multi_rank_train_says_interrupted_and_ends_every_rank(shard
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    reader.join(10)
+    deadline = time.monotonic() + 10
+    while _group_alive(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    reader.join(10)  # every process that holds stderr has ended: what it said is all here
     err = "".join(lines)
     assert rc == 130, err
     assert err.strip().splitlines()[-1] == ("interrupted: run the same command with --resume to continue from "
                                             "RUN_DIR/last.pt, the last checkpoint written"), err
     assert "internal error" not in err and "Traceback" not in err and "failed" not in err, err
-    deadline = time.monotonic() + 10
-    while _group_alive(p.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
     assert _group_alive(p.pid) == []  # no rank left behind
