@@ -16,6 +16,7 @@ detection.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from pipeline.formats.pixels import ImagePixels
@@ -113,7 +114,9 @@ def _measure(im) -> ImagePixels:
     return ImagePixels(im.width, im.height, sums, squares)
 
 
-_JPEG_OUT = None  # the buffer `measure_jpeg` decodes into, reused from image to image
+# the buffer `measure_jpeg` decodes into, reused from image to image (one per thread: a caller
+# that measured from two threads at once must not have them decode into the same memory)
+_BUFFERS = threading.local()
 
 
 def measure_jpeg(data: bytes) -> ImagePixels:
@@ -136,12 +139,12 @@ def measure_jpeg(data: bytes) -> ImagePixels:
     from pipeline.formats.pixels import histogram_sums
     from pipeline.formats.sample import DecodeError
 
-    global _JPEG_OUT
     try:
         width, height = simplejpeg.decode_jpeg_header(data)[1::-1]
-        if _JPEG_OUT is None or _JPEG_OUT.size < width * height * 4:
-            _JPEG_OUT = np.empty(width * height * 4, np.uint8)
-        out = _JPEG_OUT[: width * height * 4].reshape(height, width, 4)
+        buffer = getattr(_BUFFERS, "jpeg", None)
+        if buffer is None or buffer.size < width * height * 4:
+            buffer = _BUFFERS.jpeg = np.empty(width * height * 4, np.uint8)
+        out = buffer[: width * height * 4].reshape(height, width, 4)
         simplejpeg.decode_jpeg(data, colorspace="RGBX", strict=True, buffer=out)
     except Exception as e:  # noqa: BLE001 - as decode_image: every decoder failure is one kind of error
         raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
