@@ -23,7 +23,8 @@ Printed, each with the load average when it was measured:
   per-image ratio);
 * start-up: the time from launching `pipe clean --workers 1` to its first output file on disk
   (target < 0.3 s; that includes the first 2048x1536 image's own ~10-20 ms), and the naive
-  loop's, median of 5 (noisy on a shared machine: the spread is printed too);
+  loop's, median of 5, interleaved (noisy on a shared machine: the spread is printed too, and the
+  CPU time all of its processes had used by then);
 * the speed-up from --workers 1 to --workers 2 (target: >= 1.8x; needs two idle cores);
 * with --small N: `pipe clean --workers 2` on N small files as a new user has them (3 in 4 a
   96x96 JPEG, the rest a short text; bench/shard.py's generator), with pipe clean's defaults
@@ -33,6 +34,7 @@ Printed, each with the load average when it was measured:
 
 Inputs are synthetic photos (gradients, shapes, edges, texture, sensor noise), seeded, cached
 in bench-out/data. Each process is timed from the outside; the median of --repeat runs counts (CPU: the least).
+pipe runs with its bytecode cached (compiled first), as an installed pipe has it.
 """
 
 from __future__ import annotations
@@ -144,10 +146,11 @@ def make_set(folder: Path, n: int, w: int, h: int, seed: int) -> Path:
 class PeakRSS:
     """Peak resident memory of a process and all its descendants, summed, sampled every 20 ms."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, sample: bool = True):
         self.pid, self.peak, self._stop = pid, 0, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        if sample:
+            self._thread.start()
 
     def _tree(self) -> list[int]:
         children: dict[int, list[int]] = {}
@@ -195,13 +198,27 @@ class Run:
     load: float = 0.0  # load average (1 min) just before the run
 
 
+def _env(**extra: str) -> dict:
+    """The environment of every process measured: this checkout first on the path, and its
+    modules' bytecode cached as an installed pipe has it (compiled once by `main`), not compiled
+    from source in every process (~0.2-0.4 s of start-up where PYTHONDONTWRITEBYTECODE is set)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _compile() -> None:
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "pipeline")], env=_env(), check=False,
+                   stdout=subprocess.DEVNULL)
+
+
 def _children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
 
 
 def timed(cmd: list[str], memory: bool = False) -> Run:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = _env()
     load, cpu = os.getloadavg()[0], _children_cpu()
     t = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -287,7 +304,7 @@ print(json.dumps(res))
 def per_image(src: Path, work: Path, repeat: int) -> dict:
     """CPU ms per image, naive and ours (stretch, pad), in one process: best of ``repeat`` passes."""
     shutil.rmtree(work, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="1")
+    env = _env(OPENBLAS_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", PER_IMAGE, str(src), str(work), str(repeat)], env=env,
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -320,7 +337,7 @@ for mode in ("stretch", "pad"):
 
 def profile(src: Path, work: Path) -> None:
     """Fixed costs (interpreter + CLI, worker start-up) and the per-image breakdown in a worker."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="1")
+    env = _env(OPENBLAS_NUM_THREADS="1")
     for what, code in (("python + pipe CLI imports", "import pipeline.cli.app, pipeline.clean.stage"),
                        ("worker start-up (imports the decoders)",
                         "import pipeline.clean.process; from pipeline.media.image.clean import preload; preload(); "
@@ -352,22 +369,37 @@ PSNR_TARGET, WORKERS_TARGET, STARTUP_TARGET, SMALL_TARGET = 35.0, 1.8, 0.3, 120.
 
 # -- start-up: launch to the first output file ----------------------------------------------
 
-def first_output(cmd: list[str], out: Path) -> tuple[float, float]:
+def first_output(cmd: list[str], out: Path) -> tuple[float, float, float]:
     """Seconds from launching ``cmd`` to the first .jpg under ``out`` (polled every ms), and to
-    its exit."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    its exit; and the CPU seconds its processes had used when that file appeared (user +
+    system of every process of its tree then, from /proc: less disturbed by other load)."""
+    env = _env()
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = None
+    first, cpu = None, float("nan")
     while p.poll() is None:
         if first is None and _has_jpg(out):
             first = time.perf_counter() - t
+            cpu = _tree_cpu(p.pid)
         time.sleep(0.001)
     end = time.perf_counter() - t
     if p.returncode != 0:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}")
-    return (first if first is not None else end), end
+    return (first if first is not None else end), end, cpu
+
+
+def _tree_cpu(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every live descendant (and what they reaped)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for q in PeakRSS(pid, sample=False)._tree():
+        try:
+            with open(f"/proc/{q}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def _has_jpg(folder: Path) -> bool:
@@ -386,15 +418,21 @@ def _has_jpg(folder: Path) -> bool:
 
 
 def startup(src: Path, work: Path, repeat: int) -> dict:
-    """Time to the first output file, ours (--workers 1) and naive: median, min and max of ``repeat``."""
+    """Time to the first output file, ours (--workers 1) and naive, interleaved: median, min and
+    max of ``repeat``, and the CPU time used by then (median)."""
+    cmds = {"ours": [sys.executable, "-m", "pipeline", "clean", str(src), "-o", str(work / "first-ours"), "--workers", "1",
+                     "--json"],
+            "naive": [sys.executable, "-c", NAIVE, str(src), str(work / "first-naive")]}
+    runs: dict[str, list] = {name: [] for name in cmds}
+    for _ in range(repeat):
+        for name, cmd in cmds.items():
+            first, _end, cpu = first_output(cmd, work / f"first-{name}")
+            runs[name].append((first, cpu))
     res = {}
-    for name, cmd in (("ours", [sys.executable, "-m", "pipeline", "clean", str(src), "-o", str(work / "first-ours"),
-                                "--workers", "1", "--json"]),
-                      ("naive", [sys.executable, "-c", NAIVE, str(src), str(work / "first-naive")])):
-        out = work / f"first-{name}"
-        times = sorted(first_output(cmd, out)[0] for _ in range(repeat))
+    for name, got in runs.items():
+        times = sorted(t for t, _ in got)
         res[name] = {"median": statistics.median(times), "min": times[0], "max": times[-1], "runs": times,
-                     "load": os.getloadavg()[0]}
+                     "cpu_median": statistics.median(c for _, c in got), "load": os.getloadavg()[0]}
     return res
 
 
@@ -441,6 +479,7 @@ def main() -> None:
     ap.add_argument("--small-args", default="", help="extra pipe clean flags for --small (default: none, a new user's run)")
     ap.add_argument("--only-small", action="store_true", help="only the --small run")
     args = ap.parse_args()
+    _compile()
     n, mem_sizes, repeat = (30, (32, 128), 1) if args.quick else (300, (100, 1000), 3)
     n, repeat, work = args.images or n, args.repeat or repeat, args.out
     if args.profile:
@@ -515,7 +554,8 @@ def main() -> None:
     fo, fn = first["ours"], first["naive"]
     print(f"start-up, launch to the first output file (2048x1536, --workers 1), median of {len(fo['runs'])}: pipe clean "
           f"{fo['median']:.3f} s (min {fo['min']:.3f}, max {fo['max']:.3f}; target {STARTUP_TARGET:g} s: "
-          f"{verdict(fo['median'] < STARTUP_TARGET)}), naive {fn['median']:.3f} s (min {fn['min']:.3f}) (load {fo['load']:.1f})")
+          f"{verdict(fo['median'] < STARTUP_TARGET)}; CPU of its processes by then {fo['cpu_median']:.2f} s), naive {fn['median']:.3f} s "
+          f"(min {fn['min']:.3f}; CPU {fn['cpu_median']:.2f} s) (load {fo['load']:.1f})")
     a, b = mem_sizes
     print(f"peak memory, all processes (--workers 2, 1024x768): {a} images {peaks[a] / 2**20:.0f} MiB, "
           f"{b} images {peaks[b] / 2**20:.0f} MiB ({peaks[b] / peaks[a]:.2f}x for {b // a}x the images)")

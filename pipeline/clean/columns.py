@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import pipeline.formats.manifest  # noqa: F401 - first: pyarrow's pandas probe answered before any conversion here
 from pipeline.clean.records import Decision, FileResult
 from pipeline.formats.vocabulary import Kind, Reason, Status
 

@@ -123,10 +123,11 @@ def _measure_output(r: FileResult, payload: bytes, ext: str, px: ImagePixels | N
     leaves them None: pipe shard then decodes the file itself and says what is wrong with it."""
     from pipeline.formats.pixels import measure
     from pipeline.formats.sample import DecodeError
+    from pipeline.media.image.clean import measure_jpeg
 
     if px is None:
         try:
-            px = measure(payload, ext)
+            px = measure_jpeg(payload) if ext == "jpg" else measure(payload, ext)
         except DecodeError:
             return
     r.output_width, r.output_height = px.width, px.height

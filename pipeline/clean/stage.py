@@ -311,9 +311,11 @@ def _run(cfg: CleanConfig, show_progress: bool) -> dict:
             results, reused, parts_report = process_in_parts(
                 cfg, candidates, _worker_settings(cfg), lambda old, c: _reusable(old, c, cfg.output), show_progress, cfg.output)
         else:
+            files, reused = _process_all(cfg, candidates, journal, show_progress, pool)
+            # imported only now (pyarrow, numpy: 0.2-0.4 s), in the warm-up thread's wake: imported
+            # before the loop, it held up the first file's submission by as much
             from pipeline.clean.columns import Columns
 
-            files, reused = _process_all(cfg, candidates, journal, show_progress, pool)
             results = Columns.from_results(files)
             del files
         del candidates  # the listing is not needed any more: a run of millions frees its memory before decide

@@ -14,7 +14,14 @@ import sys
 
 def __getattr__(name: str):
     """``from pipeline.cli.app import app`` (and the other names of the typer app) without
-    importing typer where `main` runs: what it needs, it imports after the warm-up."""
+    importing typer where `main` runs: what it needs, it imports after the warm-up.
+
+    Dunder names are the interpreter's own questions, never the typer app's: ``from
+    pipeline.cli.app import main`` (the console script, ``python -m pipeline``) asks for
+    ``__path__`` first, and answering it by importing the typer app put ~0.1-0.15 s of typer
+    before the workers' fork server was started."""
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from pipeline.cli import commands
 
     try:
@@ -42,7 +49,7 @@ def _warm_up_workers(argv: list[str]) -> None:
     if argv[:1] != ["clean"] or "--help" in argv or "-h" in argv:
         return
     from pipeline.clean import WORKER_MODULES
-    from pipeline.core.executor import warm_up
+    from pipeline.core.prestart import warm_up  # not the executor: its imports would delay the server
 
     warm_up(WORKER_MODULES)
 

@@ -33,6 +33,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Generic, TypeVar
 
+# starting the fork server: a module of its own, light enough for `pipe clean` to run before anything else
+from pipeline.core.prestart import server_context, single_threaded_workers, warm_up  # noqa: F401 - warm_up: re-exported
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -83,37 +86,7 @@ def _exit_with_parent(parent: int, every: float = 0.5) -> None:
             os._exit(1)
 
 
-LIFELINE = "pipeline.core.lifeline"
 START_WAIT = 60.0  # seconds a pool may take to start before items are timed all the same
-
-
-def _single_threaded_workers() -> None:
-    """One worker per core, so no thread pools inside them: OpenBLAS (numpy) would start one
-    thread per core in each worker, and its import is ~30% faster without them. Set before a
-    worker or the fork server starts: they take the environment of that moment."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-
-def warm_up(preload: Sequence[str]) -> None:
-    """Start the fork server now, importing ``preload`` (the modules the workers run), so that
-    its start-up overlaps what the caller still has to do (parse its command line, import its
-    stage, discover the input): the first worker then forks from it ready to work. Call it from
-    the main thread (the server dies with the thread that started it); off Linux it does nothing."""
-    if _server_context(preload) is not None:
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
-
-
-def _server_context(preload: Sequence[str]):
-    """The fork-server context with ``preload`` registered, or None where workers are spawned
-    (no preload asked for, not Linux, or no fork server in this Python)."""
-    if not preload or not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
-        return None
-    _single_threaded_workers()
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([LIFELINE, *preload])
-    return ctx
 
 
 def stop_server(wait: float = 2.0) -> None:
@@ -162,8 +135,8 @@ class OrderedPool(Generic[T, R]):
         self._from_server = False  # whether the last pool made forks its workers from the fork server
 
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
-        _single_threaded_workers()
-        ctx = _server_context(self.preload)
+        single_threaded_workers()
+        ctx = server_context(self.preload)
         if ctx is not None:
             from multiprocessing import forkserver
 

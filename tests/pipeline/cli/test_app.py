@@ -75,3 +75,16 @@ def test_help_and_local_stages_import_neither_torch_nor_the_optional_extras(tmp_
         assert p.returncode == 0, (name, p.stderr[-2000:])
     assert len(manifest.read(tmp_path / "clean" / "manifest.parquet")) == 4
     assert (tmp_path / "shards" / "index.json").exists()
+
+
+def test_pipe_clean_starts_its_workers_fork_server_before_importing_the_cli(tmp_path):
+    """The fork server's imports (numpy, the decoders) are the longest part of pipe clean's
+    start-up: it must start before this process imports typer, so that the two overlap."""
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.txt").write_text("a short text")
+    before = ("import multiprocessing.forkserver as fs\nseen = []\n_start = fs.ensure_running\n"
+              "def ensure_running():\n    seen.append('typer' in sys.modules)\n    _start()\n"
+              "fs.ensure_running = ensure_running")
+    p = pipe_in_fresh_interpreter("clean", tmp_path / "raw", "-o", tmp_path / "clean", "--workers", "1", before=before,
+                                  after="assert seen and not seen[0], seen")
+    assert p.returncode == 0, p.stderr[-2000:]
