@@ -65,10 +65,11 @@ class Samples:
     def __len__(self) -> int:
         return len(self.cls)
 
-    def release_pages(self) -> None:
-        """Drop the pages of the mapped columns read so far from the process (`spill.Spill.release`)."""
+    def release_pages(self, column: str | None = None) -> None:
+        """Drop the pages of the mapped columns (of ``column`` alone, where named) read so far
+        from the process (`spill.Spill.release`)."""
         if self.spill is not None:
-            self.spill.release()
+            self.spill.release(column)
 
     def tar_bytes(self) -> np.ndarray:
         """Bytes each sample takes in a shard: its members' headers, data and padding."""
@@ -134,7 +135,6 @@ class _NotStreamable(Exception):
     """The manifest is not one `_streamed` reads: `_build` reads it whole (and says what is wrong, if anything)."""
 
 
-_HELD = ("label", "image_ext", "image_size", "text_size", "phash", "has_phash")  # per sample, on the heap
 _SPILLED_STRINGS = ("key", "meta", "image", "text")
 _SPILLED_NUMBERS = ("image_mtime", "text_mtime", "pixels")
 
@@ -157,7 +157,7 @@ def _streamed(path: Path, clean_dir: Path, spill_dir: Path | None) -> Samples:
     names = set(manifest.schema_arrow.names)
     if set(REQUIRED) - names:
         raise _NotStreamable
-    spill, held = Spill(spill_dir), _Held()
+    spill, held = Spill(spill_dir), _Held(manifest.metadata.num_rows)
     pending, last = None, None
     for batch in manifest.iter_batches(ROW_BATCH, columns=[c for c in READ_COLUMNS if c in names], use_threads=False):
         batch = _kept(batch)
@@ -173,19 +173,25 @@ def _streamed(path: Path, clean_dir: Path, spill_dir: Path | None) -> Samples:
         cut = int(np.argmax(_mask(pc.equal(rows.column(NAMES.key), last))))  # the last key's first row
         _stream_unit(rows.slice(0, cut), clean_dir, spill, held)
         pending = rows.slice(cut).combine_chunks().to_batches()[0]
-        give_back_freed()  # a batch's temporaries, freed between the held parts, handed back (or the heap grows batch by batch)
     if pending is not None:
         _stream_unit(pa.Table.from_batches([pending]), clean_dir, spill, held)
-    if not held.parts:
+    if not held.n:
         return _empty(held.unlabelled, held.examples)
     return held.samples(spill)
 
 
 class _Held:
-    """What `_streamed` keeps on the heap: a few numbers per sample, the label names seen."""
+    """What `_streamed` keeps on the heap: a few numbers per sample, the label names seen. The
+    arrays are made once, for as many samples as the manifest has rows (pages never written
+    are never part of the process): parts appended one by one would sit between each batch's
+    temporaries, and the heap would grow batch by batch."""
 
-    def __init__(self) -> None:
-        self.parts: list[dict[str, np.ndarray]] = []
+    TYPES = {"label": np.int64, "image_ext": np.int8, "image_size": np.int64, "text_size": np.int64,
+             "phash": np.uint64, "has_phash": bool}
+
+    def __init__(self, rows: int) -> None:
+        self.columns = {k: np.empty(rows, dtype=t) for k, t in self.TYPES.items()}
+        self.n = 0
         self.labels: dict[str, int] = {}
         self.unlabelled = 0
         self.examples: list[str] = []
@@ -198,16 +204,17 @@ class _Held:
         for name in pc.unique(label).to_pylist():
             self.labels.setdefault(name, len(self.labels))
         ids = pc.index_in(label, value_set=pa.array(list(self.labels), pa.string())).to_numpy()
-        # copies: a column may be a view of a batch's bigger array, which it would keep alive
-        self.parts.append({**{k: np.array(cols[k]) for k in _HELD if k != "label"}, "label": np.asarray(ids, dtype=np.int64)})
+        end = self.n + len(ids)
+        for k, column in self.columns.items():
+            column[self.n : end] = ids if k == "label" else cols[k]
+        self.n = end
 
     def samples(self, spill) -> Samples:
         """The `Samples`, their large columns mapped from ``spill``, class indices by sorted label."""
         classes = sorted(self.labels)
         rank = np.empty(len(classes), dtype=np.int64)
         rank[[self.labels[c] for c in classes]] = np.arange(len(classes))
-        c = {k: np.concatenate([p.pop(k) for p in self.parts]) for k in _HELD}
-        self.parts.clear()
+        c = {k: column[: self.n] for k, column in self.columns.items()}
         m = spill.finish()
         return Samples(classes, m["key"], rank[c["label"]], m["meta"], m["image"], c["image_ext"], c["image_size"],
                        m["image_mtime"], m["text"], c["text_size"], m["text_mtime"], c["phash"], c["has_phash"],

@@ -33,7 +33,7 @@ class Spill:
         self._ends: dict[str, int] = {}  # bytes of a string column's data written so far
         self._numbers: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
         self._text: dict[str, bool] = {}  # string column (else binary)?
-        self._maps: list[mmap.mmap] = []
+        self._maps: dict[str, list[mmap.mmap]] = {}  # column -> its mappings
 
     def _file(self, name: str):
         f = self._files.get(name)
@@ -75,19 +75,19 @@ class Spill:
             valid = np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
             n = len(valid)
             bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-            offsets = self._map(name + _OFFSETS)
+            offsets = self._map(name, name + _OFFSETS)
             kind = pa.large_string() if self._text[name] else pa.large_binary()
-            out[name] = pa.Array.from_buffers(kind, n, [bitmap, offsets, self._map(name + _DATA)],
+            out[name] = pa.Array.from_buffers(kind, n, [bitmap, offsets, self._map(name, name + _DATA)],
                                               null_count=int(n - np.count_nonzero(valid)))
         for name, (dtype, row) in self._numbers.items():
-            buf = self._map(name)
+            buf = self._map(name, name)
             out[name] = np.frombuffer(buf, dtype=dtype).reshape(-1, *row)
         for f in self._files.values():
             f.close()  # (a mapping keeps its file)
         self._files.clear()
         return out
 
-    def _map(self, name: str):
+    def _map(self, column: str, name: str):
         import pyarrow as pa
 
         f = self._files[name]
@@ -96,11 +96,15 @@ class Spill:
         if not size:
             return pa.py_buffer(b"")
         m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-        self._maps.append(m)
+        self._maps.setdefault(column, []).append(m)
         return pa.py_buffer(m)
 
-    def release(self) -> None:
-        """Drop the mapped pages from this process (re-read from the page cache when touched again)."""
-        for m in self._maps:
-            if hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-                m.madvise(mmap.MADV_DONTNEED)
+    def release(self, column: str | None = None) -> None:
+        """Drop the mapped pages (of one column, or all) from this process (re-read from the page
+        cache when touched again)."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        for name, maps in self._maps.items():
+            if column is None or name == column:
+                for m in maps:
+                    m.madvise(mmap.MADV_DONTNEED)

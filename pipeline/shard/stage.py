@@ -49,7 +49,7 @@ from pipeline.storage import is_remote
 
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
 IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
-MEASURE_ROWS = 1 << 16  # images whose recorded numbers are added up at once
+MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few hundred KiB of temporaries)
 
 
 @dataclass
@@ -321,6 +321,7 @@ def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> d
     res = split_arrays(samples.cls, classes, samples.phash, samples.has_phash, cfg.val_fraction, cfg.seed, cfg.split_distance)
     is_val = np.array(res.is_val, dtype=bool)
     res.is_val = []  # (a list of every sample's side: is_val holds it)
+    give_back_freed()  # the split's tables, freed in between what stays: handed back before the next step
     timings["split_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -330,7 +331,7 @@ def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> d
 
     t = time.perf_counter()
     spans = make_plan(samples.tar_bytes(), is_val, cfg.seed, cfg.max_count, cfg.max_size)
-    give_back_freed()  # the split's tables and the plan's temporaries, freed in between what stays: handed back before shards are written
+    give_back_freed()  # the plan's temporaries: handed back before shards are written
     entries, resumed, parts = _write_all(cfg, samples, spans, show_progress, task_dirs)
     timings["write_s"] = time.perf_counter() - t
 
