@@ -152,6 +152,15 @@ def entry(samples, span: Span) -> ShardPlan:
 
     idx = span.samples
     at = pa.array(idx)
-    return ShardPlan(span.name, span.split, samples.key.take(at), samples.cls[idx], samples.meta.take(at),
-                     samples.image.take(at), samples.image_ext[idx], samples.image_size[idx], samples.image_mtime[idx],
-                     samples.text.take(at), samples.text_size[idx], samples.text_mtime[idx])
+
+    def take(name: str, kind=None):
+        # a column at a time, its pages let go at once where the columns are kept on disk
+        # (`spill.py`): a shard's random samples touch a page each, of every column
+        column = getattr(samples, name)
+        out = column[idx] if isinstance(column, np.ndarray) else column.take(at).cast(kind)
+        samples.release_pages(name)
+        return out
+
+    return ShardPlan(span.name, span.split, take("key", pa.string()), samples.cls[idx], take("meta", pa.binary()),
+                     take("image", pa.string()), samples.image_ext[idx], samples.image_size[idx], take("image_mtime"),
+                     take("text", pa.string()), samples.text_size[idx], take("text_mtime"))

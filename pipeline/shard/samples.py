@@ -11,6 +11,7 @@ key that a check finds wrong is read row by row (`_check_rows`) for the message 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -59,9 +60,16 @@ class Samples:
     pixels: np.ndarray  # int64 (n, 8): width, height, 3 sums, 3 sums of squares; UNRECORDED row: decode
     unlabelled: int  # kept samples without a label, left out
     unlabelled_examples: list[str]  # the first few of their keys
+    spill: Any = None  # the `Spill` the large columns are mapped from (None: they are on the heap)
 
     def __len__(self) -> int:
         return len(self.cls)
+
+    def release_pages(self, column: str | None = None) -> None:
+        """Drop the pages of the mapped columns (of ``column`` alone, where named) read so far
+        from the process (`spill.Spill.release`)."""
+        if self.spill is not None:
+            self.spill.release(column)
 
     def tar_bytes(self) -> np.ndarray:
         """Bytes each sample takes in a shard: its members' headers, data and padding."""
@@ -76,8 +84,10 @@ class Samples:
         return n
 
 
-def load(clean_dir: Path) -> tuple[Samples, str]:
-    """The labelled samples of ``clean_dir``'s manifest, and the manifest's sha256."""
+def load(clean_dir: Path, spill_dir: Path | None = None) -> tuple[Samples, str]:
+    """The labelled samples of ``clean_dir``'s manifest, and the manifest's sha256. Their large
+    columns are kept in unnamed files in ``spill_dir`` (default: the system's temporary folder)
+    when the manifest is one pipe clean writes (`_streamed`)."""
     import pyarrow as pa
 
     path = clean_dir / "manifest.parquet"
@@ -86,19 +96,23 @@ def load(clean_dir: Path) -> tuple[Samples, str]:
     # them back; arrays made here keep working whichever allocator is the default afterwards.
     default_pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
-    trim = _give_back_freed()
     try:
-        return _load(path, clean_dir)
+        return _load(path, clean_dir, spill_dir)
     finally:
         pa.set_memory_pool(default_pool)
-        trim()
+        give_back_freed()
 
 
-def _give_back_freed() -> Callable[[], None]:
-    """The call that hands the heap memory freed while loading back to the system (glibc's
-    malloc_trim; other C libraries: nothing), so the write phase does not carry it. (A fixed
-    mmap threshold, for blocks freed in between live ones, saved 8 MiB of the peak at 100k
-    samples for 140,000 more page faults, ~0.4 s of system time: not done.)"""
+def give_back_freed() -> None:
+    """Hand the heap memory freed so far back to the system (glibc's malloc_trim; other C
+    libraries: nothing): blocks freed in between live ones otherwise stay part of the process,
+    and the peak grows with every batch. (A fixed mmap threshold, for the same blocks, saved
+    8 MiB of the peak at 100k samples for 140,000 more page faults, ~0.4 s of system time: not done.)"""
+    _trim()()
+
+
+@functools.cache
+def _trim() -> Callable[[], None]:
     import ctypes
 
     try:
@@ -108,9 +122,130 @@ def _give_back_freed() -> Callable[[], None]:
         return lambda: None
 
 
-def _load(path: Path, clean_dir: Path) -> tuple[Samples, str]:
-    kept = [_read_kept(path)]  # handed over in a list that `_build` empties: the table is freed once used
-    return _build(kept, clean_dir), _sha256(path)
+def _load(path: Path, clean_dir: Path, spill_dir: Path | None) -> tuple[Samples, str]:
+    try:
+        samples = _streamed(path, clean_dir, spill_dir)
+    except Exception:  # noqa: BLE001 - anything unusual: the whole-table reading, which says what is wrong
+        kept = [_read_kept(path)]  # handed over in a list that `_build` empties: the table is freed once used
+        samples = _build(kept, clean_dir)
+    return samples, _sha256(path)
+
+
+class _NotStreamable(Exception):
+    """The manifest is not one `_streamed` reads: `_build` reads it whole (and says what is wrong, if anything)."""
+
+
+_SPILLED_STRINGS = ("key", "meta", "image", "text")
+_SPILLED_NUMBERS = ("image_mtime", "text_mtime", "pixels")
+
+
+def _streamed(path: Path, clean_dir: Path, spill_dir: Path | None) -> Samples:
+    """The samples of a manifest as pipe clean writes it (kept rows in key order, every key
+    safe, every group right), read a batch at a time so that memory stays flat however many
+    samples there are: each batch's complete groups (the last key's rows wait for the next
+    batch) are checked, stat'ed and made columns exactly as `_build` makes them, the large
+    columns appended to a `Spill`, the few numbers split, plan and index need held. Anything
+    else (rows out of key order, a key made safe, a group or file found wrong) raises
+    `_NotStreamable`: `_build` then reads the manifest whole, as it always did."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from pipeline.shard.spill import Spill
+
+    manifest = pq.ParquetFile(path, pre_buffer=False)
+    names = set(manifest.schema_arrow.names)
+    if set(REQUIRED) - names:
+        raise _NotStreamable
+    spill, held = Spill(spill_dir), _Held(manifest.metadata.num_rows)
+    pending, last = None, None
+    for batch in manifest.iter_batches(ROW_BATCH, columns=[c for c in READ_COLUMNS if c in names], use_threads=False):
+        batch = _kept(batch)
+        if not len(batch):
+            continue
+        keys = batch.column(NAMES.key)
+        if keys.null_count or (last is not None and pc.less(keys[0], last).as_py()):
+            raise _NotStreamable
+        if len(keys) > 1 and not pc.all(pc.less_equal(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py():
+            raise _NotStreamable
+        last = keys[-1]
+        rows = pa.Table.from_batches([pending, batch] if pending is not None else [batch])
+        cut = int(np.argmax(_mask(pc.equal(rows.column(NAMES.key), last))))  # the last key's first row
+        _stream_unit(rows.slice(0, cut), clean_dir, spill, held)
+        pending = rows.slice(cut).combine_chunks().to_batches()[0]
+    if pending is not None:
+        _stream_unit(pa.Table.from_batches([pending]), clean_dir, spill, held)
+    if not held.n:
+        return _empty(held.unlabelled, held.examples)
+    return held.samples(spill)
+
+
+class _Held:
+    """What `_streamed` keeps on the heap: a few numbers per sample, the label names seen. The
+    arrays are made once, for as many samples as the manifest has rows (pages never written
+    are never part of the process): parts appended one by one would sit between each batch's
+    temporaries, and the heap would grow batch by batch."""
+
+    TYPES = {"label": np.int64, "image_ext": np.int8, "image_size": np.int64, "text_size": np.int64,
+             "phash": np.uint64, "has_phash": bool}
+
+    def __init__(self, rows: int) -> None:
+        self.columns = {k: np.empty(rows, dtype=t) for k, t in self.TYPES.items()}
+        self.n = 0
+        self.labels: dict[str, int] = {}
+        self.unlabelled = 0
+        self.examples: list[str] = []
+
+    def add(self, cols: dict[str, Any]) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        label = cols["label"]
+        for name in pc.unique(label).to_pylist():
+            self.labels.setdefault(name, len(self.labels))
+        ids = pc.index_in(label, value_set=pa.array(list(self.labels), pa.string())).to_numpy()
+        end = self.n + len(ids)
+        for k, column in self.columns.items():
+            column[self.n : end] = ids if k == "label" else cols[k]
+        self.n = end
+
+    def samples(self, spill) -> Samples:
+        """The `Samples`, their large columns mapped from ``spill``, class indices by sorted label."""
+        classes = sorted(self.labels)
+        rank = np.empty(len(classes), dtype=np.int64)
+        rank[[self.labels[c] for c in classes]] = np.arange(len(classes))
+        c = {k: column[: self.n] for k, column in self.columns.items()}
+        m = spill.finish()
+        return Samples(classes, m["key"], rank[c["label"]], m["meta"], m["image"], c["image_ext"], c["image_size"],
+                       m["image_mtime"], m["text"], c["text_size"], m["text_mtime"], c["phash"], c["has_phash"],
+                       m["pixels"], self.unlabelled, self.examples, spill)
+
+
+def _stream_unit(rows, clean_dir: Path, spill, held: _Held) -> None:
+    """One batch's complete groups (in key order) into ``spill`` and ``held``."""
+    import pyarrow.compute as pc
+
+    if not rows.num_rows:
+        return
+    g = _Grouped(rows.combine_chunks())
+    if g.first_bad() is not None:
+        raise _NotStreamable
+    stats = _stat_outputs(clean_dir, g.image_path, g.text_path)
+    if stats.failed is not None:
+        raise _NotStreamable
+    unlabelled = np.flatnonzero(~g.labelled)
+    held.unlabelled += len(unlabelled)
+    held.examples += g.keys.take(g.starts[unlabelled[: max(0, 3 - len(held.examples))]]).to_pylist()
+    for lo in range(0, g.samples, SAMPLE_BATCH):
+        part = slice(lo, lo + SAMPLE_BATCH)
+        cols = g.columns(stats, part)
+        if not pc.all(pc.equal(cols["key"], g.keys.take(g.starts[g.sample_groups[part]]))).as_py():
+            raise _NotStreamable  # a key made safe can change the order and collide: `_build` sees to it
+        for name in _SPILLED_STRINGS:
+            spill.strings(name, cols[name])
+        for name in _SPILLED_NUMBERS:
+            spill.numbers(name, cols[name])
+        held.add(cols)
 
 
 def _read_kept(path: Path):

@@ -42,13 +42,14 @@ from pipeline.distribute.executors import require
 from pipeline.formats import index as shard_index
 from pipeline.formats.pixels import ImagePixels
 from pipeline.shard.plan import SPLITS, Span, entry, make_plan
-from pipeline.shard.samples import IMAGE_EXT, Samples, load
+from pipeline.shard.samples import IMAGE_EXT, Samples, give_back_freed, load
 from pipeline.shard.split import split_arrays
 from pipeline.shard.write import start_shard
 from pipeline.storage import is_remote
 
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
 IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
+MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few hundred KiB of temporaries)
 
 
 @dataclass
@@ -187,10 +188,15 @@ def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray, show_progres
     px = samples.pixels
     is_image = samples.image_ext >= 0
     recorded = is_image & (px[:, 0] >= 0)
-    stats, sizes = shard_index.PixelStats(), _size_counts(px[recorded, :2])
-    train = px[recorded & ~is_val]
-    stats.add(_exact_sum(train[:, 0], train[:, 1]), [_exact_sum(train[:, 2 + c]) for c in range(3)],
-              [_exact_sum(train[:, 5 + c]) for c in range(3)])
+    stats, sizes = shard_index.PixelStats(), Counter[tuple[int, int]]()
+    for lo in range(0, len(px), MEASURE_ROWS):  # a part at a time: no copy of every image's numbers
+        part = slice(lo, lo + MEASURE_ROWS)
+        rows = px[part]
+        sizes.update(_size_counts(rows[recorded[part], :2]))  # (a size first seen in an earlier part keeps its place)
+        train = rows[recorded[part] & ~is_val[part]]
+        stats.add(_exact_sum(train[:, 0], train[:, 1]), [_exact_sum(train[:, 2 + c]) for c in range(3)],
+                  [_exact_sum(train[:, 5 + c]) for c in range(3)])
+        samples.release_pages()
     todo = np.flatnonzero(is_image & ~recorded)
     _decode_unmeasured(cfg, [samples.image[int(i)].as_py() for i in todo], is_val[todo].tolist(), show_progress, stats, sizes)
     if len(sizes) > 1 or any(w != h for w, h in sizes):
@@ -304,7 +310,7 @@ def run(cfg: ShardConfig, show_progress: bool = True, task_dirs: tuple[str, str]
 def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> dict:
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    samples, manifest_sha = load(cfg.input)
+    samples, manifest_sha = load(cfg.input, cfg.output / STATE_DIR)
     if not len(samples):
         why = f" ({samples.unlabelled} kept samples have no label)" if samples.unlabelled else ""
         raise UsageError(f"{cfg.input} has no kept, labelled samples to shard{why}")
@@ -314,6 +320,8 @@ def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> d
     t = time.perf_counter()
     res = split_arrays(samples.cls, classes, samples.phash, samples.has_phash, cfg.val_fraction, cfg.seed, cfg.split_distance)
     is_val = np.array(res.is_val, dtype=bool)
+    res.is_val = []  # (a list of every sample's side: is_val holds it)
+    give_back_freed()  # the split's tables, freed in between what stays: handed back before the next step
     timings["split_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -323,6 +331,7 @@ def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> d
 
     t = time.perf_counter()
     spans = make_plan(samples.tar_bytes(), is_val, cfg.seed, cfg.max_count, cfg.max_size)
+    give_back_freed()  # the plan's temporaries: handed back before shards are written
     entries, resumed, parts = _write_all(cfg, samples, spans, show_progress, task_dirs)
     timings["write_s"] = time.perf_counter() - t
 

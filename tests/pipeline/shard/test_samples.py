@@ -63,3 +63,39 @@ def test_unlabelled_samples_are_counted_not_checked(tmp_path):
                      row(source="x/k0y.jpg", key="k0y", kind="image", label="", output=""))
     got, _ = samples.load(clean)
     assert (len(got), got.unlabelled, got.unlabelled_examples) == (6, 2, ["k0x", "k0y"])
+
+
+def _columns(got) -> dict:
+    """Every value of a `samples.Samples`, as plain Python (whether its columns are mapped from disk or on the heap)."""
+    import numpy as np
+
+    arrow = {name: getattr(got, name).cast("large_binary" if name == "meta" else "large_string").to_pylist()
+             for name in ("key", "meta", "image", "text")}
+    numbers = {name: np.asarray(getattr(got, name)).tolist()
+               for name in ("cls", "image_ext", "image_size", "image_mtime", "text_size", "text_mtime", "phash", "has_phash", "pixels")}
+    return {**arrow, **numbers, "classes": got.classes, "unlabelled": got.unlabelled, "examples": got.unlabelled_examples}
+
+
+def test_samples_are_the_same_however_the_manifest_is_read(tmp_path, monkeypatch):
+    """A manifest read a few rows at a time (an image and its caption split between two reads),
+    and one whose rows are out of key order (read whole), give the samples of one read whole."""
+    import pyarrow.parquet as pq
+
+    from tests.clean_dirs import simple_specs
+
+    specs = simple_specs(40, classes=3, text_every=3)
+    clean = make_clean_dir(tmp_path / "clean", specs, extra_rows=[row(source="x/k0x.jpg", key="s00007x", kind="image",
+                                                                      label=None, output="data/gone.jpg")])
+    table = pq.read_table(clean / "manifest.parquet")
+    pq.write_table(table.sort_by("key"), clean / "manifest.parquet")  # in key order, as pipe clean writes it
+    first = samples.load(clean)[0]
+    whole = _columns(first)
+    assert len(whole["key"]) == 40 and whole["unlabelled"] == 1
+    assert first.spill is not None  # read a batch at a time, its large columns kept on disk
+    for batch in (3, 4, 7):  # every way a key's two rows fall on both sides of a read
+        monkeypatch.setattr(samples, "ROW_BATCH", batch)
+        got = samples.load(clean)[0]
+        assert got.spill is not None and _columns(got) == whole
+    pq.write_table(table.sort_by([("key", "descending")]), clean / "manifest.parquet")
+    got = samples.load(clean)[0]
+    assert got.spill is None and _columns(got) == whole  # out of key order: read whole, as before
