@@ -238,6 +238,7 @@ def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
 
     _interrupts.rank_pid = os.getpid()
     signal.signal(signal.SIGINT, _interrupt_once)
+    sys.unraisablehook = _interrupt_again_if_lost
     try:
         return record(_as_rank)(entry, arg)
     except KeyboardInterrupt:
@@ -275,6 +276,19 @@ def _interrupt_once(signum, frame) -> None:
         return
     _interrupts.seen = True
     raise KeyboardInterrupt
+
+
+def _interrupt_again_if_lost(unraisable: Any) -> None:
+    """Python runs a signal handler wherever the main thread is, also inside a finalizer or a
+    weakref callback (importlib's module locks have one), where the KeyboardInterrupt it raises
+    is printed as "Exception ignored" and then dropped: the rank would train on, its Ctrl-C lost.
+    Such an interrupt is delivered again, silently, a moment later (a timer's signal: raised here,
+    it would be lost in this hook the same way), to land in the code that runs then."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _interrupts.seen and os.getpid() == _interrupts.rank_pid:
+        signal.signal(signal.SIGALRM, _interrupt_once)
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _as_rank(entry: Callable[[Any], Any], arg: Any) -> Any:

@@ -131,3 +131,41 @@ def test_ctrl_c_of_a_multi_rank_train_says_interrupted_and_ends_every_rank(shard
                                             "RUN_DIR/last.pt, the last checkpoint written"), err
     assert "internal error" not in err and "Traceback" not in err and "failed" not in err, err
     assert _group_alive(p.pid) == []  # no rank left behind
+
+
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_interrupts_the_rank(capsys):
+    """Python runs the handler wherever the main thread is; inside a weakref callback its
+    KeyboardInterrupt would be printed as "Exception ignored" and dropped (seen in CI: the rank
+    trained on). It is delivered again and interrupts the code that runs next, silently."""
+    import weakref
+
+    from train.distributed import launch
+
+    class Thing:
+        pass
+
+    def callback(_):
+        os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C arrives while the callback runs
+        for _ in range(1000):  # bytecode: the handler runs here, inside the callback
+            pass
+
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGALRM)
+    saved = handlers + (sys.unraisablehook, launch._interrupts.rank_pid, launch._interrupts.seen)
+    try:
+        launch._interrupts.rank_pid, launch._interrupts.seen = os.getpid(), False
+        signal.signal(signal.SIGINT, launch._interrupt_once)
+        sys.unraisablehook = launch._interrupt_again_if_lost
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        with pytest.raises(KeyboardInterrupt):
+            del thing
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # the code after the finalizer, where the interrupt lands
+                pass
+        assert ref() is None and launch._interrupts.seen
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # once interrupted, a second Ctrl-C is ignored
+    finally:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGALRM, saved[1])
+        sys.unraisablehook, launch._interrupts.rank_pid, launch._interrupts.seen = saved[2:]
+    assert "Exception ignored" not in capsys.readouterr().err

@@ -206,7 +206,7 @@ def test_a_header_lost_in_junk_is_judged_in_moments_not_minutes(filler):
     """SOI and then 64 MB of junk (or of fill bytes): markers are searched for in C. Stepping
     through the bytes in Python took 5 minutes for 1 GB, longer than --file-timeout."""
     data = b"\xff\xd8" + filler * (64 << 20)
-    t = time.perf_counter()
+    t = time.process_time()  # CPU time: a loaded machine's waits are not the search's cost
     reason, o = verdict(data)
     assert reason == "truncated" and "ends inside the JPEG header" in o.detail
-    assert time.perf_counter() - t < 3
+    assert time.process_time() - t < 3
