@@ -148,17 +148,25 @@ def _pool_for(settings) -> _KeptPool:
 def clean_part(settings, clean_dir: str, part, candidates: list, file_timeout: float, input_dir: str = "") -> PartRun:
     """A Ray task: process one part's files as a local run would (the same `process` in the same
     one-worker pool: a decoder that crashes or hangs on a file gets the same verdict), its outputs
-    first, its results file last, both straight into CLEAN_DIR (a shared folder or object storage)."""
+    first, its results file last, both straight into CLEAN_DIR (a shared folder or object storage).
+    Small files travel to the pool BATCH_FILES to a message, as in a local run: a message per
+    file cost this process more CPU than it had to spare on a core it shares with the pool."""
+    t = time.perf_counter()
+    # the pool's worker (a fresh interpreter importing the decoders) starts first, on a part that
+    # is this worker's first, so that its imports run beside this process's own, not after them
+    pool = _pool_for(settings).start()
+    from pipeline.clean.columns import to_table  # noqa: F401 - imported now, beside the pool's start-up: write_results needs it
     from pipeline.clean.process import crashed, timed_out
+    from pipeline.clean.stage import BATCH_FILES, _small
     from pipeline.distribute.parts import write_results
     from pipeline.storage import is_remote
 
-    t = time.perf_counter()
     where = output_folder(clean_dir, "CLEAN_DIR")
     if input_dir and not is_remote(input_dir) and not Path(input_dir).is_dir():
         raise UsageError(f"INPUT {input_dir} is not visible on the Ray node {_node()}: with --executor ray a local "
                          "input must be a shared file system mounted at the same path on every node; or read it from s3://")
-    results = list(_pool_for(settings).map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out))
+    results = list(pool.map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out,
+                            batch=BATCH_FILES, batchable=_small))
     try:
         write_results(where, part, results)
     except OSError as e:
