@@ -4,6 +4,8 @@
    local with `--workers 2` against Ray with two one-CPU nodes on this machine (tests/raycluster.py:
    a real cluster, loopback only). Each pair of runs is timed back to back, as whole processes;
    Ray's throughput relative to local is local seconds / Ray seconds (the engine's overhead).
+   Per command: wall, CPU of the driver (and what it waited for) and of the cluster's processes
+   (`ClusterCPU`; the idle cluster's own daemons show in the local runs' figure), the stage's timings.
 2. driver (`--driver N [N ...]`): N synthetic rows written as part results files (Arrow IPC,
    as the tasks write them), then, in a fresh process each, what the driver does with them, with
    its own functions: hold the listing, gather (each part's decide columns), decide (exact +
@@ -18,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,12 +54,70 @@ def make_input(root: Path, n: int) -> None:
             photo(cls / f"p{i:05d}.jpg", rng.choice((320, 480, 640)), rng.choice((240, 360, 480)), seed=i)
 
 
-def timed(cmd: list, runner) -> float:
+class ClusterCPU:
+    """CPU seconds (user + system) of the cluster's processes while a command runs: every process
+    in the cluster's network namespace outside this bench's session (the drivers run in it, and are
+    counted as this process's children instead), polled every 0.2 s, so a process that ends
+    between two polls loses at most that much. Nodes, raylets, GCS, Ray workers, their pools."""
+
+    def __init__(self, cluster):
+        self.net = os.readlink(f"/proc/{cluster.ns.holder.pid}/ns/net")
+        self.session = os.getsid(0)
+        self.seen: dict[tuple[str, str], int] = {}
+        self.stop = threading.Event()
+        self._poll()
+        self.base = dict(self.seen)
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                if os.readlink(f"/proc/{pid}/ns/net") != self.net:
+                    continue
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, ValueError):
+                continue
+            if int(stat[3]) != self.session:
+                self.seen[(pid, stat[19])] = int(stat[11]) + int(stat[12])  # utime + stime, by (pid, start)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(0.2):
+            self._poll()
+
+    def seconds(self) -> float:
+        self.stop.set()
+        self.thread.join()
+        self._poll()
+        return sum(v - self.base.get(k, 0) for k, v in self.seen.items()) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Timed:
+    wall: float
+    cpu: float  # the driver and the processes it waited for (a local run's pool)
+    cluster_cpu: float
+    timings: dict
+
+
+def timed(cmd: list, cluster) -> Timed:
+    """Run ``pipe CMD --json`` to the end in the cluster's namespace: wall, CPU, the stage's timings."""
+    cpu = _children_cpu()
+    watch = ClusterCPU(cluster)
     t = time.perf_counter()
-    p = runner(cmd)
+    p = cluster.pipe(cmd)
+    wall = time.perf_counter() - t
+    cluster_cpu = watch.seconds()
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(map(str, cmd))} failed: {p.stderr[-2000:]}")
-    return time.perf_counter() - t
+    return Timed(wall, _children_cpu() - cpu, cluster_cpu, json.loads(p.stdout).get("timings", {}))
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def whole_runs(files: int, repeat: int, part_files: int) -> None:
@@ -68,19 +131,24 @@ def whole_runs(files: int, repeat: int, part_files: int) -> None:
         cluster = start_cluster()
         print(f"cluster of 2 one-CPU nodes up in {time.perf_counter() - t:.0f} s (not counted)")
         try:
-            run = cluster.pipe
             ratios = []
             for k in range(repeat):
                 out = work / f"run{k}"
-                local = timed(["clean", work / "raw", "-o", out / "lc", "--workers", "2", "--json"], run)
-                local += timed(["shard", out / "lc", "-o", out / "ls", "--json"], run)
                 ray_args = ["--executor", "ray", "--ray-address", cluster.address]
-                ray = timed(["clean", work / "raw", "-o", out / "rc", "--part-files", part_files, "--json", *ray_args], run)
-                ray += timed(["shard", out / "rc", "-o", out / "rs", "--json", *ray_args], run)
+                runs = {"local clean": timed(["clean", work / "raw", "-o", out / "lc", "--workers", "2", "--json"], cluster),
+                        "local shard": timed(["shard", out / "lc", "-o", out / "ls", "--json"], cluster),
+                        "ray clean": timed(["clean", work / "raw", "-o", out / "rc", "--part-files", part_files, "--json",
+                                            *ray_args], cluster),
+                        "ray shard": timed(["shard", out / "rc", "-o", out / "rs", "--json", *ray_args], cluster)}
+                for name, r in runs.items():
+                    print(f"  {name}: {r.wall:.1f} s, CPU {r.cpu:.1f} s driver + {r.cluster_cpu:.1f} s cluster; "
+                          f"{', '.join(f'{key} {v:.2f}' for key, v in r.timings.items())}")
+                local = runs["local clean"].wall + runs["local shard"].wall
+                ray = runs["ray clean"].wall + runs["ray shard"].wall
                 same = _same(out / "ls", out / "rs")
                 ratios.append(local / ray)
                 print(f"run {k}: local {local:.1f} s ({files / local:.0f} files/s), ray {ray:.1f} s ({files / ray:.0f} files/s), "
-                      f"ray/local throughput {local / ray:.2f}, shards identical: {same}")
+                      f"ray/local throughput {local / ray:.2f}, shards identical: {same}, load {os.getloadavg()[0]:.1f}")
                 shutil.rmtree(out)
             print(f"ray/local throughput: {', '.join(f'{r:.2f}' for r in ratios)} (target >= 0.8)")
         finally:

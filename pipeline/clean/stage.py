@@ -292,6 +292,7 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
 
 def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     timings: dict[str, float] = {}
+    _warm_up_cluster(cfg)
     t = time.perf_counter()
     journal = prepare_output(cfg)
     (cfg.output / "manifest.parquet").unlink(missing_ok=True)  # no manifest until this run is complete
@@ -334,6 +335,7 @@ def run_in_parts(cfg: CleanConfig, place, show_progress: bool) -> dict:
     from pipeline.distribute.clean import process_in_parts
 
     timings: dict[str, float] = {}
+    _warm_up_cluster(cfg)
     t = time.perf_counter()
     candidates, lab, label_notes = _candidates(cfg)
     timings["discover_s"] = time.perf_counter() - t
@@ -344,6 +346,15 @@ def run_in_parts(cfg: CleanConfig, place, show_progress: bool) -> dict:
     _attach_captions(cfg, lab, results, label_notes)
     timings["process_s"] = time.perf_counter() - t
     return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, place)
+
+
+def _warm_up_cluster(cfg: CleanConfig) -> None:
+    """--executor ray: join the cluster and ready its workers (imports, decode pools) now, while
+    this process discovers and plans, as a local run starts its pool first (`_run`)."""
+    if cfg.executor == "ray":
+        from pipeline.distribute.ray_executor import ready_for_clean, warm_up
+
+        warm_up(cfg.ray_address, ready_for_clean, _worker_settings(cfg))
 
 
 def _candidates(cfg: CleanConfig):

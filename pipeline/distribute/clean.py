@@ -1,8 +1,9 @@
 """`pipe clean --executor ray`, the driver's side: plan parts, reuse the finished ones, run the
 rest on the cluster, and hand the stage every file's result in candidate order as `Columns`, as
 a local run does. Of each part's results file the driver keeps only the columns decide needs
-(~110 B a file); the manifest reads the parts again, one at a time. Ray itself is imported only
-when some part has to run (`ray_executor`)."""
+(~110 B a file); the manifest reads the parts again, one at a time. Ray itself is imported by
+`ray_executor` only, when the stage starts (`ray_executor.warm_up`: the cluster's workers get
+ready while the driver discovers and plans)."""
 
 from __future__ import annotations
 

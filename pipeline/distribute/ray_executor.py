@@ -14,6 +14,11 @@ shard: the plan is made once on the driver; one task writes each shard with the 
 local run uses (`pipeline.shard.stage.write_shard`) and returns its index entry; the driver
 writes `index.json` last.
 
+Fixed costs: a job's workers are fresh processes (Ray's import, then ours: numpy, pyarrow, the
+decoders; 1-2 s of CPU each), and clean and shard are two jobs. `warm_up` joins the cluster
+first thing in a stage and starts them with one task per CPU, so they get ready while the driver
+lists and plans; a clean task batches small files to its pool as a local run does.
+
 Where tasks write: a local CLEAN_DIR or SHARD_DIR must be a file system every node mounts at the
 same path (a task that does not find the driver's marker there stops the run with one line,
 `output_folder`); an s3:// one is written straight from the tasks, nothing through the driver.
@@ -51,15 +56,38 @@ def connected(address: str):
     if ray.is_initialized():
         yield ray
         return
+    _join(ray, address)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _join(ray, address: str) -> None:
     try:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise UsageError(f"no Ray cluster at --ray-address {address} ({str(e).splitlines()[0][:200]}); "
                          "start one with `ray start --head` or pass its address") from None
+
+
+def warm_up(address: str, fn: Callable, *args) -> None:
+    """Join the cluster now, first thing in a stage, and hand each of its CPUs a task that readies
+    a worker process for the stage's tasks (``fn(*args)``: their imports, a clean part's decode
+    pool). A job's workers are fresh processes that import Ray and then ours (1-2 s of CPU each);
+    without this they would start only once the driver had listed, planned and submitted, and the
+    cluster would sit idle meanwhile. The session stays open for the stage (`connected` leaves a
+    session it did not open as it is) and ends with the process (Ray's own exit handler). Nothing
+    waits for these tasks: a warm-up that fails costs nothing, the real task meets the same error."""
     try:
-        yield ray
-    finally:
-        ray.shutdown()
+        import ray
+    except ImportError:
+        raise UsageError(f"--executor ray needs Ray, which is not installed: {INSTALL_RAY}") from None
+    if not ray.is_initialized():
+        _join(ray, address)
+    remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+    for _ in range(max(1, int(ray.cluster_resources().get("CPU", 1)))):
+        remote.remote(*args)
 
 
 @dataclass
@@ -145,20 +173,36 @@ def _pool_for(settings) -> _KeptPool:
     return _KEPT[1]
 
 
+def ready_for_clean(settings) -> None:
+    """A warm-up task (`warm_up`): `clean_part`'s decode pool started and its imports done."""
+    _pool_for(settings).start()
+    from pipeline.clean.columns import to_table  # noqa: F401
+    from pipeline.clean.stage import BATCH_FILES  # noqa: F401
+    from pipeline.distribute.parts import write_results  # noqa: F401
+
+
 def clean_part(settings, clean_dir: str, part, candidates: list, file_timeout: float, input_dir: str = "") -> PartRun:
     """A Ray task: process one part's files as a local run would (the same `process` in the same
     one-worker pool: a decoder that crashes or hangs on a file gets the same verdict), its outputs
-    first, its results file last, both straight into CLEAN_DIR (a shared folder or object storage)."""
+    first, its results file last, both straight into CLEAN_DIR (a shared folder or object storage).
+    Small files travel to the pool BATCH_FILES to a message, as in a local run: a message per
+    file cost this process more CPU than it had to spare on a core it shares with the pool."""
+    t = time.perf_counter()
+    # the pool's worker (a fresh interpreter importing the decoders) starts first, on a part that
+    # is this worker's first, so that its imports run beside this process's own, not after them
+    pool = _pool_for(settings).start()
+    from pipeline.clean.columns import to_table  # noqa: F401 - imported now, beside the pool's start-up: write_results needs it
     from pipeline.clean.process import crashed, timed_out
+    from pipeline.clean.stage import BATCH_FILES, _small
     from pipeline.distribute.parts import write_results
     from pipeline.storage import is_remote
 
-    t = time.perf_counter()
     where = output_folder(clean_dir, "CLEAN_DIR")
     if input_dir and not is_remote(input_dir) and not Path(input_dir).is_dir():
         raise UsageError(f"INPUT {input_dir} is not visible on the Ray node {_node()}: with --executor ray a local "
                          "input must be a shared file system mounted at the same path on every node; or read it from s3://")
-    results = list(_pool_for(settings).map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out))
+    results = list(pool.map(candidates, on_crash=crashed, timeout=file_timeout, on_timeout=timed_out,
+                            batch=BATCH_FILES, batchable=_small))
     try:
         write_results(where, part, results)
     except OSError as e:
@@ -204,6 +248,12 @@ def process_parts(address: str, settings, clean_dir: str, parts: Sequence, candi
 
 
 # ---------------------------------------------------------------- shard
+
+
+def ready_for_shard() -> None:
+    """A warm-up task (`warm_up`): `shard_task`'s imports done."""
+    from pipeline.shard.write import write_shard  # noqa: F401
+    from pipeline.storage.transfer import download  # noqa: F401
 
 
 def shard_task(plan, clean_dir: str, out_dir: str) -> tuple[Any, PartRun]:

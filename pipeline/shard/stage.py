@@ -309,6 +309,10 @@ def run(cfg: ShardConfig, show_progress: bool = True, task_dirs: tuple[str, str]
 
 def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> dict:
     timings: dict[str, float] = {}
+    if cfg.executor == "ray":  # the cluster's workers get ready (start, import) while this process loads and plans
+        from pipeline.distribute.ray_executor import ready_for_shard, warm_up
+
+        warm_up(cfg.ray_address, ready_for_shard)
     t = time.perf_counter()
     samples, manifest_sha = load(cfg.input, cfg.output / STATE_DIR)
     if not len(samples):
