@@ -88,3 +88,14 @@ def test_pipe_clean_starts_its_workers_fork_server_before_importing_the_cli(tmp_
     p = pipe_in_fresh_interpreter("clean", tmp_path / "raw", "-o", tmp_path / "clean", "--workers", "1", before=before,
                                   after="assert seen and not seen[0], seen")
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_clean_on_ray_starts_no_local_fork_server():
+    """With --executor ray the cluster's workers decode: a local fork server would only idle
+    (~0.5 s of CPU). A folder named "ray" is not the executor."""
+    from pipeline.cli.app import _asks_for_ray
+
+    assert _asks_for_ray(["clean", "raw", "-o", "out", "--executor", "ray"])
+    assert _asks_for_ray(["clean", "raw", "--executor=ray", "-o", "out"])
+    assert not _asks_for_ray(["clean", "ray", "-o", "out"])
+    assert not _asks_for_ray(["clean", "raw", "-o", "ray", "--executor", "local"])
