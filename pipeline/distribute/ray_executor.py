@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -64,6 +65,11 @@ def connected(address: str):
 
 
 def _join(ray, address: str) -> None:
+    """Join the cluster. The driver waits for every task whose outcome counts and reports its
+    failure in one line; the tasks it lets go on purpose (warm-ups, the parts still in flight when
+    a run stops on a failed one) are not for Ray to print a traceback about after that line when
+    their references are dropped (a user's own RAY_IGNORE_UNHANDLED_ERRORS is left as it is)."""
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     try:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
