@@ -50,10 +50,7 @@ def connected(address: str):
     """Join the cluster at ``address`` ("auto": the one `ray start` started on this machine, or
     RAY_ADDRESS) for the block; yield the ray module. A session the caller already had is used
     and left open. Usage errors name what to do."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError(f"--executor ray needs Ray, which is not installed: {INSTALL_RAY}") from None
+    ray = _import_ray()
     if ray.is_initialized():
         yield ray
         return
@@ -62,6 +59,15 @@ def connected(address: str):
         yield ray
     finally:
         ray.shutdown()
+
+
+def _import_ray():
+    """The ray module, or a usage error that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(f"--executor ray needs Ray, which is not installed: {INSTALL_RAY}") from None
+    return ray
 
 
 def _join(ray, address: str) -> None:
@@ -85,10 +91,7 @@ def warm_up(address: str, fn: Callable, *args) -> None:
     cluster would sit idle meanwhile. The session stays open for the stage (`connected` leaves a
     session it did not open as it is) and ends with the process (Ray's own exit handler). Nothing
     waits for these tasks: a warm-up that fails costs nothing, the real task meets the same error."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError(f"--executor ray needs Ray, which is not installed: {INSTALL_RAY}") from None
+    ray = _import_ray()
     if not ray.is_initialized():
         _join(ray, address)
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
