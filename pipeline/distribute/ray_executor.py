@@ -89,14 +89,30 @@ def warm_up(address: str, fn: Callable, *args) -> None:
     pool). A job's workers are fresh processes that import Ray and then ours (1-2 s of CPU each);
     without this they would start only once the driver had listed, planned and submitted, and the
     cluster would sit idle meanwhile. The session stays open for the stage (`connected` leaves a
-    session it did not open as it is) and ends with the process (Ray's own exit handler). Nothing
-    waits for these tasks: a warm-up that fails costs nothing, the real task meets the same error."""
+    session it did not open as it is) and the command ends it (`end_session`). Nothing waits for
+    these tasks: a warm-up that fails costs nothing, the real task meets the same error."""
+    global _WARMED
     ray = _import_ray()
     if not ray.is_initialized():
         _join(ray, address)
+        _WARMED = True
     remote = ray.remote(num_cpus=1, max_retries=0)(fn)
     for _ in range(max(1, int(ray.cluster_resources().get("CPU", 1)))):
         remote.remote(*args)
+
+
+_WARMED = False  # whether warm_up opened the session this process holds (`end_session` closes it)
+
+
+def end_session() -> None:
+    """End the session `warm_up` opened, once the command is done (a session the caller had is
+    left open). Ray's own exit handler would end it too, but only after sleeping 0.5 s for worker
+    log lines to reach the driver, and this driver takes none (``log_to_driver=False``): half a
+    second of every command, measured with `bench/scale.py`."""
+    global _WARMED
+    if _WARMED:
+        _WARMED = False
+        _import_ray().shutdown()
 
 
 @dataclass

@@ -117,6 +117,20 @@ def _same_clean(ray_out: Path, local_out: Path) -> None:
     assert ray_files == local_files
 
 
+# `python -m pipeline ARGS`, saying on stderr each sleep of half a second or more
+SAYS_LONG_SLEEPS = """
+import runpy, sys, time
+_sleep = time.sleep
+def sleep(s):
+    if s >= 0.5:
+        sys.stderr.write(f"slept {s} s\\n")
+    _sleep(s)
+time.sleep = sleep
+sys.argv = ["pipe", *sys.argv[1:]]
+runpy.run_module("pipeline", run_name="__main__")
+"""
+
+
 def _report(out: Path) -> dict:
     return json.loads((out / "report.json").read_text())
 
@@ -142,8 +156,11 @@ def test_clean_and_shard_on_ray_equal_local_and_shard_resumes(cluster, raw, loca
 
     shard_args = ["shard", tmp_path / "clean", "-o", tmp_path / "shards", "--max-count", "5", "--executor", "ray",
                   "--ray-address", cluster.address, "--json"]
-    p = cluster.pipe(shard_args)
+    p = cluster.ns.run([sys.executable, "-c", SAYS_LONG_SLEEPS, *map(str, shard_args)], env=cluster.env, cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+    # the command ends its session itself: Ray's exit handler would first sleep 0.5 s for worker logs
+    assert "slept" not in p.stderr, p.stderr
     shards = _files(tmp_path / "shards", skip=(".pipe",))
     assert len([n for n in shards if n.endswith(".tar")]) >= 3
     assert shards == _files(local / "shards", skip=(".pipe",))
