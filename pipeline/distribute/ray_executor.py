@@ -108,11 +108,14 @@ def end_session() -> None:
     """End the session `warm_up` opened, once the command is done (a session the caller had is
     left open). Ray's own exit handler would end it too, but only after sleeping 0.5 s for worker
     log lines to reach the driver, and this driver takes none (``log_to_driver=False``): half a
-    second of every command, measured with `bench/scale.py`."""
+    second of every command, measured with `bench/scale.py`. Its work is done by then: a Ctrl-C
+    or a Ray error while the session ends leaves the command's outcome as it was (Ray's exit
+    handler ends what is left)."""
     global _WARMED
     if _WARMED:
         _WARMED = False
-        _import_ray().shutdown()
+        with contextlib.suppress(Exception, KeyboardInterrupt):
+            _import_ray().shutdown()
 
 
 @dataclass
