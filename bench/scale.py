@@ -6,13 +6,17 @@
    Ray's throughput relative to local is local seconds / Ray seconds (the engine's overhead).
    Per command: wall, CPU of the driver (and what it waited for) and of the cluster's processes
    (`ClusterCPU`; the idle cluster's own daemons show in the local runs' figure), the stage's timings.
+   Two sizes by default, 2000 and 5000 files: Ray's costs beyond local are fixed ones per command
+   (the driver's import of Ray, joining, a job's fresh worker processes importing Ray and ours,
+   the session's end), so one size alone would say little; the two give each way's seconds per
+   1000 files and its fixed seconds per clean + shard.
 2. driver (`--driver N [N ...]`): N synthetic rows written as part results files (Arrow IPC,
    as the tasks write them), then, in a fresh process each, what the driver does with them, with
    its own functions: hold the listing, gather (each part's decide columns), decide (exact +
    near duplicates, label conflicts) and the manifest, timed, with the peak RSS after each step.
    Memory per file is the slope between two sizes.
 
-    .venv/bin/python bench/scale.py [--files 2000] [--repeat 2] [--quick]
+    .venv/bin/python bench/scale.py [--files 2000 5000] [--repeat 2] [--quick]
     .venv/bin/python bench/scale.py --driver 10000 50000 200000 1000000
 """
 
@@ -120,41 +124,62 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def whole_runs(files: int, repeat: int, part_files: int) -> None:
+def whole_runs(sizes: list[int], repeat: int, part_files: int) -> None:
     from tests.raycluster import start_cluster
 
     work = Path(tempfile.mkdtemp(prefix="scale-"))
     try:
-        make_input(work / "raw", files)
-        print(f"input: {files} files, {sum(p.stat().st_size for p in (work / 'raw').rglob('*') if p.is_file()) / 1e6:.0f} MB")
         t = time.perf_counter()
         cluster = start_cluster()
         print(f"cluster of 2 one-CPU nodes up in {time.perf_counter() - t:.0f} s (not counted)")
         try:
-            ratios = []
-            for k in range(repeat):
-                out = work / f"run{k}"
-                ray_args = ["--executor", "ray", "--ray-address", cluster.address]
-                runs = {"local clean": timed(["clean", work / "raw", "-o", out / "lc", "--workers", "2", "--json"], cluster),
-                        "local shard": timed(["shard", out / "lc", "-o", out / "ls", "--json"], cluster),
-                        "ray clean": timed(["clean", work / "raw", "-o", out / "rc", "--part-files", part_files, "--json",
-                                            *ray_args], cluster),
-                        "ray shard": timed(["shard", out / "rc", "-o", out / "rs", "--json", *ray_args], cluster)}
-                for name, r in runs.items():
-                    print(f"  {name}: {r.wall:.1f} s, CPU {r.cpu:.1f} s driver + {r.cluster_cpu:.1f} s cluster; "
-                          f"{', '.join(f'{key} {v:.2f}' for key, v in r.timings.items())}")
-                local = runs["local clean"].wall + runs["local shard"].wall
-                ray = runs["ray clean"].wall + runs["ray shard"].wall
-                same = _same(out / "ls", out / "rs")
-                ratios.append(local / ray)
-                print(f"run {k}: local {local:.1f} s ({files / local:.0f} files/s), ray {ray:.1f} s ({files / ray:.0f} files/s), "
-                      f"ray/local throughput {local / ray:.2f}, shards identical: {same}, load {os.getloadavg()[0]:.1f}")
-                shutil.rmtree(out)
-            print(f"ray/local throughput: {', '.join(f'{r:.2f}' for r in ratios)} (target >= 0.8)")
+            means = {n: _runs_of(work, n, repeat, part_files, cluster) for n in sizes}
         finally:
             cluster.stop()
+        _fixed_and_per_file(means)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _runs_of(work: Path, files: int, repeat: int, part_files: int, cluster) -> tuple[float, float]:
+    """``repeat`` pairs of whole runs on ``files`` generated files; the mean seconds (local, Ray)."""
+    raw = work / f"raw{files}"
+    make_input(raw, files)
+    print(f"input: {files} files, {sum(p.stat().st_size for p in raw.rglob('*') if p.is_file()) / 1e6:.0f} MB")
+    ratios, locals_, rays = [], [], []
+    for k in range(repeat):
+        out = work / f"run{k}"
+        ray_args = ["--executor", "ray", "--ray-address", cluster.address]
+        runs = {"local clean": timed(["clean", raw, "-o", out / "lc", "--workers", "2", "--json"], cluster),
+                "local shard": timed(["shard", out / "lc", "-o", out / "ls", "--json"], cluster),
+                "ray clean": timed(["clean", raw, "-o", out / "rc", "--part-files", part_files, "--json",
+                                    *ray_args], cluster),
+                "ray shard": timed(["shard", out / "rc", "-o", out / "rs", "--json", *ray_args], cluster)}
+        for name, r in runs.items():
+            print(f"  {name}: {r.wall:.1f} s, CPU {r.cpu:.1f} s driver + {r.cluster_cpu:.1f} s cluster; "
+                  f"{', '.join(f'{key} {v:.2f}' for key, v in r.timings.items())}")
+        local = runs["local clean"].wall + runs["local shard"].wall
+        ray = runs["ray clean"].wall + runs["ray shard"].wall
+        same = _same(out / "ls", out / "rs")
+        ratios.append(local / ray)
+        locals_.append(local)
+        rays.append(ray)
+        print(f"run {k}: local {local:.1f} s ({files / local:.0f} files/s), ray {ray:.1f} s ({files / ray:.0f} files/s), "
+              f"ray/local throughput {local / ray:.2f}, shards identical: {same}, load {os.getloadavg()[0]:.1f}")
+        shutil.rmtree(out)
+    print(f"{files} files: ray/local throughput: {', '.join(f'{r:.2f}' for r in ratios)} (target >= 0.8)")
+    return sum(locals_) / repeat, sum(rays) / repeat
+
+
+def _fixed_and_per_file(means: dict[int, tuple[float, float]]) -> None:
+    """What the ratios are made of, from the smallest and the largest size: each way's seconds per
+    1000 files and its fixed seconds per clean + shard pair (a straight line through the two)."""
+    if len(means) < 2:
+        return
+    (n1, (l1, r1)), (n2, (l2, r2)) = min(means.items()), max(means.items())
+    per_l, per_r = (l2 - l1) / (n2 - n1), (r2 - r1) / (n2 - n1)
+    print(f"per 1000 files: local {1000 * per_l:.1f} s, ray {1000 * per_r:.1f} s (throughput ratio {per_l / per_r:.2f}); "
+          f"fixed per clean + shard: local {l1 - per_l * n1:.1f} s, ray {r1 - per_r * n1:.1f} s")
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -306,7 +331,8 @@ def driver(sizes: list[int], part_files: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--files", type=int, nargs="+", default=[2000, 5000],
+                    help="input sizes, each measured (two or more: the fixed and per-file costs too)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--part-files", type=int, default=250)
     ap.add_argument("--quick", action="store_true", help="400 files, one pair of runs")
@@ -319,7 +345,7 @@ def main() -> None:
     elif a.driver:
         driver(a.driver, 1000)
     else:
-        whole_runs(400 if a.quick else a.files, 1 if a.quick else a.repeat, a.part_files)
+        whole_runs([400] if a.quick else a.files, 1 if a.quick else a.repeat, a.part_files)
 
 
 if __name__ == "__main__":
