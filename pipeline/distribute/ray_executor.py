@@ -17,7 +17,8 @@ writes `index.json` last.
 Fixed costs: a job's workers are fresh processes (Ray's import, then ours: numpy, pyarrow, the
 decoders; 1-2 s of CPU each), and clean and shard are two jobs. `warm_up` joins the cluster
 first thing in a stage and starts them with one task per CPU, so they get ready while the driver
-lists and plans; a clean task batches small files to its pool as a local run does.
+lists and plans; a clean task batches small files to its pool as a local run does; the command
+ends the session itself (`end_session`), without Ray's half-second wait at exit.
 
 Where tasks write: a local CLEAN_DIR or SHARD_DIR must be a file system every node mounts at the
 same path (a task that does not find the driver's marker there stops the run with one line,
