@@ -117,7 +117,8 @@ def _same_clean(ray_out: Path, local_out: Path) -> None:
     assert ray_files == local_files
 
 
-# `python -m pipeline ARGS`, saying on stderr each sleep of half a second or more
+# `python -m pipeline ARGS`, saying on stderr each sleep of half a second or more once the command
+# is done (in the interpreter's exit handlers)
 SAYS_LONG_SLEEPS = """
 import runpy, sys, time
 _sleep = time.sleep
@@ -125,9 +126,11 @@ def sleep(s):
     if s >= 0.5:
         sys.stderr.write(f"slept {s} s\\n")
     _sleep(s)
-time.sleep = sleep
 sys.argv = ["pipe", *sys.argv[1:]]
-runpy.run_module("pipeline", run_name="__main__")
+try:
+    runpy.run_module("pipeline", run_name="__main__")
+finally:
+    time.sleep = sleep
 """
 
 
