@@ -283,10 +283,28 @@ def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished
     _same_clean(out, local / "clean")
 
 
+# a driver of its own holding the CPU of the node at IP argv[2] with one task, until it is killed
+HOLD_NODE = """
+import sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+hold = ray.remote(num_cpus=1, resources={f"node:{sys.argv[2]}": 0.001})(lambda: time.sleep(3600))
+ray.get(hold.remote())
+"""
+
+
 def test_the_worker_node_killed_mid_run_the_run_completes(cluster, raw, local, tmp_path):
-    driver = cluster.driver(_clean_args(raw, tmp_path / "clean", cluster), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _wait(lambda: cluster.task_pids("clean_part", cluster.worker))
-    cluster.worker.kill()  # the last test of the module: the head alone finishes the run (and nothing after it)
+    # the head's CPU is held first, so the run's parts go to the worker node (the head, warmed up
+    # first, could otherwise finish all of this small run before the worker node takes a part)
+    holder = subprocess.Popen([*cluster.ns.prefix(), sys.executable, "-c", HOLD_NODE, cluster.address, cluster.head.ip],
+                              env=cluster.env, cwd=REPO_ROOT, start_new_session=True)
+    try:
+        _wait(lambda: cluster.task_pids("<lambda>", cluster.head))
+        driver = cluster.driver(_clean_args(raw, tmp_path / "clean", cluster), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _wait(lambda: cluster.task_pids("clean_part", cluster.worker))
+        cluster.worker.kill()  # the last test of the module: the head alone finishes the run (and nothing after it)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # its job ends, and Ray gives the head's CPU back
+        holder.wait()
     _, err = driver.communicate(timeout=300)
     assert driver.returncode == 0, err
     _same_clean(tmp_path / "clean", local / "clean")
