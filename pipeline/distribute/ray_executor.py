@@ -84,6 +84,9 @@ def _join(ray, address: str) -> None:
                          "start one with `ray start --head` or pass its address") from None
 
 
+_WARMED = False  # whether warm_up opened the session this process holds (`end_session` closes it)
+
+
 def warm_up(address: str, fn: Callable, *args) -> None:
     """Join the cluster now, first thing in a stage, and hand each of its CPUs a task that readies
     a worker process for the stage's tasks (``fn(*args)``: their imports, a clean part's decode
@@ -102,16 +105,13 @@ def warm_up(address: str, fn: Callable, *args) -> None:
         remote.remote(*args)
 
 
-_WARMED = False  # whether warm_up opened the session this process holds (`end_session` closes it)
-
-
 def end_session() -> None:
     """End the session `warm_up` opened, once the command is done (a session the caller had is
     left open). Ray's own exit handler would end it too, but only after sleeping 0.5 s for worker
     log lines to reach the driver, and this driver takes none (``log_to_driver=False``): half a
-    second of every command, measured with `bench/scale.py`. Its work is done by then: a Ctrl-C
-    or a Ray error while the session ends leaves the command's outcome as it was (Ray's exit
-    handler ends what is left)."""
+    second of every command (a trace of the driver: 0.8 s from its return to its exit). Its work
+    is done by then: a Ctrl-C or a Ray error while the session ends leaves the command's outcome
+    as it was (Ray's exit handler ends what is left)."""
     global _WARMED
     if _WARMED:
         _WARMED = False
