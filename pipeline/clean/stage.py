@@ -13,6 +13,7 @@ Three phases:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -286,13 +287,12 @@ def run(cfg: CleanConfig, show_progress: bool = True) -> dict:
         cfg = dataclasses.replace(cfg, output=cfg.output.resolve(),
                                   input=cfg.input if is_remote(cfg.input) else cfg.input.resolve())
     refuse_foreign(cfg.output)
-    with output_lock(cfg.output, "pipe clean"):
+    with output_lock(cfg.output, "pipe clean"), _cluster(cfg):
         return _run(cfg, show_progress)
 
 
 def _run(cfg: CleanConfig, show_progress: bool) -> dict:
     timings: dict[str, float] = {}
-    _warm_up_cluster(cfg)
     t = time.perf_counter()
     journal = prepare_output(cfg)
     (cfg.output / "manifest.parquet").unlink(missing_ok=True)  # no manifest until this run is complete
@@ -335,26 +335,27 @@ def run_in_parts(cfg: CleanConfig, place, show_progress: bool) -> dict:
     from pipeline.distribute.clean import process_in_parts
 
     timings: dict[str, float] = {}
-    _warm_up_cluster(cfg)
-    t = time.perf_counter()
-    candidates, lab, label_notes = _candidates(cfg)
-    timings["discover_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    results, reused, parts_report = process_in_parts(cfg, candidates, _worker_settings(cfg), place.reusable,
-                                                     show_progress, place.folder)
-    del candidates  # as in `_run`: the listing is freed before decide
-    _attach_captions(cfg, lab, results, label_notes)
-    timings["process_s"] = time.perf_counter() - t
-    return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, place)
+    with _cluster(cfg):
+        t = time.perf_counter()
+        candidates, lab, label_notes = _candidates(cfg)
+        timings["discover_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        results, reused, parts_report = process_in_parts(cfg, candidates, _worker_settings(cfg), place.reusable,
+                                                         show_progress, place.folder)
+        del candidates  # as in `_run`: the listing is freed before decide
+        _attach_captions(cfg, lab, results, label_notes)
+        timings["process_s"] = time.perf_counter() - t
+        return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, place)
 
 
-def _warm_up_cluster(cfg: CleanConfig) -> None:
-    """--executor ray: join the cluster and ready its workers (imports, decode pools) now, while
-    this process discovers and plans, as a local run starts its pool first (`_run`)."""
-    if cfg.executor == "ray":
-        from pipeline.distribute.ray_executor import ready_for_clean, warm_up
+def _cluster(cfg: CleanConfig):
+    """--executor ray: the stage's Ray session, its workers readied (imports, decode pools) while
+    this process discovers and plans, as a local run starts its pool first (`_run`); local: nothing."""
+    if cfg.executor != "ray":
+        return contextlib.nullcontext()
+    from pipeline.distribute.ray_executor import ready_for_clean, warmed_up
 
-        warm_up(cfg.ray_address, ready_for_clean, _worker_settings(cfg))
+    return warmed_up(cfg.ray_address, ready_for_clean, _worker_settings(cfg))
 
 
 def _candidates(cfg: CleanConfig):

@@ -28,15 +28,6 @@ def folder_arg(value: str | Path) -> Path:
     return text if text.startswith("s3://") else Path(text)  # type: ignore[return-value]
 
 
-def _end_cluster_session() -> None:
-    """A stage run with --executor ray holds its Ray session to the end (`ray_executor.warm_up`):
-    the command ends it, whatever the outcome. Nothing is imported when Ray was not used."""
-    if "ray" in sys.modules:
-        from pipeline.distribute.ray_executor import end_session
-
-        end_session()
-
-
 def exits_cleanly(fn):
     """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, one line each."""
 
@@ -60,7 +51,5 @@ def exits_cleanly(fn):
                 raise
             sys.stderr.write(f"pipe: internal error: {type(e).__name__}: {e} (PIPE_DEBUG=1 shows the traceback)\n")
             raise typer.Exit(1) from None
-        finally:
-            _end_cluster_session()
 
     return wrapper

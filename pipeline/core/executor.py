@@ -9,7 +9,7 @@ fuzzer-made "oom-" or "timeout-" file can hold a decoder for minutes) has its wo
 is handed to ``on_timeout``; the other items in flight are simply run again.
 
 Workers are forked from a fork server (Linux) when the caller names the modules they need
-(``preload``): the server imports them once, early (`warm_up`), and each worker then starts in
+(``preload``): the server imports them once, early (`prestart.warm_up`), and each worker then starts in
 milliseconds instead of a fresh interpreter importing numpy and the decoders (~0.3 s a worker,
 paid again by every pool a crash or a timeout replaces). Without ``preload`` (or off Linux)
 workers are spawned. Either way a worker dies with its caller: the kernel kills it when its
@@ -34,7 +34,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Generic, TypeVar
 
 # starting the fork server: a module of its own, light enough for `pipe clean` to run before anything else
-from pipeline.core.prestart import server_context, single_threaded_workers, warm_up  # noqa: F401 - warm_up: re-exported
+from pipeline.core.prestart import server_context, single_threaded_workers
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -2,7 +2,7 @@
 rest on the cluster, and hand the stage every file's result in candidate order as `Columns`, as
 a local run does. Of each part's results file the driver keeps only the columns decide needs
 (~110 B a file); the manifest reads the parts again, one at a time. Ray itself is imported by
-`ray_executor` only, when the stage starts (`ray_executor.warm_up`: the cluster's workers get
+`ray_executor` only, when the stage starts (`ray_executor.warmed_up`: the cluster's workers get
 ready while the driver discovers and plans)."""
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ local run uses (`pipeline.shard.stage.write_shard`) and returns its index entry;
 writes `index.json` last.
 
 Fixed costs: a job's workers are fresh processes (Ray's import, then ours: numpy, pyarrow, the
-decoders; 1-2 s of CPU each), and clean and shard are two jobs. `warm_up` joins the cluster
+decoders; 1-2 s of CPU each), and clean and shard are two jobs. `warmed_up` joins the cluster
 first thing in a stage and starts them with one task per CPU, so they get ready while the driver
-lists and plans; a clean task batches small files to its pool as a local run does; the command
-ends the session itself (`end_session`), without Ray's half-second wait at exit.
+lists and plans; the session ends with the stage, without Ray's half-second wait at exit. A clean
+task batches small files to its pool as a local run does.
 
 Where tasks write: a local CLEAN_DIR or SHARD_DIR must be a file system every node mounts at the
 same path (a task that does not find the driver's marker there stops the run with one line,
@@ -84,39 +84,23 @@ def _join(ray, address: str) -> None:
                          "start one with `ray start --head` or pass its address") from None
 
 
-_WARMED = False  # whether warm_up opened the session this process holds (`end_session` closes it)
+@contextlib.contextmanager
+def warmed_up(address: str, fn: Callable, *args):
+    """A session for the block (a stage's whole run, `connected`), joined first thing, with each
+    of the cluster's CPUs handed a task that readies a worker process for the stage's tasks
+    (``fn(*args)``: their imports, a clean part's decode pool). A job's workers are fresh processes
+    that import Ray and then ours (1-2 s of CPU each); without this they would start only once the
+    driver had listed, planned and submitted, and the cluster would sit idle meanwhile. Nothing
+    waits for these tasks: a warm-up that fails costs nothing, the real task meets the same error.
 
-
-def warm_up(address: str, fn: Callable, *args) -> None:
-    """Join the cluster now, first thing in a stage, and hand each of its CPUs a task that readies
-    a worker process for the stage's tasks (``fn(*args)``: their imports, a clean part's decode
-    pool). A job's workers are fresh processes that import Ray and then ours (1-2 s of CPU each);
-    without this they would start only once the driver had listed, planned and submitted, and the
-    cluster would sit idle meanwhile. The session stays open for the stage (`connected` leaves a
-    session it did not open as it is) and the command ends it (`end_session`). Nothing waits for
-    these tasks: a warm-up that fails costs nothing, the real task meets the same error."""
-    global _WARMED
-    ray = _import_ray()
-    if not ray.is_initialized():
-        _join(ray, address)
-        _WARMED = True
-    remote = ray.remote(num_cpus=1, max_retries=0)(fn)
-    for _ in range(max(1, int(ray.cluster_resources().get("CPU", 1)))):
-        remote.remote(*args)
-
-
-def end_session() -> None:
-    """End the session `warm_up` opened, once the command is done (a session the caller had is
-    left open). Ray's own exit handler would end it too, but only after sleeping 0.5 s for worker
-    log lines to reach the driver, and this driver takes none (``log_to_driver=False``): half a
-    second of every command (a trace of the driver: 0.8 s from its return to its exit). Its work
-    is done by then: a Ctrl-C or a Ray error while the session ends leaves the command's outcome
-    as it was (Ray's exit handler ends what is left)."""
-    global _WARMED
-    if _WARMED:
-        _WARMED = False
-        with contextlib.suppress(Exception, KeyboardInterrupt):
-            _import_ray().shutdown()
+    The session ends with the block, not in Ray's exit handler, which first sleeps 0.5 s for
+    worker log lines to reach the driver (this one takes none, ``log_to_driver=False``): a trace
+    of the driver showed 0.8 s from a command's return to its exit."""
+    with connected(address) as ray:
+        remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+        for _ in range(max(1, int(ray.cluster_resources().get("CPU", 1)))):
+            remote.remote(*args)
+        yield
 
 
 @dataclass
@@ -203,7 +187,7 @@ def _pool_for(settings) -> _KeptPool:
 
 
 def ready_for_clean(settings) -> None:
-    """A warm-up task (`warm_up`): `clean_part`'s decode pool started and its imports done."""
+    """A warm-up task (`warmed_up`): `clean_part`'s decode pool started and its imports done."""
     _pool_for(settings).start()
     from pipeline.clean.columns import to_table  # noqa: F401
     from pipeline.clean.stage import BATCH_FILES  # noqa: F401
@@ -280,7 +264,7 @@ def process_parts(address: str, settings, clean_dir: str, parts: Sequence, candi
 
 
 def ready_for_shard() -> None:
-    """A warm-up task (`warm_up`): `shard_task`'s imports done."""
+    """A warm-up task (`warmed_up`): `shard_task`'s imports done."""
     from pipeline.shard.write import write_shard  # noqa: F401
     from pipeline.storage.transfer import download  # noqa: F401
 

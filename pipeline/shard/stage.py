@@ -304,15 +304,22 @@ def run(cfg: ShardConfig, show_progress: bool = True, task_dirs: tuple[str, str]
     validate(cfg)
     with output_lock(cfg.output, "pipe shard"):
         claim_output(cfg)
-        return _run(cfg, show_progress, task_dirs or (str(cfg.input.resolve()), str(cfg.output.resolve())))
+        with _cluster(cfg):
+            return _run(cfg, show_progress, task_dirs or (str(cfg.input.resolve()), str(cfg.output.resolve())))
+
+
+def _cluster(cfg: ShardConfig):
+    """--executor ray: the stage's Ray session, its workers started and their imports done while
+    this process loads and plans; local: nothing."""
+    if cfg.executor != "ray":
+        return contextlib.nullcontext()
+    from pipeline.distribute.ray_executor import ready_for_shard, warmed_up
+
+    return warmed_up(cfg.ray_address, ready_for_shard)
 
 
 def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> dict:
     timings: dict[str, float] = {}
-    if cfg.executor == "ray":  # the cluster's workers get ready (start, import) while this process loads and plans
-        from pipeline.distribute.ray_executor import ready_for_shard, warm_up
-
-        warm_up(cfg.ray_address, ready_for_shard)
     t = time.perf_counter()
     samples, manifest_sha = load(cfg.input, cfg.output / STATE_DIR)
     if not len(samples):
