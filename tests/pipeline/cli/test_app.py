@@ -90,9 +90,10 @@ def test_pipe_clean_starts_its_workers_fork_server_before_importing_the_cli(tmp_
     assert p.returncode == 0, p.stderr[-2000:]
 
 
-def test_clean_on_ray_starts_no_local_fork_server():
+def test_only_executor_ray_on_the_command_line_skips_the_local_fork_server():
     """With --executor ray the cluster's workers decode: a local fork server would only idle
-    (~0.5 s of CPU). A folder named "ray" is not the executor."""
+    (~0.5 s of CPU), so `main` skips it when the command line asks for Ray. A folder named "ray"
+    is not the executor."""
     from pipeline.cli.app import _asks_for_ray
 
     assert _asks_for_ray(["clean", "raw", "-o", "out", "--executor", "ray"])
