@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from pipeline import __version__
 from pipeline.check import clean_dir
+from pipeline.check.config import CheckConfig
 from pipeline.check.policy import Policy
 from pipeline.check.policy import load as load_policy
 from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
@@ -25,22 +26,6 @@ from pipeline.core.errors import UsageError
 from pipeline.storage import is_remote
 
 F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
-
-
-@dataclass
-class CheckConfig:
-    """Settings of `pipe check`."""
-
-    dirs: list[Path]
-    """Clean dirs and/or shard dirs to check, each on its own."""
-    policy: Path | None = None
-    """TOML file of thresholds and severities (schemas/policy.schema.json); None: the defaults."""
-    deep: bool = False
-    """Decode every image (and parse every member) instead of reading headers only."""
-    input: Path | None = None
-    """The raw input folder a clean dir was made from, when it is not where report.json says."""
-    workers: int = 0
-    """Processes that read shards, (with --deep) decode a clean dir's images and sign its many texts; 0: one per core."""
 
 
 @dataclass
