@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.cores import available_cores
+from pipeline.core.settings import setting
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 GB = 1000**3  # vendors label memory in decimal GB ("a 16 GB card")
@@ -41,10 +42,10 @@ DEFAULT_PORT = 29500  # torchrun's default --master-port
 class DoctorConfig:
     """Settings of `pipe doctor` (flags of the same name; `[doctor]` in a `--config` file)."""
 
-    port: int = DEFAULT_PORT
-    """Rendezvous port the run will use (torchrun --master-port)."""
-    run_dir: Path = Path(".")
-    """Where the run will write checkpoints and logs: free space and writability are checked there."""
+    port: int = setting(DEFAULT_PORT, "Rendezvous port the run will use (torchrun --master-port).", minimum=1,
+                        maximum=65535)
+    run_dir: Path = setting(Path("."), "Where the run will write checkpoints and logs (free space and writability are "
+                                       "checked there).")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from pipeline.check.policy import Policy
 from pipeline.check.policy import load as load_policy
 from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
 from pipeline.core.errors import UsageError
+from pipeline.core.settings import check as check_settings
 from pipeline.storage import is_remote
 
 F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
@@ -97,8 +98,7 @@ def run(cfg: CheckConfig, show_progress: bool = False) -> CheckReport:
         return remote.run(cfg, show_progress)
     if not cfg.dirs:
         raise UsageError("give at least one folder to check")
-    if cfg.workers < 0:
-        raise UsageError(f"--workers must be 0 (all cores) or more, got {cfg.workers}")
+    check_settings(cfg)  # the declared ranges (check/config.py)
     if cfg.input is not None and not is_remote(cfg.input) and not cfg.input.is_dir():
         raise UsageError(f"--input {cfg.input} is not a folder")
     policy = load_policy(cfg.policy)  # a bad policy stops us before any work

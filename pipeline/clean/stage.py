@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.clean import WORKER_MODULES
-from pipeline.clean.config import CONFLICT_POLICIES, FORMATS, MAX_SIZE, RESIZE_MODES, CleanConfig
+from pipeline.clean.config import CleanConfig
 from pipeline.clean.discover import Candidate, discover
 from pipeline.clean.journal import STATE_DIR, Journal
 from pipeline.clean.process import WorkerSettings, crashed, init_worker, output_path, process, timed_out
@@ -35,6 +35,7 @@ from pipeline.core.cores import worker_count
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.executor import OrderedPool
 from pipeline.core.files import LOCK_NAME, atomic_copy, atomic_write_bytes, atomic_write_text, occupied, output_lock, read_marker, sweep_tmp
+from pipeline.core.settings import check as check_settings
 from pipeline.distribute.executors import require
 from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
@@ -79,24 +80,7 @@ def validate(cfg: CleanConfig) -> CleanConfig:
         src, dst = cfg.input.resolve(), cfg.output.resolve()
         if dst == src or src in dst.parents:
             raise UsageError(f"the output folder {cfg.output} is inside the input folder {cfg.input}; pipe never writes into its input")
-    checks = [
-        (8 <= cfg.size <= MAX_SIZE, f"--size must be between 8 and {MAX_SIZE} pixels, got {cfg.size}"),
-        (cfg.resize_mode in RESIZE_MODES, f"--resize-mode must be one of {', '.join(RESIZE_MODES)}, got {cfg.resize_mode!r}"),
-        (cfg.format in FORMATS, f"--format must be one of {', '.join(FORMATS)}, got {cfg.format!r}"),
-        (1 <= cfg.quality <= 100, f"--quality must be between 1 and 100, got {cfg.quality}"),
-        (cfg.min_size >= 1, f"--min-size must be at least 1, got {cfg.min_size}"),
-        (cfg.max_pixels >= 1, f"--max-pixels must be positive, got {cfg.max_pixels}"),
-        (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
-        (cfg.label_conflicts in CONFLICT_POLICIES,
-         f"--label-conflicts must be one of {', '.join(CONFLICT_POLICIES)}, got {cfg.label_conflicts!r}"),
-        (0 <= cfg.near_image_distance <= 12, f"--near-image-distance must be between 0 and 12 bits, got {cfg.near_image_distance}"),
-        (cfg.file_timeout >= 0, f"--file-timeout must be 0 (no limit) or more seconds, got {cfg.file_timeout}"),
-        (0.5 <= cfg.near_text_jaccard <= 1, f"--near-text-jaccard must be between 0.5 and 1, got {cfg.near_text_jaccard}"),
-        (cfg.part_files >= 1, f"--part-files must be at least 1, got {cfg.part_files}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UsageError(message)
+    check_settings(cfg)  # the declared ranges and choices (clean/config.py)
     require(cfg.executor)
     parse_colour(cfg.background)
     cfg.max_text_bytes = parse_byte_size(cfg.max_text_bytes, "--max-text-bytes")

@@ -139,15 +139,20 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 COMMANDS = ("clean", "shard", "check", "report", "train", "labels", "doctor")
 
 
-def _register(target: typer.Typer, names=COMMANDS) -> typer.Typer:
-    from pipeline.cli import check, clean, doctor, report, shard
-    from train import command as train_command
-    from train import labels_command
+def functions(names=COMMANDS) -> dict:
+    """Each command's function (its typer signature made from its declared settings), by name;
+    only the modules of ``names`` are imported."""
+    import importlib
 
-    functions = {"clean": clean.clean, "shard": shard.shard, "check": check.check, "report": report.report,
-                 "train": train_command.train, "labels": labels_command.labels, "doctor": doctor.doctor}
-    for name in names:
-        target.command(name)(functions[name])
+    modules = {"clean": "pipeline.cli.clean", "shard": "pipeline.cli.shard", "check": "pipeline.cli.check",
+               "report": "pipeline.cli.report", "train": "train.command", "labels": "train.labels_command",
+               "doctor": "pipeline.cli.doctor"}
+    return {name: getattr(importlib.import_module(modules[name]), name) for name in names}
+
+
+def _register(target: typer.Typer, names=COMMANDS) -> typer.Typer:
+    for name, fn in functions(names).items():
+        target.command(name)(fn)
     return target
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from pipeline import __version__
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker
+from pipeline.core.settings import check as check_settings
 from pipeline.core.ui import progress
 from pipeline.distribute.executors import require
 from pipeline.formats import index as shard_index
@@ -52,19 +53,7 @@ MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few
 
 
 def validate(cfg: ShardConfig) -> None:
-    checks = [
-        (0 <= cfg.val_fraction < 1, f"--val-fraction must be at least 0 and below 1, got {cfg.val_fraction}"),
-        (cfg.max_count >= 1, f"--max-count must be at least 1, got {cfg.max_count}"),
-        (cfg.max_size >= 4096, f"--max-size must be at least 4096 bytes, got {cfg.max_size}"),
-        (0 <= cfg.split_distance <= 32, f"--split-distance must be between 0 and 32 bits, got {cfg.split_distance}"),
-        (cfg.expected_ranks >= 1, f"--expected-ranks must be at least 1, got {cfg.expected_ranks}"),
-        (cfg.expected_workers >= 0, f"--expected-workers must be 0 or more, got {cfg.expected_workers}"),
-        (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
-        (cfg.seed >= 0, f"--seed must be 0 or more, got {cfg.seed}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UsageError(message)
+    check_settings(cfg)  # the declared ranges and choices (shard/config.py)
     require(cfg.executor)
     if not cfg.input.is_dir():
         raise UsageError(f"CLEAN_DIR not found: {cfg.input}")
