@@ -11,7 +11,6 @@ This module imports no torch: the command line builds and checks a config withou
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -184,6 +183,8 @@ class TrainConfig(LaunchConfig):
 
     def fingerprint(self) -> str:
         """Hash of the settings every rank must share; the preflight compares it across ranks."""
+        import hashlib  # here, not at the top: `pipe --help` imports this module for TrainConfig
+
         shared = {k: v for k, v in self.as_dict().items() if k not in self.LOCAL_SETTINGS}
         return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -12,14 +12,12 @@ torch-free, and a machine without torch still gets a report (that says so).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import errno
 import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import warnings
 from dataclasses import dataclass, field
@@ -171,6 +169,8 @@ def _gpu_facts(torch, f: Facts) -> None:
 
 def driver_cuda_version() -> str | None:
     """The newest CUDA the driver supports, asked of libcuda itself (works without nvidia-smi)."""
+    import ctypes  # here, not at the top: `pipe --help` imports this module for DoctorConfig
+
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", "libcuda.dylib"):
         try:
             lib = ctypes.CDLL(name)
@@ -228,6 +228,8 @@ def shm_size(path: str = "/dev/shm") -> tuple[int | None, int | None]:
 
 def port_free(port: int) -> tuple[bool | None, str | None]:
     """Can a rendezvous store listen on ``port``? (SO_REUSEADDR like torch's TCPStore, so TIME_WAIT is no problem.)"""
+    import socket  # here, not at the top: `pipe --help` imports this module for DoctorConfig
+
     for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         try:
             s = socket.socket(family, socket.SOCK_STREAM)

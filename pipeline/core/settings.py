@@ -29,7 +29,7 @@ from pipeline.core.errors import UsageError
 MISSING: Any = dataclasses.MISSING
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: that would cost every command ~1 ms more to import (17 fields, made by exec)
 class Setting:
     """What a Config field is to the command line, the TOML file and the checks (see `setting`)."""
 
@@ -79,7 +79,7 @@ def setting(default: Any = MISSING, help: str = "", **declared: Any) -> Any:
     return dataclasses.field(default=default, metadata={"setting": Setting(help, **declared)})
 
 
-@dataclass(frozen=True)
+@dataclass
 class Declared:
     """A declared field of a Config: its name, resolved type, default (MISSING: none) and `Setting`."""
 
