@@ -44,7 +44,7 @@ def command(config: type, table: str | None, flags: type | None = None, panels: 
         every.sort(key=lambda d: (d.setting.panel is not None, order.get(d.setting.panel or "", len(order))))
         ctx = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
         fn.__signature__ = inspect.Signature([ctx, *map(parameter, every)])  # type: ignore[attr-defined]
-        fn.config, fn.table = config, table  # type: ignore[attr-defined]
+        fn.config, fn.flags, fn.table = config, flags, table  # type: ignore[attr-defined]
         return fn
 
     return decorate
