@@ -9,110 +9,28 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
+from pipeline.cli import options
 from pipeline.cli.common import exits_cleanly
-
-DATA = "Data"
-LAUNCH = "Launch"
-OPTIM = "Optimization"
-MODEL = "Model and fine-tuning"
-RUN = "Checkpoints and monitoring"
+from train.config import PANELS, TrainConfig
 
 
+@options.command(TrainConfig, "train", panels=PANELS)
 @exits_cleanly
-def train(
-    ctx: typer.Context,
-    shard_dir: Annotated[str, typer.Argument(
-        help="SHARD_DIR written by pipe shard: a folder or s3://bucket/prefix.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="RUN_DIR to write (checkpoints, metrics.jsonl, tb/).", show_default=False)],
-    # -- schedule and batch -------------------------------------------------------------------
-    epochs: Annotated[int, typer.Option(help="Passes over the train split.", rich_help_panel=OPTIM)] = 3,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many optimizer steps in total.", rich_help_panel=OPTIM)] = None,
-    batch_size: Annotated[int | None, typer.Option(
-        help="Samples per rank per forward pass (default 16 unless derived).", rich_help_panel=OPTIM)] = None,
-    global_batch: Annotated[int | None, typer.Option(
-        help="Samples per optimizer step over all ranks (= batch x ranks x accum).", rich_help_panel=OPTIM)] = None,
-    accum: Annotated[int | None, typer.Option(
-        help="Micro-batches per optimizer step. Give any two of the three batch flags.", rich_help_panel=OPTIM)] = None,
-    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate (warmup, then cosine decay).", rich_help_panel=OPTIM)] = 1e-3,
-    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay (not on biases and norms).", rich_help_panel=OPTIM)] = 0.05,
-    warmup: Annotated[float, typer.Option(
-        help="Warmup: below 1 a fraction of all steps, else a step count.", rich_help_panel=OPTIM)] = 0.05,
-    precision: Annotated[str, typer.Option(help="auto, bf16, fp16 (with a grad scaler) or fp32.", rich_help_panel=OPTIM)] = "auto",
-    grad_checkpoint: Annotated[bool, typer.Option(
-        "--grad-checkpoint", help="Recompute activations in backward: less memory.", rich_help_panel=OPTIM)] = False,
-    strategy: Annotated[str, typer.Option(
-        help="ddp (a model copy per rank) or fsdp (parameters and optimizer state sharded per block).",
-        rich_help_panel=OPTIM)] = "ddp",
-    auto_micro_batch: Annotated[bool, typer.Option(
-        "--auto-micro-batch", help="On GPU out-of-memory, halve --batch-size and double --accum (global batch kept).",
-        rich_help_panel=OPTIM)] = False,
-    # -- model ------------------------------------------------------------------------------------
-    model: Annotated[str, typer.Option(
-        help="image, text, image-text, torchvision:NAME, timm:NAME, hf:PATH (a local Hugging Face folder), or package.module:factory.",
-        rich_help_panel=MODEL)] = "image",
-    width: Annotated[int, typer.Option(help="Channels of the built-in models' first stage.", rich_help_panel=MODEL)] = 32,
-    resolution: Annotated[int, typer.Option(
-        help="Side the built-in image model works at (larger inputs are resized down).", rich_help_panel=MODEL)] = 64,
-    init_from: Annotated[Path | None, typer.Option(
-        help="Start from a pipe train checkpoint, a state dict (.pt/.pth), a .safetensors file or a Hugging Face folder.",
-        rich_help_panel=MODEL)] = None,
-    freeze: Annotated[float, typer.Option(
-        help="Fraction of blocks, from the input, frozen at start (0.7 = first 70%).", rich_help_panel=MODEL)] = 0.0,
-    unfreeze_at: Annotated[str | None, typer.Option(
-        help="EPOCH[:FRACTION]: from this epoch (counted from 1) only FRACTION stays frozen.", rich_help_panel=MODEL)] = None,
-    sync_bn: Annotated[bool, typer.Option(
-        "--sync-bn", help="SyncBatchNorm across GPU ranks: for BatchNorm models trained from scratch.", rich_help_panel=MODEL)] = False,
-    # -- data ---------------------------------------------------------------------------------------
-    workers: Annotated[int, typer.Option(help="Dataloader workers per rank (0 = in the training process).", rich_help_panel=DATA)] = 2,
-    seed: Annotated[int, typer.Option(help="Seed of the initialisation, the shard order and the shuffle.", rich_help_panel=DATA)] = 0,
-    shuffle_buffer: Annotated[int, typer.Option(help="Samples each worker shuffles at a time.", rich_help_panel=DATA)] = 512,
-    max_text_len: Annotated[int, typer.Option(
-        help="Bytes of text the built-in models see per sample; tokens for hf: text models.", rich_help_panel=DATA)] = 256,
-    data_only: Annotated[bool, typer.Option(
-        "--data-only", help="Run only the data pipeline and print samples/s per rank.", rich_help_panel=DATA)] = False,
-    record_keys: Annotated[bool, typer.Option(
-        "--record-keys", help="Write RUN_DIR/keys/epoch{E}-rank{R}.txt (--data-only).", rich_help_panel=DATA)] = False,
-    verify: Annotated[bool, typer.Option(
-        "--verify", help="Check every shard's sha256 against index.json before training.", rich_help_panel=DATA)] = False,
-    cache_dir: Annotated[Path | None, typer.Option(
-        help="Keep whole shards read from SHARD_DIR here (shared by this machine's ranks).", rich_help_panel=DATA)] = None,
-    cache_max_gb: Annotated[float | None, typer.Option(
-        help="Size cap of --cache-dir in GB; least recently used shards go first.", rich_help_panel=DATA)] = None,
-    # -- checkpoints and monitoring -------------------------------------------------------------------
-    checkpoint_every: Annotated[int, typer.Option(
-        help="Write last.pt every N optimizer steps (0 = at epoch ends only).", rich_help_panel=RUN)] = 200,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from RUN_DIR/last.pt.", rich_help_panel=RUN)] = False,
-    log_every: Annotated[int, typer.Option(help="Optimizer steps between metric lines and drift checks.", rich_help_panel=RUN)] = 10,
-    # -- launch -------------------------------------------------------------------------------------
-    nproc_per_node: Annotated[int, typer.Option(help="Local ranks to start (torch's elastic launcher).", rich_help_panel=LAUNCH)] = 1,
-    nnodes: Annotated[int, typer.Option(help="Machines taking part.", rich_help_panel=LAUNCH)] = 1,
-    node_rank: Annotated[int, typer.Option(help="This machine's number, 0..nnodes-1.", rich_help_panel=LAUNCH)] = 0,
-    master_addr: Annotated[str, typer.Option(help="Address of node 0.", rich_help_panel=LAUNCH)] = "127.0.0.1",
-    master_port: Annotated[int, typer.Option(help="Rendezvous port on node 0 (0 = a free one, single node).", rich_help_panel=LAUNCH)] = 0,
-    backend: Annotated[str, typer.Option(help="auto (nccl with CUDA, else gloo), nccl or gloo.", rich_help_panel=LAUNCH)] = "auto",
-    max_restarts: Annotated[int, typer.Option(
-        help="Restarts of failed ranks by the elastic agent; they resume from last.pt.", rich_help_panel=LAUNCH)] = 0,
-    rdzv_timeout: Annotated[int, typer.Option(help="Seconds to wait for every node to join.", rich_help_panel=LAUNCH)] = 900,
-    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[train] table sets any of these flags.")] = None,
-) -> None:
+def train(ctx: typer.Context, **given: Any) -> None:
     """Fine-tune a model on SHARD_DIR with DDP (torchrun, or --nproc-per-node local ranks).
 
     Checkpoints (last.pt, best.pt), metrics.jsonl and TensorBoard logs (tb/) go to RUN_DIR;
     --resume continues from last.pt. --data-only runs just the streaming data pipeline under the
     same launcher and prints samples/s per rank; --record-keys writes the keys each rank consumed.
     """
-    from pipeline.core.config import explicit_params, load_section, resolve
-    from train.config import TrainConfig
-
-    values = {k: v for k, v in locals().items() if k not in ("ctx", "config")}
     from train.distributed.launch import launch, quiet_cpp_logs
 
     quiet_cpp_logs()  # before check() or the entry's module loads torch
-    cfg = check(resolve(TrainConfig, values, explicit_params(ctx), load_section(config, "train")))
+    cfg = check(options.read(ctx, TrainConfig, "train", given))
 
     if cfg.data_only:
         from train import data_only as data_only_entry  # the module, not the --data-only flag of the same name

@@ -12,20 +12,19 @@ torch-free, and a machine without torch still gets a report (that says so).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import errno
 import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.cores import available_cores
+from pipeline.core.settings import setting
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 GB = 1000**3  # vendors label memory in decimal GB ("a 16 GB card")
@@ -41,10 +40,10 @@ DEFAULT_PORT = 29500  # torchrun's default --master-port
 class DoctorConfig:
     """Settings of `pipe doctor` (flags of the same name; `[doctor]` in a `--config` file)."""
 
-    port: int = DEFAULT_PORT
-    """Rendezvous port the run will use (torchrun --master-port)."""
-    run_dir: Path = Path(".")
-    """Where the run will write checkpoints and logs: free space and writability are checked there."""
+    port: int = setting(DEFAULT_PORT, "Rendezvous port the run will use (torchrun --master-port).", minimum=1,
+                        maximum=65535)
+    run_dir: Path = setting(Path("."), "Where the run will write checkpoints and logs (free space and writability are "
+                                       "checked there).")
 
 
 @dataclass
@@ -170,6 +169,8 @@ def _gpu_facts(torch, f: Facts) -> None:
 
 def driver_cuda_version() -> str | None:
     """The newest CUDA the driver supports, asked of libcuda itself (works without nvidia-smi)."""
+    import ctypes  # here, not at the top: `pipe --help` imports this module for DoctorConfig
+
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", "libcuda.dylib"):
         try:
             lib = ctypes.CDLL(name)
@@ -227,6 +228,8 @@ def shm_size(path: str = "/dev/shm") -> tuple[int | None, int | None]:
 
 def port_free(port: int) -> tuple[bool | None, str | None]:
     """Can a rendezvous store listen on ``port``? (SO_REUSEADDR like torch's TCPStore, so TIME_WAIT is no problem.)"""
+    import socket  # here, not at the top: `pipe --help` imports this module for DoctorConfig
+
     for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         try:
             s = socket.socket(family, socket.SOCK_STREAM)

@@ -3,20 +3,29 @@ the analysis is `train/labels.py` (no torch either)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
+from pipeline.cli import options
 from pipeline.cli.common import exits_cleanly
+from pipeline.core.settings import setting
 
 
+@dataclass
+class LabelsConfig:
+    """Settings of `pipe labels` (flags of the same name; `[labels]` in a `--config` file)."""
+
+    run_dir: Path = setting(help="RUN_DIR written by pipe train.", argument=True, required=True, toml=False)
+    shards: Path | None = setting(None, "The run's SHARD_DIR, if it moved (default: from RUN_DIR/config.json).",
+                                  flags=("--shards",))
+
+
+@options.command(LabelsConfig, "labels")
 @exits_cleanly
-def labels(
-    run_dir: Annotated[Path, typer.Argument(help="RUN_DIR written by pipe train.", show_default=False)],
-    shards: Annotated[Path | None, typer.Option(
-        "--shards", help="The run's SHARD_DIR, if it moved (default: from RUN_DIR/config.json).")] = None,
-) -> None:
+def labels(ctx: typer.Context, **given: Any) -> None:
     """Rank the samples whose labels are probably wrong (writes RUN_DIR/label_issues.parquet).
 
     Train samples by their area under the margin over the epochs pipe train recorded, val samples
@@ -25,5 +34,6 @@ def labels(
     """
     from train import labels as analysis
 
-    findings = analysis.run(run_dir, shards)
-    analysis.print_findings(findings, run_dir)
+    cfg = options.read(ctx, LabelsConfig, "labels", given)
+    findings = analysis.run(cfg.run_dir, cfg.shards)
+    analysis.print_findings(findings, cfg.run_dir)

@@ -18,29 +18,15 @@ from typing import TypeVar
 
 from pipeline import __version__
 from pipeline.check import clean_dir
+from pipeline.check.config import CheckConfig
 from pipeline.check.policy import Policy
 from pipeline.check.policy import load as load_policy
 from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
 from pipeline.core.errors import UsageError
+from pipeline.core.settings import check as check_settings
 from pipeline.storage import is_remote
 
 F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
-
-
-@dataclass
-class CheckConfig:
-    """Settings of `pipe check`."""
-
-    dirs: list[Path]
-    """Clean dirs and/or shard dirs to check, each on its own."""
-    policy: Path | None = None
-    """TOML file of thresholds and severities (schemas/policy.schema.json); None: the defaults."""
-    deep: bool = False
-    """Decode every image (and parse every member) instead of reading headers only."""
-    input: Path | None = None
-    """The raw input folder a clean dir was made from, when it is not where report.json says."""
-    workers: int = 0
-    """Processes that read shards, (with --deep) decode a clean dir's images and sign its many texts; 0: one per core."""
 
 
 @dataclass
@@ -112,8 +98,7 @@ def run(cfg: CheckConfig, show_progress: bool = False) -> CheckReport:
         return remote.run(cfg, show_progress)
     if not cfg.dirs:
         raise UsageError("give at least one folder to check")
-    if cfg.workers < 0:
-        raise UsageError(f"--workers must be 0 (all cores) or more, got {cfg.workers}")
+    check_settings(cfg)  # the declared ranges (check/config.py)
     if cfg.input is not None and not is_remote(cfg.input) and not cfg.input.is_dir():
         raise UsageError(f"--input {cfg.input} is not a folder")
     policy = load_policy(cfg.policy)  # a bad policy stops us before any work

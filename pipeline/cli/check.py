@@ -2,30 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
-from pipeline.cli.common import exits_cleanly, folder_arg
+from pipeline.check.config import CheckConfig
+from pipeline.cli import options
+from pipeline.cli.common import exits_cleanly
+from pipeline.core.settings import setting
 
 
+@dataclass
+class CheckFlags:
+    """What `pipe check` reads that is no setting of the checks (not a `[check]` key)."""
+
+    json: bool = setting(False, "Print the report as JSON (schemas/check_report.schema.json) instead of a table.",
+                         flags=("--json",), toml=False)
+    junit: Path | None = setting(None, "Also write the report as JUnit XML to this file, one test case per check.",
+                                 toml=False)
+    html: Path | None = setting(None, "Also write the pipe report page of these folders, with the verdicts on top.",
+                                toml=False)
+
+
+@options.command(CheckConfig, "check", CheckFlags)
 @exits_cleanly
-def check(
-    ctx: typer.Context,
-    dirs: Annotated[list[str], typer.Argument(help="Clean dirs (manifest.parquet) and/or shard dirs (index.json), local or "
-                                                   "s3://bucket/prefix.", show_default=False)],
-    policy: Annotated[Path | None, typer.Option(help="TOML file of thresholds and severities (schemas/policy.schema.json).")] = None,
-    deep: Annotated[bool, typer.Option("--deep", help="Decode every image in every output and shard, not only headers.")] = False,
-    json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schemas/check_report.schema.json) "
-                                                      "instead of a table.")] = False,
-    junit: Annotated[Path | None, typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
-    html: Annotated[Path | None, typer.Option(help="Also write the pipe report page of these folders, with the verdicts on top.")] = None,
-    input: Annotated[str | None, typer.Option(help="Raw input folder (or s3://bucket/prefix) of a clean dir, when not where "
-                                                   "its report.json says.")] = None,
-    workers: Annotated[int, typer.Option(help="Processes reading shards and, with --deep, decoding images (0 = one per core).")] = 0,
-    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[check] table sets any of these flags.")] = None,
-) -> None:
+def check(ctx: typer.Context, **given: Any) -> None:
     """Hold clean or shard dirs to a quality policy: the CI data-quality gate.
 
     Exit 0 when every check passed (warnings allowed), 1 when a check whose severity is error
@@ -33,11 +36,9 @@ def check(
     """
     from pipeline.check import stage
     from pipeline.core import ui
-    from pipeline.core.config import explicit_params, load_section, resolve
 
-    values = {"dirs": [folder_arg(d) for d in dirs], "policy": policy, "deep": deep,
-              "input": None if input is None else folder_arg(input), "workers": workers}
-    cfg = resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check"))
+    json, junit, html = given["json"], given["junit"], given["html"]
+    cfg = options.read(ctx, CheckConfig, "check", given)
     local = [Path(d) for d in [*cfg.dirs, cfg.input] if d is not None and not str(d).startswith("s3://")]  # no local file on S3
     if junit is not None:
         _refuse_junit_inside(junit, local)

@@ -122,45 +122,52 @@ def _new_app() -> typer.Typer:
     )
 
 
-app = _new_app()
-
-
 def _version(value: bool) -> None:
     if value:
         print(f"pipe {__version__}")
         raise typer.Exit()
 
 
-@app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version.")):
     """From a messy folder of images and text to a fine-tuned model: clean -> shard -> check -> train."""
 
 
 COMMANDS = ("clean", "shard", "check", "report", "train", "labels", "doctor")
+MODULES = {"clean": "pipeline.cli.clean", "shard": "pipeline.cli.shard", "check": "pipeline.cli.check",
+           "report": "pipeline.cli.report", "train": "train.command", "labels": "train.labels_command",
+           "doctor": "pipeline.cli.doctor"}
 
 
-def _register(target: typer.Typer, names=COMMANDS) -> typer.Typer:
-    from pipeline.cli import check, clean, doctor, report, shard
-    from train import command as train_command
-    from train import labels_command
+def functions(names=COMMANDS) -> dict:
+    """Each command's function (its typer signature made from its declared settings), by name;
+    only the modules of ``names`` are imported."""
+    import importlib
 
-    functions = {"clean": clean.clean, "shard": shard.shard, "check": check.check, "report": report.report,
-                 "train": train_command.train, "labels": labels_command.labels, "doctor": doctor.doctor}
-    for name in names:
-        target.command(name)(functions[name])
-    return target
+    return {name: getattr(importlib.import_module(MODULES[name]), name) for name in names}
 
 
-_register(app)
+def _app(names=COMMANDS) -> typer.Typer:
+    made = _new_app()
+    made.callback()(_root)
+    for name, fn in functions(names).items():
+        made.command(name)(fn)
+    return made
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """``app``, the whole command line, made when first asked for (tests, tools, `pipe --help`):
+    a command run through `app_for` imports its own module and Config only."""
+    if name == "app":
+        globals()["app"] = made = _app()
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def app_for(argv: list[str]) -> typer.Typer:
     """The app that runs ``argv``: for a command, one that holds that command alone. typer
     builds the parameters of every command an app holds on each call (~50 ms for the seven),
-    and `pipe clean` needs only its own on the way to its first file. Help, --version and
-    anything unknown get the whole app."""
+    and `pipe clean` needs only its own on the way to its first file (nor the other commands'
+    modules and Configs imported). Help, --version and anything unknown get the whole app."""
     if not argv or argv[0] not in COMMANDS:
-        return app
-    one = _new_app()
-    one.callback()(_root)
-    return _register(one, (argv[0],))
+        return globals().get("app") or __getattr__("app")
+    return _app((argv[0],))

@@ -2,39 +2,42 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Any
 
 import typer
 
+from pipeline.cli import options
 from pipeline.cli.common import exits_cleanly
+from pipeline.core.settings import setting
+from train.doctor import DoctorConfig
 
 
+@dataclass
+class DoctorFlags:
+    """What `pipe doctor` reads that is no setting of the checks (not a `[doctor]` key)."""
+
+    json: bool = setting(False, "Print facts and verdicts as JSON (schemas/doctor_report.schema.json).", flags=("--json",),
+                         toml=False)
+
+
+@options.command(DoctorConfig, "doctor", DoctorFlags)
 @exits_cleanly
-def doctor(
-    ctx: typer.Context,
-    port: Annotated[int, typer.Option(help="Rendezvous port the run will use (torchrun --master-port).")] = 29500,
-    run_dir: Annotated[Path, typer.Option(help="Where the run will write checkpoints and logs (free space, writable).")] = Path("."),
-    json: Annotated[bool, typer.Option("--json", help="Print facts and verdicts as JSON (schemas/doctor_report.schema.json).")] = False,
-    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[doctor] table sets --port and --run-dir.")] = None,
-) -> None:
+def doctor(ctx: typer.Context, **given: Any) -> None:
     """Check this machine before a long run: versions that must fit together, GPUs and their links,
     backends, shared memory, CPUs, the rendezvous port, disk space.
 
     One line per finding with a verdict (ok / warn / fail) and what to do. Exit 1 when anything
     fails, else 0.
     """
-    from pipeline.core import ui
-    from pipeline.core.config import explicit_params, load_section, resolve
-    from pipeline.core.errors import UsageError
+    from pipeline.core import settings, ui
     from train import doctor as dr
 
-    cfg = resolve(dr.DoctorConfig, {"port": port, "run_dir": run_dir}, explicit_params(ctx), load_section(config, "doctor"))
-    if not 1 <= cfg.port <= 65535:
-        raise UsageError(f"--port must be between 1 and 65535, got {cfg.port}")
+    cfg = options.read(ctx, DoctorConfig, "doctor", given)
+    settings.check(cfg)  # --port's range
     facts = dr.gather(cfg.port, cfg.run_dir)
     lines = dr.diagnose(facts)
-    if json:
+    if given["json"]:
         ui.print_json(dr.to_dict(facts, lines))
     else:
         _table(lines)

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
+from pipeline.cli import options
 from pipeline.cli.common import exits_cleanly
+from pipeline.report.config import ReportConfig
 
 
+@options.command(ReportConfig, "report")
 @exits_cleanly
-def report(
-    ctx: typer.Context,
-    dirs: Annotated[list[Path], typer.Argument(help="Clean dirs (manifest.parquet), shard dirs (index.json) and/or run dirs "
-                                                    "(metrics.jsonl).", show_default=False)],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("report.html"),
-    thumbnails: Annotated[bool, typer.Option("--thumbnails/--no-thumbnails", help="Put image previews and text snippets in the "
-                                             "page (off: for data that must not be copied).")] = True,
-    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[report] table sets any of these flags.")] = None,
-) -> None:
+def report(ctx: typer.Context, **given: Any) -> None:
     """Write one self-contained HTML page about clean, shard and run folders.
 
     No script, nothing fetched: it opens offline in any browser. Shows what was quarantined and
@@ -27,11 +21,9 @@ def report(
     run's loss, learning rate, data-wait share and drift alarms.
     """
     from pipeline.core import ui
-    from pipeline.core.config import explicit_params, load_section, resolve
     from pipeline.report import stage
 
-    values = {"dirs": list(dirs), "output": output, "thumbnails": thumbnails}
-    cfg = resolve(stage.ReportConfig, values, explicit_params(ctx), load_section(config, "report"))
+    cfg = options.read(ctx, ReportConfig, "report", given)
     size = stage.run(cfg)
     ui.out_console.print(f"wrote {cfg.output} ({size / 2**20:.2f} MiB)", highlight=False, markup=False)
     if size > stage.MAX_PAGE_BYTES:

@@ -3,37 +3,27 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Any
 
 import typer
 
-from pipeline.cli.common import exits_cleanly, folder_arg
+from pipeline.cli import options
+from pipeline.cli.common import exits_cleanly
+from pipeline.core.settings import setting
+from pipeline.shard.config import ShardConfig
 
 
+@dataclass
+class ShardFlags:
+    """What `pipe shard` reads that is no setting of the stage (not a `[shard]` key)."""
+
+    json: bool = setting(False, "Print the summary as JSON instead of a table.", flags=("--json",), toml=False)
+
+
+@options.command(ShardConfig, "shard", ShardFlags)
 @exits_cleanly
-def shard(
-    ctx: typer.Context,
-    input: Annotated[str, typer.Argument(help="CLEAN_DIR written by pipe clean, or s3://bucket/prefix (never modified).",
-                                         show_default=False)],
-    output: Annotated[str, typer.Option("--output", "-o", help="SHARD_DIR to write, or s3://bucket/prefix.", show_default=False)],
-    val_fraction: Annotated[float, typer.Option(help="Share of each class for validation.")] = 0.1,
-    max_count: Annotated[int, typer.Option(help="Most samples per shard.")] = 1000,
-    max_size: Annotated[int, typer.Option(help="Most bytes per shard (tar headers and padding counted).")] = 1 << 30,
-    seed: Annotated[int, typer.Option(help="Seed of the split and the shuffle.")] = 0,
-    split_distance: Annotated[int, typer.Option(help="Images within this many perceptual-hash bits stay on one side of the split.")] = 6,
-    expected_ranks: Annotated[int, typer.Option(help="Ranks you expect to train with (sizes the 'too few shards' warning).")] = 8,
-    expected_workers: Annotated[int, typer.Option(help="Dataloader workers per rank you expect to train with.")] = 4,
-    workers: Annotated[int, typer.Option(help="Processes that decode images to measure them (0 = one per core).")] = 0,
-    overwrite: Annotated[bool, typer.Option(help="Replace a SHARD_DIR pipe shard made from other input or settings.")] = False,
-    executor: Annotated[str, typer.Option(help="local (shards written here) or ray (one Ray task per shard; "
-                                               "pip install 'pipe-ml[ray]'). With ray, a local CLEAN_DIR and SHARD_DIR "
-                                               "must be on a file system every node mounts at the same path; "
-                                               "s3:// ones are read and written by the nodes themselves.")] = "local",
-    ray_address: Annotated[str, typer.Option(help="The Ray cluster for --executor ray: auto or HOST:PORT.")] = "auto",
-    config: Annotated[Path | None, typer.Option(help="TOML file whose \\[shard] table sets any of these flags.")] = None,
-    json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
-) -> None:
+def shard(ctx: typer.Context, **given: Any) -> None:
     """Write CLEAN_DIR's kept samples as deterministic webdataset shards plus index.json.
 
     Samples are split per class into train/val (near duplicates on one side), shuffled with
@@ -42,12 +32,10 @@ def shard(
     SHARD_DIR, shards an interrupted run finished are kept.
     """
     from pipeline.core import ui
-    from pipeline.core.config import explicit_params, load_section, resolve
     from pipeline.shard import stage
 
-    values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
-    values["input"], values["output"] = folder_arg(input), folder_arg(output)
-    cfg = resolve(stage.ShardConfig, values, explicit_params(ctx), load_section(config, "shard"))
+    json = given["json"]
+    cfg = options.read(ctx, ShardConfig, "shard", given)
     summary = stage.run(cfg, show_progress=not json)
     if json:
         ui.print_json(summary)

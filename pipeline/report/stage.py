@@ -6,29 +6,17 @@ dir index.json), plus run dirs (metrics.jsonl from `pipe train`). The page is wr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import files
 from pipeline.core.errors import UsageError
+from pipeline.report.config import ReportConfig
 
 if TYPE_CHECKING:  # the facts modules import pyarrow: only when a report is made
     from pipeline.report.render import Facts
 
 MAX_PAGE_BYTES = 5 * 2**20  # the target; a bigger page is still written, with a warning
-
-
-@dataclass
-class ReportConfig:
-    """Settings of `pipe report`."""
-
-    dirs: list[Path]
-    """Clean, shard and run dirs, in the order the page shows them."""
-    output: Path = Path("report.html")
-    """The HTML file to write."""
-    thumbnails: bool = True
-    """Previews of images (and snippets of texts) in the page; off for data that must not be copied."""
 
 
 def detect(path: Path) -> str:

@@ -22,13 +22,11 @@ Same CLEAN_DIR, same settings -> byte-identical shards and index.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import re
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +35,12 @@ import numpy as np
 from pipeline import __version__
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker
+from pipeline.core.settings import check as check_settings
 from pipeline.core.ui import progress
 from pipeline.distribute.executors import require
 from pipeline.formats import index as shard_index
 from pipeline.formats.pixels import ImagePixels
+from pipeline.shard.config import ShardConfig
 from pipeline.shard.plan import SPLITS, Span, entry, make_plan
 from pipeline.shard.samples import IMAGE_EXT, Samples, give_back_freed, load
 from pipeline.shard.split import split_arrays
@@ -52,65 +52,8 @@ IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs mo
 MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few hundred KiB of temporaries)
 
 
-@dataclass
-class ShardConfig:
-    """Settings of `pipe shard` (flags of the same name; `[shard]` in a `--config` file)."""
-
-    input: Path
-    """CLEAN_DIR written by `pipe clean` (its manifest.parquet is read; nothing there is modified)."""
-    output: Path
-    """SHARD_DIR: {train,val}-NNNNNN.tar and index.json."""
-    val_fraction: float = 0.1
-    """Share of each class that goes to validation (at least one sample of every class with two or more)."""
-    max_count: int = 1000
-    """Most samples in one shard."""
-    max_size: int = 1 << 30
-    """Most bytes in one shard, tar headers and padding counted; only a single larger sample exceeds it."""
-    seed: int = 0
-    """Seed of the split and of the shuffle before sharding."""
-    split_distance: int = 6
-    """Images whose perceptual hashes differ in at most this many of 64 bits stay on one side of the split."""
-    expected_ranks: int = 8
-    """Ranks you expect to train with; with expected_workers, sizes the 'too few shards' warning."""
-    expected_workers: int = 4
-    """Dataloader workers per rank you expect to train with."""
-    workers: int = 0
-    """Processes that decode images to measure them; 0 = one per core."""
-    overwrite: bool = False
-    """Replace a SHARD_DIR pipe shard wrote from other input or settings instead of refusing."""
-    executor: str = "local"
-    """Where shards are written: local (this process) or ray (one Ray task per shard, the plan made here)."""
-    ray_address: str = "auto"
-    """The Ray cluster to join with --executor ray: auto (the one started on this machine, or RAY_ADDRESS) or HOST:PORT."""
-
-    # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
-    OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")
-
-    def marker(self) -> dict:
-        """What `.pipe/state.json` says about a SHARD_DIR this run writes."""
-        return {"schema_version": 1, "tool": "pipe shard", "version": __version__, "input": str(self.input.resolve()),
-                "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}}
-
-    def as_dict(self) -> dict:
-        return {f.name: (str(v) if isinstance(v, Path) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
-
-
-
 def validate(cfg: ShardConfig) -> None:
-    checks = [
-        (0 <= cfg.val_fraction < 1, f"--val-fraction must be at least 0 and below 1, got {cfg.val_fraction}"),
-        (cfg.max_count >= 1, f"--max-count must be at least 1, got {cfg.max_count}"),
-        (cfg.max_size >= 4096, f"--max-size must be at least 4096 bytes, got {cfg.max_size}"),
-        (0 <= cfg.split_distance <= 32, f"--split-distance must be between 0 and 32 bits, got {cfg.split_distance}"),
-        (cfg.expected_ranks >= 1, f"--expected-ranks must be at least 1, got {cfg.expected_ranks}"),
-        (cfg.expected_workers >= 0, f"--expected-workers must be 0 or more, got {cfg.expected_workers}"),
-        (cfg.workers >= 0, f"--workers must be 0 (all cores) or more, got {cfg.workers}"),
-        (cfg.seed >= 0, f"--seed must be 0 or more, got {cfg.seed}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UsageError(message)
+    check_settings(cfg)  # the declared ranges and choices (shard/config.py)
     require(cfg.executor)
     if not cfg.input.is_dir():
         raise UsageError(f"CLEAN_DIR not found: {cfg.input}")

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from pipeline.core import settings
 from pipeline.core.errors import StageFailed, UsageError
 from train.config import LaunchConfig
 
@@ -44,15 +45,10 @@ def world_size(config: LaunchConfig) -> int:
 
 
 def validate(config: LaunchConfig) -> None:
+    settings.check(config)  # the declared ranges and choices (LaunchConfig's fields)
     checks = [
-        (config.nproc_per_node >= 1, f"--nproc-per-node must be at least 1, got {config.nproc_per_node}"),
-        (config.nnodes >= 1, f"--nnodes must be at least 1, got {config.nnodes}"),
-        (0 <= config.node_rank < config.nnodes, f"--node-rank {config.node_rank} must be between 0 and --nnodes - 1"),
-        (0 <= config.master_port < 65536, f"--master-port must be a port number, got {config.master_port}"),
+        (config.node_rank < config.nnodes, f"--node-rank {config.node_rank} must be between 0 and --nnodes - 1"),
         (config.nnodes == 1 or config.master_port > 0, "with --nnodes above 1, give --master-port (and --master-addr) of node 0"),
-        (config.backend in ("auto", "gloo", "nccl"), f"--backend must be auto, gloo or nccl, got {config.backend!r}"),
-        (config.max_restarts >= 0, f"--max-restarts must be 0 or more, got {config.max_restarts}"),
-        (config.rdzv_timeout >= 1, f"--rdzv-timeout must be at least 1 second, got {config.rdzv_timeout}"),
     ]
     for ok, message in checks:
         if not ok:

@@ -1,0 +1,86 @@
+"""The settings of `pipe clean`: `CleanConfig`, each declared once (`pipeline.core.settings`):
+its flag, its `[clean]` key in a `--config` file, its schema and its range or choices."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.settings import setting
+from pipeline.distribute.executors import EXECUTORS
+
+RESIZE_MODES = ("pad", "crop", "stretch")
+FORMATS = ("jpg", "png", "webp")
+CONFLICT_POLICIES = ("quarantine", "majority", "first")
+# Largest output side: 8192x8192 RGB is 192 MiB a picture in each worker (and its resize
+# buffers); beyond that one output would exhaust a worker's memory and be blamed on the file
+MAX_SIZE = 8192
+# A byte count in a TOML file: a number, or what pipeline.core.config.parse_byte_size reads
+BYTE_COUNT = {"oneOf": [{"type": "integer", "minimum": 1},
+                        {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([bB]|[kKmMgG]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*$"}]}
+
+
+@dataclass
+class CleanConfig:
+    """Settings of `pipe clean` (flags of the same name; `[clean]` in a `--config` file)."""
+
+    input: Path = setting(help="The raw dataset folder, or s3://bucket/prefix (never modified).",
+                          argument=True, required=True, remote=True, toml=False)
+    output: Path = setting(help="CLEAN_DIR to write (cleaned files, quarantine/, manifest.parquet, report.json), or "
+                                "s3://bucket/prefix.", flags=("--output", "-o"), required=True, remote=True, toml=False)
+    size: int = setting(512, "Side of the square output images, in pixels.", minimum=8, maximum=MAX_SIZE, unit="pixels")
+    resize_mode: str = setting("pad", "pad (letterbox on the background colour), crop (centre) or stretch.",
+                               choices=RESIZE_MODES)
+    format: str = setting("jpg", "Output image format: jpg, png or webp.", choices=FORMATS)
+    quality: int = setting(90, "JPEG/WebP quality, 1-100.", minimum=1, maximum=100)
+    min_size: int = setting(32, "Quarantine images whose short side is below this (px) as too_small, never blown up.",
+                            minimum=1)
+    max_pixels: int = setting(178_956_970, "Decompression-bomb limit in pixels, from the header, before decoding.", minimum=1)
+    background: str = setting(
+        "white", "Colour under transparency and padding: white, black, grey or #rrggbb. Artwork it would erase "
+                 "(white on transparency under white) goes on the contrasting colour instead.")
+    max_text_bytes: int | str = setting(
+        "16MiB", "Quarantine text files larger than this as too_large, from their size before reading: bytes, or a "
+                 "size such as 16MiB or 200MB (kB/MB/GB: powers of 1000; KiB/MiB/GiB: of 1024). 16 MiB is five long "
+                 "novels; above that a .txt is a log or a dump, and judging it takes a few times its size in memory "
+                 "per worker.", schema=BYTE_COUNT)
+    labels: Path | None = setting(None, "labels.csv|jsonl with path,label[,text] instead of class folders.")
+    label_conflicts: str = setting("quarantine", "Same content, different labels: quarantine (all copies), majority "
+                                                 "or first.", choices=CONFLICT_POLICIES)
+    near_dedup: bool = setting(True, "Find near duplicates too (perceptual hash + pixels for images, MinHash + Jaccard "
+                                     "for texts).")
+    near_image_distance: int = setting(8, "Perceptual-hash bits two images may differ in to be compared on pixels "
+                                          "(0-12; above 8 is slower).", minimum=0, maximum=12, unit="bits")
+    near_text_jaccard: float = setting(0.8, "Shingle Jaccard similarity from which two texts are near duplicates "
+                                            "(0.5-1).", minimum=0.5, maximum=1)
+    workers: int = setting(0, "Worker processes (0 = one per core).", minimum=0)
+    file_timeout: float = setting(120.0, "Seconds one file may take before its worker is stopped and the file is "
+                                         "quarantined as timeout (0 = no limit).", minimum=0, unit="seconds")
+    overwrite: bool = setting(False, "Replace a CLEAN_DIR that pipe clean made from other input or settings (its "
+                                     ".pipe/state.json says so); a folder pipe clean did not write is refused regardless.")
+    executor: str = setting(
+        "local", "local (a process pool here) or ray (a Ray cluster, in parts; pip install 'pipe-ml[ray]'). With ray, a "
+                 "local INPUT and CLEAN_DIR must be on a file system every node mounts at the same path; s3:// ones "
+                 "are read and written by the nodes themselves.", choices=EXECUTORS)
+    ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
+                                       "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
+    part_files: int = setting(1000, "Files per part with --executor ray: a part is one Ray task, and what a killed run "
+                                    "redoes at most.", minimum=1)
+
+    # settings that change what a worker writes for a file; a resumed run must match them
+    OUTPUT_SETTINGS = ("size", "resize_mode", "format", "quality", "min_size", "max_pixels", "background",
+                       "max_text_bytes")
+
+    def fingerprint(self) -> dict:
+        return {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}
+
+    def text_limit(self) -> int:
+        """--max-text-bytes in bytes: `validate` parsed a size such as 16MiB into its number."""
+        if not isinstance(self.max_text_bytes, int):
+            raise AssertionError(f"--max-text-bytes {self.max_text_bytes!r} was not parsed by validate()")
+        return self.max_text_bytes
+
+    def as_dict(self) -> dict:
+        return {f.name: (str(v) if isinstance(v, Path) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}

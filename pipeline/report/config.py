@@ -1,0 +1,21 @@
+"""The settings of `pipe report`: `ReportConfig`, each declared once (`pipeline.core.settings`):
+its flag, its `[report]` key in a `--config` file and its schema."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.settings import setting
+
+
+@dataclass
+class ReportConfig:
+    """Settings of `pipe report` (flags of the same name; `[report]` in a `--config` file)."""
+
+    dirs: list[Path] = setting(help="Clean dirs (manifest.parquet), shard dirs (index.json) and/or run dirs "
+                                    "(metrics.jsonl), in the order the page shows them.",
+                               argument=True, required=True, toml=False)
+    output: Path = setting(Path("report.html"), "The HTML file to write.", flags=("-o", "--output"))
+    thumbnails: bool = setting(True, "Put image previews and text snippets in the page (off: for data that must not be "
+                                     "copied).", flags=("--thumbnails/--no-thumbnails",))

@@ -1,0 +1,56 @@
+"""The settings of `pipe shard`: `ShardConfig`, each declared once (`pipeline.core.settings`):
+its flag, its `[shard]` key in a `--config` file, its schema and its range or choices."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.core.settings import setting
+from pipeline.distribute.executors import EXECUTORS
+
+
+@dataclass
+class ShardConfig:
+    """Settings of `pipe shard` (flags of the same name; `[shard]` in a `--config` file)."""
+
+    input: Path = setting(help="CLEAN_DIR written by pipe clean, or s3://bucket/prefix (its manifest.parquet is read; "
+                               "never modified).", argument=True, required=True, remote=True, toml=False)
+    output: Path = setting(help="SHARD_DIR to write ({train,val}-NNNNNN.tar and index.json), or s3://bucket/prefix.",
+                           flags=("--output", "-o"), required=True, remote=True, toml=False)
+    val_fraction: float = setting(0.1, "Share of each class for validation (at least one sample of every class with "
+                                       "two or more).", minimum=0, below=1)
+    max_count: int = setting(1000, "Most samples per shard.", minimum=1)
+    max_size: int = setting(1 << 30, "Most bytes per shard, tar headers and padding counted; only a single larger "
+                                     "sample exceeds it.", minimum=4096, unit="bytes")
+    seed: int = setting(0, "Seed of the split and of the shuffle before sharding.", minimum=0)
+    split_distance: int = setting(
+        6, "Images within this many perceptual-hash bits (of 64) stay on one side of the split. Its cost grows with "
+           "the square of the image count over 2^(64/(d+1)): about 1 s per 100k images at 6, 10 s at 8.",
+        minimum=0, maximum=32, unit="bits")
+    expected_ranks: int = setting(8, "Ranks you expect to train with (sizes the 'too few shards' warning).", minimum=1)
+    expected_workers: int = setting(4, "Dataloader workers per rank you expect to train with (for the same warning).",
+                                    minimum=0)
+    workers: int = setting(0, "Processes that decode images to measure them (0 = one per core).", minimum=0)
+    overwrite: bool = setting(False, "Replace a SHARD_DIR that pipe shard made from other input or settings (its "
+                                     ".pipe/state.json says so); a folder pipe shard did not write is refused regardless.")
+    executor: str = setting(
+        "local", "local (shards written here) or ray (one Ray task per shard, the plan made here; pip install "
+                 "'pipe-ml[ray]'). With ray, a local CLEAN_DIR and SHARD_DIR must be on a file system every node "
+                 "mounts at the same path; s3:// ones are read and written by the nodes themselves.", choices=EXECUTORS)
+    ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
+                                       "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
+
+    # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
+    OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")
+
+    def marker(self) -> dict:
+        """What `.pipe/state.json` says about a SHARD_DIR this run writes."""
+        return {"schema_version": 1, "tool": "pipe shard", "version": __version__, "input": str(self.input.resolve()),
+                "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}}
+
+    def as_dict(self) -> dict:
+        return {f.name: (str(v) if isinstance(v, Path) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
