@@ -323,13 +323,12 @@ def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
     name = "keys_unique"
     if d.rows is None:
         return skip(name, "no readable manifest")
-    import re
+    from pipeline.formats.sample import is_safe_key
 
-    safe = re.compile(r"^[A-Za-z0-9_-]+$")
     by_kind = Counter((r.get(NAMES.key), r.get(NAMES.kind)) for r in d.kept())
     offenders = [f"key {k!r} is used by {n} kept {kind} files" for (k, kind), n in sorted(by_kind.items(), key=str) if n > 1]
     offenders += [f"key {r.get(NAMES.key)!r} ({r.get(NAMES.source)}) is not webdataset-safe"
-                  for r in d.kept() if not safe.match(str(r.get(NAMES.key)))]
+                  for r in d.kept() if not is_safe_key(str(r.get(NAMES.key)))]
     return verdict(name, offenders, len(by_kind), "sample keys clash",
                    f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
 

@@ -356,22 +356,29 @@ def _text_similarity(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, in
     confirms its near-duplicate texts), or None when either cannot be read back."""
     from pipeline.similarity.minhash import jaccard, shingles
 
-    ta, tb = _members(d.root / a[0], a[1], a[2]).get("txt"), _members(d.root / b[0], b[1], b[2]).get("txt")
+    ta, tb = _text(_members(d.root / a[0], a[1], a[2])), _text(_members(d.root / b[0], b[1], b[2]))
     try:
         return None if ta is None or tb is None else jaccard(shingles(ta.decode("utf-8")), shingles(tb.decode("utf-8")))
     except UnicodeDecodeError:
         return None
 
 
+def _text(fields: dict[str, bytes]) -> bytes | None:
+    """A sample's text, as `tarscan` took it (the first member of a text type)."""
+    from pipeline.formats.sample import TEXT_LIKE
+
+    return next((data for ext, data in fields.items() if ext in TEXT_LIKE), None)
+
+
 def _view(path: Path, start: int, end: int):
     """The perceptual view of the image of the sample at bytes ``start..end`` of a shard, or None."""
     import io
 
-    from pipeline.formats.sample import IMAGE_EXTS
+    from pipeline.formats.sample import IMAGE_LIKE
     from pipeline.similarity.perceptual import load_view
 
     fields = _members(path, start, end)
-    image = next((fields[e] for e in IMAGE_EXTS if e in fields), None)
+    image = next((data for ext, data in fields.items() if ext in IMAGE_LIKE), None)  # as `tarscan` took it
     try:
         size = json.loads(fields["json"]).get("image", {}) if "json" in fields else {}
     except (ValueError, AttributeError, RecursionError):
@@ -380,17 +387,26 @@ def _view(path: Path, start: int, end: int):
 
 
 def _members(path: Path, start: int, end: int) -> dict[str, bytes]:
-    """The members of the sample at bytes ``start..end`` of a shard by extension ({} if unreadable)."""
+    """The members of the sample at bytes ``start..end`` of a shard by extension, lower-cased as
+    `tarscan` reads them ({} if unreadable; a member without key.ext is left out)."""
     from pipeline.formats import tarstream
+    from pipeline.formats.sample import split_name
 
     try:
         with open(path, "rb") as f:
             f.seek(start)
             buf = f.read(end - start)
-        return {name.rsplit("/", 1)[-1].partition(".")[2]: buf[at + tarstream.BLOCK : at + tarstream.BLOCK + size]
-                for name, at, size in tarstream.members(buf)}
+        heads = tarstream.members(buf)
     except (OSError, ValueError):
         return {}
+    out = {}
+    for name, at, size in heads:
+        try:
+            ext = split_name(name)[1].lower()
+        except ValueError:
+            continue
+        out[ext] = buf[at + tarstream.BLOCK : at + tarstream.BLOCK + size]
+    return out
 
 
 def _pool(d: ShardDir, split: str) -> dict[str, list]:
