@@ -338,8 +338,10 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     With ``world_size`` known (the launcher knows it before any process starts) the batch
     arithmetic is checked too, so a global batch that does not divide fails before launch.
     """
-    index = Path(cfg.shard_dir) / "index.json"
-    if not str(cfg.shard_dir).startswith("s3://") and not index.is_file():  # on S3: read (and judged) by train.command.check
+    from pipeline.formats import index as shard_index
+
+    # on S3 the index is read (and judged) by train.command.check
+    if not str(cfg.shard_dir).startswith("s3://") and not shard_index.exists(cfg.shard_dir):
         raise UsageError(f"{cfg.shard_dir} has no index.json: run `pipe shard` first (it writes index.json last)")
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():

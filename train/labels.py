@@ -373,12 +373,11 @@ def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a folder (a RUN_DIR written by pipe train)")
     shards = shard_dir_of(run_dir, shard_dir)
-    try:  # read as the training loop reads it: the classes and the shards' offsets are all we need
-        index = json.loads((shards / "index.json").read_bytes())
-    except OSError:
-        raise UsageError(f"{shards} has no readable index.json (the run's SHARD_DIR moved?): pass --shards") from None
-    except ValueError as e:
-        raise UsageError(f"{shards}/index.json is not valid JSON ({e})") from None
+    from pipeline.formats import index as shard_index
+
+    if not shard_index.exists(shards):
+        raise UsageError(f"{shards} has no readable index.json (the run's SHARD_DIR moved?): pass --shards")
+    index = shard_index.load(shards)  # as the training loop reads it: the classes and the shards' offsets
     findings = analyse(load_train(run_dir), load_val(run_dir), list(index["classes"]))
     found = sources(shards, index, {r["key"] for r in findings.rows})
     for r in findings.rows:

@@ -22,6 +22,7 @@ from pipeline.check.policy import Policy
 from pipeline.check.policy import load as load_policy
 from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
 from pipeline.core.errors import UsageError
+from pipeline.formats import index as shard_index
 from pipeline.storage import is_remote
 
 F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
@@ -94,7 +95,7 @@ def detect(path: Path) -> str:
         raise UsageError(f"folder not found: {path}")
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder (pipe check takes a clean dir or a shard dir)")
-    if (path / "index.json").is_file():
+    if shard_index.exists(path):
         return "shard"
     if clean_dir.is_clean_dir(path):
         return "clean"

@@ -3,11 +3,11 @@ previews per class read from the start of the train shards (bounded: a few thous
 
 from __future__ import annotations
 
-import json
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.formats import index as shard_index
 from pipeline.formats.sample import CLASS_EXT, IMAGE_LIKE, split_name
 from pipeline.report import thumbs
 from pipeline.report.clean import Item
@@ -32,10 +32,9 @@ class ShardFacts:
 
 def gather(root: Path, previews: bool = True) -> ShardFacts:
     f = ShardFacts(root)
-    try:
-        index = json.loads((root / "index.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        f.problems.append(f"index.json is not readable JSON: {e}")
+    index, unreadable = shard_index.parse(root)
+    if unreadable is not None:
+        f.problems.append(f"index.json is not readable JSON: {unreadable}")
         return f
     if not isinstance(index, dict):
         f.problems.append("index.json is not a JSON object")
