@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import UsageError
+from train.models import families
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 STRATEGIES = ("ddp", "fsdp")
-BUILTIN_MODELS = ("image", "text", "image-text")
 
 
 @dataclass
@@ -304,15 +304,6 @@ def check_epoch_fits(steps: int, plan: BatchPlan) -> None:
                          f"step needs (--accum {plan.accum}); lower --global-batch or --accum")
 
 
-def _check_hf_folder(path: str) -> None:
-    """--model hf:PATH names a local folder with a config, weights and a tokenizer or image processor."""
-    from train.models.hf_files import folder_problem
-
-    problem = folder_problem(path)
-    if problem:
-        raise UsageError(problem)
-
-
 def parse_unfreeze_at(value: str | None) -> tuple[int, float] | None:
     """``"2"`` -> (2, 0.0); ``"3:0.3"`` -> (3, 0.3): from epoch 3 on, the first 30% stay frozen."""
     if value is None or str(value).strip() == "":
@@ -356,9 +347,6 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         (cfg.grad_clip >= 0, f"grad_clip must be 0 or more, got {cfg.grad_clip}"),
         (cfg.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}"),
         (cfg.strategy in STRATEGIES, f"--strategy must be one of {', '.join(STRATEGIES)}, got {cfg.strategy!r}"),
-        (cfg.model in BUILTIN_MODELS or ":" in cfg.model,
-         f"--model must be one of {', '.join(BUILTIN_MODELS)}, torchvision:NAME, timm:NAME, hf:PATH or "
-         f"package.module:factory, got {cfg.model!r}"),
         (cfg.width >= 4, f"width must be at least 4, got {cfg.width}"),
         (cfg.resolution >= 8, f"resolution must be at least 8, got {cfg.resolution}"),
         (0.0 <= cfg.freeze <= 1.0, f"--freeze must be a fraction in [0, 1], got {cfg.freeze}"),
@@ -373,8 +361,7 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-    if cfg.model.startswith("hf:"):
-        _check_hf_folder(cfg.model[3:])
+    families.resolve(cfg.model)  # a family it names; whether it can be built: train.command (families.check)
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
         if not Path(cfg.init_from).is_dir():
             raise UsageError(f"--init-from {cfg.init_from}: no such file")
