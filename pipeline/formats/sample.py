@@ -156,6 +156,10 @@ def split_name(name: str) -> tuple[str, str]:
     ``a``, ``b.c``). ValueError for a name webdataset puts in no sample: no dot in the basename,
     or nothing before it (``.jpg``; webdataset's expression then lets the key reach back over a
     folder without dots: ``a/.jpg`` is key ``a/``, and so it is here)."""
+    if "/" not in name:  # every name pipe shard writes: the expression's answer, without running it
+        dot = name.find(".")
+        if dot > 0:
+            return name[:dot], name[dot + 1 :]
     match = _NAME.match(name)
     if match is None:
         why = "no extension" if "." not in name.rpartition("/")[2] else "no key before its extension"
