@@ -63,8 +63,7 @@ def check(cfg):
 
         choose_backend("nccl", torch.cuda.is_available())  # without CUDA: a usage error here, not in every rank
     if not cfg.data_only:
-        _check_modalities(cfg, index)
-        _check_vision_model(cfg)
+        _check_model(cfg, index)
     plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world)
     cfg = dataclasses.replace(cfg, batch_size=plan.batch_size, accum=plan.accum, global_batch=plan.global_batch)
     counts = [s["count"] for s in index["shards"] if s["split"] == "train"]
@@ -119,46 +118,41 @@ def verify_shards(shard_dir: str, index: dict) -> None:
         source.close()
 
 
-def _check_modalities(cfg, index: dict) -> None:
-    """A built-in model whose input the train split lacks entirely would train on zeros (a missing
-    image is the mean colour, a missing text an empty one: fine for some samples, by design, but a
-    whole missing modality makes that encoder dead weight and a text model a constant): refused.
-    A --model package.module:factory declares its inputs only once built; it is not checked here.
-    An hf: folder says by its files: a tokenizer (texts) or an image processor (images)."""
+def _check_model(cfg, index: dict) -> None:
+    """The model's family says whether it can be built (a torchvision:/timm: name the package knows, an
+    hf: folder with a config, weights and a tokenizer or image processor: nothing built, nothing
+    downloaded) and which inputs it reads; --sync-bn has GPUs to run on: found before any rank starts."""
     from pipeline.core.errors import UsageError
+    from train.models import families
 
-    needs = {"image": ("image",), "text": ("text",), "image-text": ("image", "text")}.get(cfg.model, ())
-    if cfg.model.startswith("hf:"):  # a folder with a tokenizer reads texts, one with an image processor images
-        from train.models.hf_files import has_tokenizer
-
-        needs = ("text",) if has_tokenizer(cfg.model[3:]) else ("image",)
-    train = index["counts"]["train"]
-    have = {"image": train["images"] if index.get("image_size") is not None else 0, "text": train["texts"]}
-    for field in needs:
-        if have[field]:
-            continue
-        other = "text" if field == "image" else "image"
-        hint = f": use --model {other}" if have[other] and not cfg.model.startswith("hf:") else ""
-        member = "a .txt" if field == "text" else "an image"
-        raise UsageError(f"--model {cfg.model} needs {field}s, but {cfg.shard_dir} has none "
-                         f"(0 of {train['samples']} train samples have {member}){hint}")
-
-
-def _check_vision_model(cfg) -> None:
-    """torchvision:/timm: models: the package is there and builds the name (no weights, nothing
-    downloaded), and --sync-bn has GPUs to run on: found before any rank starts."""
-    from pipeline.core.errors import UsageError
-
+    families.check(cfg.model)  # a wrong name, folder or a missing package: one line, exit 2
     if cfg.sync_bn:
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError("--sync-bn needs CUDA ranks: torch's SyncBatchNorm runs on GPUs only (on CPU each rank's "
                              "BatchNorm normalises with its own batch; leave --sync-bn out)")
-    if cfg.model.startswith(("torchvision:", "timm:")):
-        from train.models.vision import check_spec
+    _check_modalities(cfg, index, families.inputs(cfg.model) or (), families.resolve(cfg.model).family is families.BUILTIN)
 
-        check_spec(cfg.model)  # a wrong name or a missing package: one line, exit 2
+
+def _check_modalities(cfg, index: dict, needs: tuple[str, ...], builtin: bool) -> None:
+    """A model whose input the train split lacks entirely would train on zeros (a missing image is
+    the mean colour, a missing text an empty one: fine for some samples, by design, but a whole
+    missing modality makes that encoder dead weight and a text model a constant): refused. A model
+    whose family knows its inputs only once it is built (--model package.module:factory) is not
+    checked here; an hf: folder says by its files: a tokenizer (texts) or an image processor (images)."""
+    from pipeline.core.errors import UsageError
+
+    train = index["counts"]["train"]
+    have = {"image": train["images"] if index.get("image_size") is not None else 0, "text": train["texts"]}
+    for field in needs:
+        if have[field]:
+            continue
+        other = "text" if field == "image" else "image"
+        hint = f": use --model {other}" if have[other] and builtin else ""
+        member = "a .txt" if field == "text" else "an image"
+        raise UsageError(f"--model {cfg.model} needs {field}s, but {cfg.shard_dir} has none "
+                         f"(0 of {train['samples']} train samples have {member}){hint}")
 
 
 def _check_run_dir(cfg) -> None:

@@ -19,11 +19,11 @@ from pathlib import Path
 from pipeline.core import settings
 from pipeline.core.errors import UsageError
 from pipeline.core.settings import setting
+from train.models import families
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 STRATEGIES = ("ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
-BUILTIN_MODELS = ("image", "text", "image-text")
 
 # the panels of `pipe train --help`, in their order
 OPTIM = "Optimization"
@@ -106,10 +106,7 @@ class TrainConfig(LaunchConfig):
                                      flags=("--auto-micro-batch",), panel=OPTIM)
 
     # -- model and fine-tuning -----------------------------------------------------------------
-    model: str = setting("image", "image, text, image-text, torchvision:NAME, timm:NAME, hf:PATH (a local Hugging Face "
-                                  "folder), or package.module:factory.", panel=MODEL,
-                         pattern=r"^(image|text|image-text|hf:.+|torchvision:[A-Za-z0-9_]+|timm:[A-Za-z0-9_.]+"
-                                 r"|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$")
+    model: str = setting("image", families.model_help(), panel=MODEL)  # each family checks its own syntax (resolve)
     width: int = setting(32, "Channels of the built-in models' first stage (later stages double it).", minimum=4,
                          panel=MODEL)
     resolution: int = setting(64, "Side, in pixels, the built-in image model works at (larger inputs are area-resized "
@@ -311,15 +308,6 @@ def check_epoch_fits(steps: int, plan: BatchPlan) -> None:
                          f"step needs (--accum {plan.accum}); lower --global-batch or --accum")
 
 
-def _check_hf_folder(path: str) -> None:
-    """--model hf:PATH names a local folder with a config, weights and a tokenizer or image processor."""
-    from train.models.hf_files import folder_problem
-
-    problem = folder_problem(path)
-    if problem:
-        raise UsageError(problem)
-
-
 def parse_unfreeze_at(value: str | None) -> tuple[int, float] | None:
     """``"2"`` -> (2, 0.0); ``"3:0.3"`` -> (3, 0.3): from epoch 3 on, the first 30% stay frozen."""
     if value is None or str(value).strip() == "":
@@ -345,24 +333,22 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     With ``world_size`` known (the launcher knows it before any process starts) the batch
     arithmetic is checked too, so a global batch that does not divide fails before launch.
     """
-    index = Path(cfg.shard_dir) / "index.json"
-    if not str(cfg.shard_dir).startswith("s3://") and not index.is_file():  # on S3: read (and judged) by train.command.check
+    from pipeline.formats import index as shard_index
+
+    # on S3 the index is read (and judged) by train.command.check
+    if not str(cfg.shard_dir).startswith("s3://") and not shard_index.exists(cfg.shard_dir):
         raise UsageError(f"{cfg.shard_dir} has no index.json: run `pipe shard` first (it writes index.json last)")
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():
         raise UsageError(f"the run folder {out} exists and is not a folder")
     settings.check(cfg)  # the declared ranges and choices
     checks = [
-        (cfg.model in BUILTIN_MODELS or ":" in cfg.model,
-         f"--model must be one of {', '.join(BUILTIN_MODELS)}, torchvision:NAME, timm:NAME, hf:PATH or "
-         f"package.module:factory, got {cfg.model!r}"),
         (cfg.cache_max_gb is None or cfg.cache_dir is not None, "--cache-max-gb needs --cache-dir"),
     ]
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-    if cfg.model.startswith("hf:"):
-        _check_hf_folder(cfg.model[3:])
+    families.resolve(cfg.model)  # a family it names; whether it can be built: train.command (families.check)
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
         if not Path(cfg.init_from).is_dir():
             raise UsageError(f"--init-from {cfg.init_from}: no such file")

@@ -13,7 +13,8 @@ import sys
 import time
 
 from pipeline.core.files import atomic_write_text
-from train.config import BUILTIN_MODELS, TrainConfig
+from train.config import TrainConfig
+from train.models import families
 
 
 def main(cfg: TrainConfig) -> dict:
@@ -33,7 +34,8 @@ def main(cfg: TrainConfig) -> dict:
     fields = tuple(f for f, n in (("image", counts["images"]), ("text", counts["texts"])) if n)  # what the data has
     # images at the size training would decode them: a built-in model's --resolution
     stored = index["image_size"]
-    image_size = min(cfg.resolution, stored) if stored and "image" in fields and cfg.model in BUILTIN_MODELS else None
+    own = families.resolve(cfg.model).family.own_modules
+    image_size = min(cfg.resolution, stored) if stored and "image" in fields and own else None
     with process_group(cfg.backend) as me:
         reader = ShardReader(cfg.shard_dir, "train", me.rank, me.world_size, batch_size=batch_size,
                              seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, image_size=image_size,

@@ -210,7 +210,7 @@ def sources(shard_dir: Path, index: dict, wanted: set[str]) -> dict[str, str]:
     .json member of their shard sample. One 512-byte header read per sample finds the keys (index.json
     has each sample's offset); only the wanted samples are read whole."""
     from pipeline.formats import tarstream
-    from pipeline.formats.sample import split_name
+    from pipeline.formats.sample import META_EXT, member_name, split_name
 
     found: dict[str, str] = {}
     for shard in index.get("shards", []):
@@ -223,14 +223,18 @@ def sources(shard_dir: Path, index: dict, wanted: set[str]) -> dict[str, str]:
             continue
         try:
             for i, at in enumerate(offsets):
-                name = os.pread(fd, 100, at).split(b"\0", 1)[0].decode("ascii", "replace")
-                key = split_name(name)[0] if "." in name else name
+                name = os.pread(fd, tarstream.MAX_NAME, at).split(b"\0", 1)[0].decode("ascii", "replace")
+                try:
+                    key = split_name(name)[0]
+                except ValueError:  # in no sample
+                    continue
                 if key not in wanted or key in found:
                     continue
                 stop = offsets[i + 1] if i + 1 < len(offsets) else end
                 span = memoryview(os.pread(fd, stop - at, at))
+                meta = member_name(key, META_EXT)
                 for member, pos, size in tarstream.members(span):
-                    if member.endswith(".json"):
+                    if member == meta:
                         found[key] = _source(bytes(span[pos + tarstream.BLOCK: pos + tarstream.BLOCK + size]))
         except (OSError, ValueError):
             pass  # a damaged shard: `pipe check` says so; its samples keep an empty source
@@ -369,12 +373,11 @@ def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a folder (a RUN_DIR written by pipe train)")
     shards = shard_dir_of(run_dir, shard_dir)
-    try:  # read as the training loop reads it: the classes and the shards' offsets are all we need
-        index = json.loads((shards / "index.json").read_bytes())
-    except OSError:
-        raise UsageError(f"{shards} has no readable index.json (the run's SHARD_DIR moved?): pass --shards") from None
-    except ValueError as e:
-        raise UsageError(f"{shards}/index.json is not valid JSON ({e})") from None
+    from pipeline.formats import index as shard_index
+
+    if not shard_index.exists(shards):
+        raise UsageError(f"{shards} has no readable index.json (the run's SHARD_DIR moved?): pass --shards")
+    index = shard_index.load(shards)  # as the training loop reads it: the classes and the shards' offsets
     findings = analyse(load_train(run_dir), load_val(run_dir), list(index["classes"]))
     found = sources(shards, index, {r["key"] for r in findings.rows})
     for r in findings.rows:

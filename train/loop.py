@@ -43,7 +43,6 @@ from train.components.margins import MarginRecorder
 from train.components.monitor import Monitor
 from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
 from train.config import (
-    BUILTIN_MODELS,
     BatchPlan,
     TrainConfig,
     check_epoch_fits,
@@ -55,6 +54,7 @@ from train.config import (
 from train.distributed import fsdp, preflight
 from train.distributed import group as distributed
 from train.distributed.group import Dist, no_sync, unwrap
+from train.models import families
 from train.models import norm as input_norm
 from train.models.builtin import build_model, forward, reader_fields, reader_image_size
 from train.models.finetune import Freezer, FreezeSchedule, load_init, sync_batch_norm
@@ -344,7 +344,7 @@ class Trainer:
         # models: a user's model may .view() its feature maps, which channels-last tensors refuse.
         # (A torchvision ResNet-18 trained no faster with it: bench/train.py --resnet.)
         # FSDP2 shards contiguous parameters only: no channels-last under --strategy fsdp.
-        self.channels_last = d.device.type == "cpu" and cfg.model in BUILTIN_MODELS and cfg.strategy != "fsdp"
+        self.channels_last = d.device.type == "cpu" and families.resolve(cfg.model).family.own_modules and cfg.strategy != "fsdp"
         if self.channels_last:
             self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload, unused-ignore]  # torch 2.13 stubs omit memory_format, 2.14 has it
         self.precision = resolve_precision(cfg.precision, d.device)

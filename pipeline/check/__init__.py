@@ -1,6 +1,8 @@
 """`pipe check` (`stage`) and the checks behind it: one small function per check, grouped by the folder they read.
 
 * `stage`: recognise each folder, load it once, run its checks; `policy`: thresholds and severities.
+* `registry`: every check, declared once where it is written (`@check("shard")`): kind, name,
+  default severity, description; the stage, the policy and the policy's schema read it.
 * `result`: `CheckResult` (name, severity, pass/fail/skip, message, numbers, examples).
 * `clean_dir`: checks on a CLEAN_DIR (manifest.parquet, report.json, data/).
 * `shard_dir`: checks on a SHARD_DIR (index.json, the tar shards), read by `tarscan`.

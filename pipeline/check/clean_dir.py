@@ -17,7 +17,8 @@ from pathlib import Path
 from pipeline.check import classes as class_checks
 from pipeline.check.content import ImageFacts, inspect_image, text_problem
 from pipeline.check.policy import Policy
-from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
+from pipeline.check.registry import check
+from pipeline.check.result import WARNING, CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.core.cores import worker_count
 from pipeline.formats.manifest_row import ADDED_LATER, NAMES
 from pipeline.formats.vocabulary import Kind, Status
@@ -191,7 +192,9 @@ def _crashed_chunk(jobs: list[tuple[str, str, str, bool]], exc: BaseException) -
 # --------------------------------------------------------------------------- checks
 
 
+@check("clean")
 def check_schema(d: CleanDir, p: Policy) -> CheckResult:
+    """Every document read (the rows of manifest.parquet, report.json) matches its schema."""
     from pipeline.check.validate import each_error
     from pipeline.core.schemas import errors
 
@@ -207,7 +210,9 @@ def check_schema(d: CleanDir, p: Policy) -> CheckResult:
                    f"report.json and {len(d.rows or [])} manifest rows match their schemas{older}")
 
 
+@check("clean")
 def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
+    """The manifest has exactly one row per file in the input folder (when that folder is reachable)."""
     name = "manifest_matches_input"
     if d.rows is None:
         return skip(name, "no readable manifest")
@@ -245,7 +250,9 @@ def _labels_file(d: CleanDir) -> set[str]:
         return set()
 
 
+@check("clean")
 def check_outputs_match_manifest(d: CleanDir, p: Policy) -> CheckResult:
+    """Every kept row's output exists under data/, and data/ holds nothing else."""
     name = "outputs_match_manifest"
     if d.rows is None:
         return skip(name, "no readable manifest")
@@ -259,46 +266,26 @@ def check_outputs_match_manifest(d: CleanDir, p: Policy) -> CheckResult:
                    missing=len(d.missing), unlisted=len(extra))
 
 
-def _fraction(d: CleanDir, name: str, status: Status, limit: float) -> CheckResult:
+@check("clean")
+def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
+    """Kept samples' keys are unique (an image and its caption share one) and safe for webdataset:
+    letters, digits, _ and - only."""
+    name = "keys_unique"
     if d.rows is None:
         return skip(name, "no readable manifest")
-    total = len(d.rows)
-    n = sum(r.get(NAMES.status) == status for r in d.rows)
-    frac = n / total if total else 0.0
-    nums = dict(files=total, **{status.value: n}, fraction=round(frac, 6), limit=limit)
-    if frac <= limit:
-        return ok(name, f"{n} of {total} files {status} ({frac:.1%} <= {limit:.1%})", **nums)
-    reasons = Counter(r.get(NAMES.reason) for r in d.rows if r.get(NAMES.status) == status)
-    top = ", ".join(f"{k} {v}" for k, v in reasons.most_common(5))
-    examples = [f"{r.get(NAMES.source)}: {r.get(NAMES.reason)}" for r in d.rows if r.get(NAMES.status) == status]
-    return fail(name, f"{n} of {total} files {status} ({frac:.1%} > {limit:.1%}): {top}", examples, **nums)
+    from pipeline.formats.sample import is_safe_key
+
+    by_kind = Counter((r.get(NAMES.key), r.get(NAMES.kind)) for r in d.kept())
+    offenders = [f"key {k!r} is used by {n} kept {kind} files" for (k, kind), n in sorted(by_kind.items(), key=str) if n > 1]
+    offenders += [f"key {r.get(NAMES.key)!r} ({r.get(NAMES.source)}) is not webdataset-safe"
+                  for r in d.kept() if not is_safe_key(str(r.get(NAMES.key)))]
+    return verdict(name, offenders, len(by_kind), "sample keys clash",
+                   f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
 
 
-def check_quarantined_fraction(d: CleanDir, p: Policy) -> CheckResult:
-    return _fraction(d, "quarantined_fraction", Status.QUARANTINED, p.max_quarantined_fraction)
-
-
-def check_duplicate_fraction(d: CleanDir, p: Policy) -> CheckResult:
-    return _fraction(d, "duplicate_fraction", Status.DUPLICATE, p.max_duplicate_fraction)
-
-
-def class_counts(d: CleanDir) -> Counter | None:
-    """Kept samples per label; an image and its caption (one key) count once; unlabelled left out."""
-    if d.rows is None:
-        return None
-    keys = {(r.get(NAMES.label), r.get(NAMES.key)) for r in d.kept() if r.get(NAMES.label) is not None}
-    return Counter(label for label, _ in keys)
-
-
-def check_min_samples_per_class(d: CleanDir, p: Policy) -> CheckResult:
-    return class_checks.min_samples(class_counts(d), p, "kept samples")
-
-
-def check_class_imbalance(d: CleanDir, p: Policy) -> CheckResult:
-    return class_checks.imbalance(class_counts(d), p)
-
-
+@check("clean")
 def check_labels_in_range(d: CleanDir, p: Policy) -> CheckResult:
+    """Every kept sample of a labelled dataset has a label (in `classes` when set)."""
     name = "labels_in_range"
     if d.rows is None:
         return skip(name, "no readable manifest")
@@ -319,23 +306,58 @@ def check_labels_in_range(d: CleanDir, p: Policy) -> CheckResult:
                    kept=len(kept), labelled=len(labelled))
 
 
-def check_keys_unique(d: CleanDir, p: Policy) -> CheckResult:
-    name = "keys_unique"
+def _fraction(d: CleanDir, name: str, status: Status, limit: float) -> CheckResult:
     if d.rows is None:
         return skip(name, "no readable manifest")
-    import re
+    total = len(d.rows)
+    n = sum(r.get(NAMES.status) == status for r in d.rows)
+    frac = n / total if total else 0.0
+    nums = dict(files=total, **{status.value: n}, fraction=round(frac, 6), limit=limit)
+    if frac <= limit:
+        return ok(name, f"{n} of {total} files {status} ({frac:.1%} <= {limit:.1%})", **nums)
+    reasons = Counter(r.get(NAMES.reason) for r in d.rows if r.get(NAMES.status) == status)
+    top = ", ".join(f"{k} {v}" for k, v in reasons.most_common(5))
+    examples = [f"{r.get(NAMES.source)}: {r.get(NAMES.reason)}" for r in d.rows if r.get(NAMES.status) == status]
+    return fail(name, f"{n} of {total} files {status} ({frac:.1%} > {limit:.1%}): {top}", examples, **nums)
 
-    safe = re.compile(r"^[A-Za-z0-9_-]+$")
-    by_kind = Counter((r.get(NAMES.key), r.get(NAMES.kind)) for r in d.kept())
-    offenders = [f"key {k!r} is used by {n} kept {kind} files" for (k, kind), n in sorted(by_kind.items(), key=str) if n > 1]
-    offenders += [f"key {r.get(NAMES.key)!r} ({r.get(NAMES.source)}) is not webdataset-safe"
-                  for r in d.kept() if not safe.match(str(r.get(NAMES.key)))]
-    return verdict(name, offenders, len(by_kind), "sample keys clash",
-                   f"{len({k for k, _ in by_kind})} sample keys, unique and webdataset-safe")
+
+@check("clean")
+def check_quarantined_fraction(d: CleanDir, p: Policy) -> CheckResult:
+    """Quarantined files / files <= max_quarantined_fraction."""
+    return _fraction(d, "quarantined_fraction", Status.QUARANTINED, p.max_quarantined_fraction)
 
 
+@check("clean")
+def check_duplicate_fraction(d: CleanDir, p: Policy) -> CheckResult:
+    """Duplicate files / files <= max_duplicate_fraction."""
+    return _fraction(d, "duplicate_fraction", Status.DUPLICATE, p.max_duplicate_fraction)
+
+
+def class_counts(d: CleanDir) -> Counter | None:
+    """Kept samples per label; an image and its caption (one key) count once; unlabelled left out."""
+    if d.rows is None:
+        return None
+    keys = {(r.get(NAMES.label), r.get(NAMES.key)) for r in d.kept() if r.get(NAMES.label) is not None}
+    return Counter(label for label, _ in keys)
+
+
+@check("clean")
+def check_min_samples_per_class(d: CleanDir, p: Policy) -> CheckResult:
+    """Every class has at least min_samples_per_class kept samples."""
+    return class_checks.min_samples(class_counts(d), p, "kept samples")
+
+
+@check("clean", severity=WARNING)
+def check_class_imbalance(d: CleanDir, p: Policy) -> CheckResult:
+    """Biggest class / smallest class <= max_class_imbalance, in kept samples."""
+    return class_checks.imbalance(class_counts(d), p)
+
+
+@check("clean")
 def check_duplicates(d: CleanDir, p: Policy) -> CheckResult:
-    """Kept samples that are exact or near copies of another kept sample: what pipe clean should
+    """At most max_duplicate_samples kept samples are an exact or near copy of another kept sample.
+
+    Kept samples that are exact or near copies of another kept sample: what pipe clean should
     have removed (a run with --no-near-dedup, a folder another tool or an older pipe wrote)."""
     name = "duplicates"
     if d.rows is None:
@@ -347,8 +369,12 @@ def check_duplicates(d: CleanDir, p: Policy) -> CheckResult:
                     "kept samples are an exact or near copy of another kept sample", candidates_not_confirmed=found.unconfirmed)
 
 
+@check("clean")
 def check_label_conflicts(d: CleanDir, p: Policy) -> CheckResult:
-    """One content kept under two labels: the model is taught both answers."""
+    """At most max_label_conflicts kept samples are an exact or near copy of a sample under another
+    label.
+
+    One content kept under two labels: the model is taught both answers."""
     name = "label_conflicts"
     if d.rows is None:
         return skip(name, "no readable manifest")
@@ -468,7 +494,9 @@ def expected_size(declared, p: Policy) -> int | None:
     return p.image_size if p.image_size is not None else declared
 
 
+@check("clean")
 def check_image_size(d: CleanDir, p: Policy) -> CheckResult:
+    """Every output image is image_size x image_size pixels (unset: the size pipe clean was given)."""
     declared = d.settings().get("size")
     declared = declared if isinstance(declared, int) and not isinstance(declared, bool) else None
     return image_size(d.images, expected_size(declared, p), "image_size")
@@ -483,7 +511,9 @@ def image_size(images: dict[str, ImageFacts], size: int | None, name: str) -> Ch
                    f"all {len(images)} images are {size}x{size}", size=size)
 
 
+@check("clean")
 def check_image_mode(d: CleanDir, p: Policy) -> CheckResult:
+    """Every image has mode image_mode."""
     return image_mode(d.images, p.image_mode, "image_mode")
 
 
@@ -492,7 +522,10 @@ def image_mode(images: dict[str, ImageFacts], mode: str, name: str) -> CheckResu
     return verdict(name, offenders, len(images), f"images are not {mode}", f"all {len(images)} images are {mode}", mode=mode)
 
 
+@check("clean")
 def check_text_encoding(d: CleanDir, p: Policy) -> CheckResult:
+    """Every text is valid UTF-8, without BOM, in NFC, with \\n newlines and no control
+    characters."""
     return text_encoding(d.texts, "text_encoding")
 
 
@@ -502,22 +535,11 @@ def text_encoding(texts: dict[str, str | None], name: str) -> CheckResult:
                    f"all {len(texts)} texts are UTF-8, NFC, without BOM or control characters")
 
 
+@check("clean")
 def check_decodes(d: CleanDir, p: Policy) -> CheckResult:
+    """With --deep, every output image decodes completely; skipped without --deep."""
     if not d.deep:
         return skip("decodes", "only headers were read; --deep decodes every image")
     offenders = [f"{k}: {f.error}" for k, f in d.images.items() if f.error]
     return verdict("decodes", offenders, len(d.images), "images do not decode",
                    f"all {len(d.images)} images decode completely")
-
-
-CHECKS = (
-    check_schema, check_manifest_matches_input, check_outputs_match_manifest, check_keys_unique,
-    check_labels_in_range, check_quarantined_fraction, check_duplicate_fraction, check_min_samples_per_class,
-    check_class_imbalance, check_duplicates, check_label_conflicts, check_image_size, check_image_mode, check_text_encoding, check_decodes,
-)
-
-
-def names() -> list[str]:
-    return [fn.__name__.removeprefix("check_") for fn in CHECKS]
-
-

@@ -11,6 +11,9 @@ also written in the schema.
 
     [severity]                 # error (exit 1 when violated) or warning (reported, exit 0)
     class_imbalance = "error"
+
+The [severity] keys are the checks' names, and their defaults the checks' own
+(`pipeline.check.registry`); any other key is a usage error too.
 """
 
 from __future__ import annotations
@@ -19,19 +22,9 @@ import difflib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from pipeline.check.result import ERROR, WARNING
+from pipeline.check import registry
+from pipeline.check.result import ERROR
 from pipeline.core.errors import UsageError
-
-# Every check `pipe check` can run, in the order it reports them. The schema's [severity] table
-# accepts exactly these names (a test keeps the two in step).
-CHECK_NAMES = (
-    "schema", "manifest_matches_input", "outputs_match_manifest", "shard_checksums", "shard_counts",
-    "keys_unique", "member_types", "labels_in_range", "quarantined_fraction", "duplicate_fraction",
-    "min_samples_per_class", "class_imbalance", "val_has_every_class", "leakage",
-    "duplicates", "label_conflicts", "image_size", "image_mode", "text_encoding", "decodes",
-)
-# Imbalance is often a property of the world, not a bug: reported, not blocking, unless asked.
-DEFAULT_SEVERITY = {name: ERROR for name in CHECK_NAMES} | {"class_imbalance": WARNING}
 
 
 @dataclass(frozen=True)
@@ -64,8 +57,8 @@ class Policy:
     """Two images whose 64-bit perceptual hashes differ in at most this many bits are the same picture."""
     near_duplicate_text_similarity: float = 0.8
     """Two texts whose estimated Jaccard similarity (MinHash of character 5-grams) is at least this are the same text."""
-    severity: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_SEVERITY))
-    """Check name -> error | warning."""
+    severity: dict[str, str] = field(default_factory=registry.default_severity)
+    """Check name -> error | warning: every check the registry holds, its default unless the file says."""
 
     def severity_of(self, check: str) -> str:
         return self.severity.get(check, ERROR)
@@ -94,14 +87,14 @@ def load(path: Path | None) -> Policy:
         raise UsageError(f"policy file {path} is not valid TOML: {e}") from None
     _reject_unknown(data, set(load_schema("policy")["properties"]), path, "")
     _reject_unknown(data.get("severity", {}) if isinstance(data.get("severity"), dict) else {},
-                    set(CHECK_NAMES), path, "[severity] ")
+                    set(registry.names()), path, "[severity] ")
     validate_or_usage_error(data, "policy", what=f"policy file {path}")
     return from_dict(data)
 
 
 def from_dict(data: dict) -> Policy:
     values = dict(data)
-    values["severity"] = dict(DEFAULT_SEVERITY) | dict(data.get("severity", {}))
+    values["severity"] = registry.default_severity() | dict(data.get("severity", {}))
     if values.get("classes") is not None:
         values["classes"] = tuple(values["classes"])
     return Policy(**values)

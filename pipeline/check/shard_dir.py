@@ -18,7 +18,8 @@ from pathlib import Path
 from pipeline.check import classes as class_checks
 from pipeline.check.leakage import copies, exact_pairs, near_image_pairs, near_text_pairs, same_views
 from pipeline.check.policy import Policy
-from pipeline.check.result import CheckResult, at_most, fail, ok, skip, verdict
+from pipeline.check.registry import check
+from pipeline.check.result import WARNING, CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
 from pipeline.core.cores import worker_count
 from pipeline.formats import index as shard_index
@@ -108,7 +109,9 @@ def _unusable(d: ShardDir, name: str) -> CheckResult | None:
 # --------------------------------------------------------------------------- checks
 
 
+@check("shard")
 def check_schema(d: ShardDir, p: Policy) -> CheckResult:
+    """Every document read (index.json, the .json member of each sample) matches its schema."""
     from pipeline.core.schemas import errors
 
     if d.problem:
@@ -118,7 +121,9 @@ def check_schema(d: ShardDir, p: Policy) -> CheckResult:
                    f"index.json matches schemas/index.schema.json; the .json of all {sum(s.count for s in d.scans)} samples parse")
 
 
+@check("shard")
 def check_shard_checksums(d: ShardDir, p: Policy) -> CheckResult:
+    """Every indexed shard exists with the indexed byte size and SHA-256; no unindexed shard files."""
     if r := _unusable(d, "shard_checksums"):
         return r
     offenders = []
@@ -138,7 +143,9 @@ def check_shard_checksums(d: ShardDir, p: Policy) -> CheckResult:
                    bytes=sum(s.bytes for s in d.scans))
 
 
+@check("shard")
 def check_shard_counts(d: ShardDir, p: Policy) -> CheckResult:
+    """Every shard holds the indexed number of samples, starting at the indexed byte offsets."""
     if r := _unusable(d, "shard_counts"):
         return r
     offenders = []
@@ -181,7 +188,10 @@ def _split_totals(d: ShardDir) -> list[str]:
     return out
 
 
+@check("shard")
 def check_keys_unique(d: ShardDir, p: Policy) -> CheckResult:
+    """Sample keys are unique and safe for webdataset: letters, digits, _ and - only; a member name
+    with a folder, ../ or a leading / fails."""
     if r := _unusable(d, "keys_unique"):
         return r
     seen: dict[str, str] = {}
@@ -197,8 +207,13 @@ def check_keys_unique(d: ShardDir, p: Policy) -> CheckResult:
                    f"{total} keys, unique across all shards and webdataset-safe")
 
 
+@check("shard")
 def check_member_types(d: ShardDir, p: Policy) -> CheckResult:
-    """Only the member types pipe's codec writes: stock webdataset's ``.decode()`` unpickles
+    """Every member is a regular file of a type pipe shard writes (.jpg, .png, .webp, .txt, .cls,
+    .json); a .pyd, .pickle or .pth member (which stock webdataset's .decode() unpickles), a link or
+    any other type fails.
+
+    Only the member types pipe's codec writes: stock webdataset's ``.decode()`` unpickles
     ``.pyd``, ``.pickle`` and ``.pth`` members (running whatever they carry), and a link or device
     member is something else again when the shard is extracted."""
     if r := _unusable(d, "member_types"):
@@ -209,7 +224,9 @@ def check_member_types(d: ShardDir, p: Policy) -> CheckResult:
                    f"all {n} members are regular files of the types pipe shard writes (.jpg .png .webp .txt .cls .json)")
 
 
+@check("shard")
 def check_labels_in_range(d: ShardDir, p: Policy) -> CheckResult:
+    """Every .cls is an integer index into index.json classes and agrees with the sample's label name."""
     if r := _unusable(d, "labels_in_range"):
         return r
     offenders = _offenders(d, "labels_in_range")
@@ -230,18 +247,24 @@ def per_class(d: ShardDir, split: str) -> Counter:
     return c
 
 
+@check("shard")
 def check_min_samples_per_class(d: ShardDir, p: Policy) -> CheckResult:
+    """Every class has at least min_samples_per_class train samples."""
     return _unusable(d, "min_samples_per_class") or class_checks.min_samples(per_class(d, "train"), p, "train samples")
 
 
+@check("shard", severity=WARNING)
 def check_class_imbalance(d: ShardDir, p: Policy) -> CheckResult:
+    """Biggest class / smallest class <= max_class_imbalance, in train samples."""
     counts = per_class(d, "train")
     if any(v == 0 for v in counts.values()):
         counts = Counter({k: v for k, v in counts.items() if v})  # an empty class is min_samples' finding
     return _unusable(d, "class_imbalance") or class_checks.imbalance(counts, p)
 
 
+@check("shard")
 def check_val_has_every_class(d: ShardDir, p: Policy) -> CheckResult:
+    """Every class in index.json has at least one val sample."""
     name = "val_has_every_class"
     if r := _unusable(d, name):
         return r
@@ -252,7 +275,9 @@ def check_val_has_every_class(d: ShardDir, p: Policy) -> CheckResult:
                    f"all {len(val)} classes have val samples (fewest: {min(val.values(), default=0)})")
 
 
+@check("shard")
 def check_leakage(d: ShardDir, p: Policy) -> CheckResult:
+    """At most max_leaked_samples val samples have an exact or near duplicate in train."""
     name = "leakage"
     if r := _unusable(d, name):
         return r
@@ -288,8 +313,12 @@ def check_leakage(d: ShardDir, p: Policy) -> CheckResult:
     return result
 
 
+@check("shard")
 def check_duplicates(d: ShardDir, p: Policy) -> CheckResult:
-    """Exact or near copies inside one split: the same sample trained on (or validated) twice
+    """At most max_duplicate_samples samples of one split (train, val) are an exact or near copy of
+    another in that split.
+
+    Exact or near copies inside one split: the same sample trained on (or validated) twice
     weighs double, whatever caption or key it came with."""
     name = "duplicates"
     if r := _unusable(d, name):
@@ -302,8 +331,12 @@ def check_duplicates(d: ShardDir, p: Policy) -> CheckResult:
                     candidates_not_confirmed=found.unconfirmed)
 
 
+@check("shard")
 def check_label_conflicts(d: ShardDir, p: Policy) -> CheckResult:
-    """One content under two classes, in one split or across them: the model is taught both answers."""
+    """At most max_label_conflicts samples are an exact or near copy of a sample under another label,
+    across splits too.
+
+    One content under two classes, in one split or across them: the model is taught both answers."""
     name = "label_conflicts"
     if r := _unusable(d, name):
         return r
@@ -356,22 +389,29 @@ def _text_similarity(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, in
     confirms its near-duplicate texts), or None when either cannot be read back."""
     from pipeline.similarity.minhash import jaccard, shingles
 
-    ta, tb = _members(d.root / a[0], a[1], a[2]).get("txt"), _members(d.root / b[0], b[1], b[2]).get("txt")
+    ta, tb = _text(_members(d.root / a[0], a[1], a[2])), _text(_members(d.root / b[0], b[1], b[2]))
     try:
         return None if ta is None or tb is None else jaccard(shingles(ta.decode("utf-8")), shingles(tb.decode("utf-8")))
     except UnicodeDecodeError:
         return None
 
 
+def _text(fields: dict[str, bytes]) -> bytes | None:
+    """A sample's text, as `tarscan` took it (the first member of a text type)."""
+    from pipeline.formats.sample import TEXT_LIKE
+
+    return next((data for ext, data in fields.items() if ext in TEXT_LIKE), None)
+
+
 def _view(path: Path, start: int, end: int):
     """The perceptual view of the image of the sample at bytes ``start..end`` of a shard, or None."""
     import io
 
-    from pipeline.formats.sample import IMAGE_EXTS
+    from pipeline.formats.sample import IMAGE_LIKE
     from pipeline.similarity.perceptual import load_view
 
     fields = _members(path, start, end)
-    image = next((fields[e] for e in IMAGE_EXTS if e in fields), None)
+    image = next((data for ext, data in fields.items() if ext in IMAGE_LIKE), None)  # as `tarscan` took it
     try:
         size = json.loads(fields["json"]).get("image", {}) if "json" in fields else {}
     except (ValueError, AttributeError, RecursionError):
@@ -380,17 +420,26 @@ def _view(path: Path, start: int, end: int):
 
 
 def _members(path: Path, start: int, end: int) -> dict[str, bytes]:
-    """The members of the sample at bytes ``start..end`` of a shard by extension ({} if unreadable)."""
+    """The members of the sample at bytes ``start..end`` of a shard by extension, lower-cased as
+    `tarscan` reads them ({} if unreadable; a member without key.ext is left out)."""
     from pipeline.formats import tarstream
+    from pipeline.formats.sample import split_name
 
     try:
         with open(path, "rb") as f:
             f.seek(start)
             buf = f.read(end - start)
-        return {name.rsplit("/", 1)[-1].partition(".")[2]: buf[at + tarstream.BLOCK : at + tarstream.BLOCK + size]
-                for name, at, size in tarstream.members(buf)}
+        heads = tarstream.members(buf)
     except (OSError, ValueError):
         return {}
+    out = {}
+    for name, at, size in heads:
+        try:
+            ext = split_name(name)[1].lower()
+        except ValueError:
+            continue
+        out[ext] = buf[at + tarstream.BLOCK : at + tarstream.BLOCK + size]
+    return out
 
 
 def _pool(d: ShardDir, split: str) -> dict[str, list]:
@@ -409,7 +458,9 @@ def _pool_of(scans: list[ShardScan]) -> dict[str, list]:
     return out
 
 
+@check("shard")
 def check_image_size(d: ShardDir, p: Policy) -> CheckResult:
+    """Every image is image_size x image_size pixels (unset: index.json's image_size)."""
     name = "image_size"
     if r := _unusable(d, name):
         return r
@@ -422,34 +473,30 @@ def check_image_size(d: ShardDir, p: Policy) -> CheckResult:
     return verdict(name, _offenders(d, name), n, f"images are not {size}x{size}", f"all {n} images are {size}x{size}", size=size)
 
 
+@check("shard")
 def check_image_mode(d: ShardDir, p: Policy) -> CheckResult:
+    """Every image has mode image_mode."""
     n = _checked(d, "images")
     return _unusable(d, "image_mode") or verdict("image_mode", _offenders(d, "image_mode"), n, f"images are not {p.image_mode}",
                                                  f"all {n} images are {p.image_mode}", mode=p.image_mode)
 
 
+@check("shard")
 def check_text_encoding(d: ShardDir, p: Policy) -> CheckResult:
+    """Every text is valid UTF-8, without BOM, in NFC, with \\n newlines and no control characters."""
     n = _checked(d, "texts")
     return _unusable(d, "text_encoding") or verdict("text_encoding", _offenders(d, "text_encoding"), n,
                                                     "texts are not clean UTF-8",
                                                     f"all {n} texts are UTF-8, NFC, without BOM or control characters")
 
 
+@check("shard")
 def check_decodes(d: ShardDir, p: Policy) -> CheckResult:
+    """Every image decodes: with --deep completely, and every member parses; without it at reduced
+    scale, to hash it."""
     if r := _unusable(d, "decodes"):
         return r
     n, decoded = _checked(d, "images"), _checked(d, "decoded")
     offenders = _offenders(d, "decodes")
     how = "completely" if d.deep else "at reduced scale, to hash them (--deep decodes every pixel)"
     return verdict("decodes", offenders, n, "images do not decode", f"all {decoded} images decode {how}", decoded=decoded)
-
-
-CHECKS = (
-    check_schema, check_shard_checksums, check_shard_counts, check_keys_unique, check_member_types, check_labels_in_range,
-    check_min_samples_per_class, check_class_imbalance, check_val_has_every_class, check_leakage,
-    check_duplicates, check_label_conflicts, check_image_size, check_image_mode, check_text_encoding, check_decodes,
-)
-
-
-def names() -> list[str]:
-    return [fn.__name__.removeprefix("check_") for fn in CHECKS]

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from pipeline import __version__
-from pipeline.check import clean_dir
+from pipeline.check import clean_dir, registry
 from pipeline.check.config import CheckConfig
 from pipeline.check.policy import Policy
 from pipeline.check.policy import load as load_policy
 from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult, fail
 from pipeline.core.errors import UsageError
 from pipeline.core.settings import check as check_settings
+from pipeline.formats import index as shard_index
 from pipeline.storage import is_remote
 
 F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
@@ -80,7 +80,7 @@ def detect(path: Path) -> str:
         raise UsageError(f"folder not found: {path}")
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder (pipe check takes a clean dir or a shard dir)")
-    if (path / "index.json").is_file():
+    if shard_index.exists(path):
         return "shard"
     if clean_dir.is_clean_dir(path):
         return "clean"
@@ -114,12 +114,12 @@ def run(cfg: CheckConfig, show_progress: bool = False) -> CheckReport:
 def run_folder(path: Path, kind: str, policy: Policy, cfg: CheckConfig, show_progress: bool = False) -> list[CheckResult]:
     if kind == "clean":
         clean = clean_dir.load(path, cfg.deep, cfg.input, cfg.workers)
-        return [run_one(fn, clean, policy) for fn in clean_dir.CHECKS]
+        return [run_one(c, clean, policy) for c in registry.checks(kind)]
     from pipeline.check import shard_dir
 
     with _shard_progress(path, show_progress) as advance:
         shard = shard_dir.load(path, cfg.deep, policy, cfg.workers, advance)
-    return [run_one(fn, shard, policy) for fn in shard_dir.CHECKS]
+    return [run_one(c, shard, policy) for c in registry.checks(kind)]
 
 
 @contextmanager
@@ -132,11 +132,11 @@ def _shard_progress(path: Path, enabled: bool):
         yield lambda: advance(True)
 
 
-def run_one(fn: Callable[[F, Policy], CheckResult], folder: F, policy: Policy) -> CheckResult:
-    name = fn.__name__.removeprefix("check_")
+def run_one(check: registry.Check, folder: F, policy: Policy) -> CheckResult:
+    name = check.name
     t = time.perf_counter()
     try:
-        result = fn(folder, policy)
+        result = check.run(folder, policy)
     except Exception as e:  # noqa: BLE001 - data odd enough to crash a check fails that check, loudly
         if os.environ.get("PIPE_DEBUG"):
             raise

@@ -3,7 +3,8 @@
 The tar is streamed with Python's `tarfile` (any tar a user made, not only ours), through a
 reader that hashes every byte on the way, so checksum, counts, offsets and per-sample content
 are all found in a single sequential pass. Members are grouped into samples the way webdataset
-does it: consecutive members whose names share the part before the first dot of the base name.
+does it: consecutive members whose names share a key, by the sample format's one rule
+(`pipeline.formats.sample.split_name`).
 
 A worker process scans a shard and returns a compact `ShardScan` (per-sample keys, classes and
 hashes; offenders as strings by the check they break), never the samples themselves.
@@ -14,7 +15,6 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
-import re
 import tarfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -22,11 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pipeline.check.content import inspect_image, text_problem
-from pipeline.formats.sample import MEMBER_ORDER
-
-IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff"}
-TEXT_EXTS = {"txt", "text", "caption"}
-_SAFE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+from pipeline.formats.sample import IMAGE_LIKE, MEMBER_ORDER, TEXT_LIKE, is_safe_key, split_name
 
 
 @dataclass(frozen=True)
@@ -131,11 +127,15 @@ def _read_samples(tar: tarfile.TarFile, scan: ShardScan, s: ScanSettings) -> Non
         if not m.isfile():
             scan.offenders["member_types"].append(f"{scan.name}:{m.name}: a {_special(m)} member; pipe shard writes only regular files")
             continue
-        base = m.name.rsplit("/", 1)[-1]
-        k, dot, ext = base.partition(".")
-        if base != m.name:  # webdataset keeps the folders in the key; tar extracts ../ and / outside the folder
+        try:
+            k, ext = split_name(m.name)
+            unnamed = None
+        except ValueError:  # no key.ext: webdataset puts it in no sample
+            k, ext = m.name, ""
+            unnamed = "member without a key" if "." in m.name.rpartition("/")[2] else "member without an extension"
+        if "/" in m.name:  # webdataset keeps the folders in the key; tar extracts ../ and / outside the folder
             scan.offenders["keys_unique"].append(f"{scan.name}:{m.name}: a member name with a path is not webdataset-safe")
-        if dot and ext not in MEMBER_ORDER:
+        if unnamed is None and ext not in MEMBER_ORDER:
             scan.offenders["member_types"].append(
                 f"{scan.name}:{m.name}: .{ext} is not a member type pipe shard writes ({', '.join(MEMBER_ORDER)})")
         member = tar.extractfile(m)
@@ -146,8 +146,8 @@ def _read_samples(tar: tarfile.TarFile, scan: ShardScan, s: ScanSettings) -> Non
             if key is not None:
                 _sample(scan, key, offset, members, s)
             key, members, offset = k, {}, m.offset
-        if not dot:
-            scan.offenders["schema"].append(f"{scan.name}:{m.name}: member without an extension")
+        if unnamed is not None:
+            scan.offenders["schema"].append(f"{scan.name}:{m.name}: {unnamed}")
         elif ext.lower() in members:
             scan.offenders["keys_unique"].append(f"{scan.name}:{key}: two .{ext} members in one sample")
         members[ext.lower()] = data
@@ -165,12 +165,12 @@ def _sample(scan: ShardScan, key: str, offset: int, members: dict[str, bytes], s
     bad = scan.offenders
     scan.keys.append(key)
     scan.offsets.append(offset)
-    if not _SAFE_KEY.match(key):
+    if not is_safe_key(key.rpartition("/")[2]):  # a folder in the key is named once per member (`_read_samples`)
         bad["keys_unique"].append(f"{where}: key is not webdataset-safe (letters, digits, _ and - only)")
     label = _meta_label(members.get("json"), where, bad)
     scan.cls.append(_class(members.get("cls"), label, where, s, bad))
-    img_ext = next((e for e in members if e in IMAGE_EXTS), None)
-    txt_ext = next((e for e in members if e in TEXT_EXTS), None)
+    img_ext = next((e for e in members if e in IMAGE_LIKE), None)
+    txt_ext = next((e for e in members if e in TEXT_LIKE), None)
     if img_ext is None and txt_ext is None:
         bad["schema"].append(f"{where}: neither an image nor a text member (has {', '.join(sorted(members))})")
     phash = exact = sig = None

@@ -3,18 +3,18 @@ previews per class read from the start of the train shards (bounded: a few thous
 
 from __future__ import annotations
 
-import json
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.formats import index as shard_index
+from pipeline.formats.sample import CLASS_EXT, IMAGE_LIKE, split_name
 from pipeline.report import thumbs
 from pipeline.report.clean import Item
 
 PER_CLASS = 4
 CLASSES_WITH_THUMBS = 24
 MAX_MEMBERS = 4000  # tar members read for previews, over all shards
-IMAGE_EXT = (".jpg", ".jpeg", ".png", ".webp")
 
 
 @dataclass
@@ -32,10 +32,9 @@ class ShardFacts:
 
 def gather(root: Path, previews: bool = True) -> ShardFacts:
     f = ShardFacts(root)
-    try:
-        index = json.loads((root / "index.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        f.problems.append(f"index.json is not readable JSON: {e}")
+    index, unreadable = shard_index.parse(root)
+    if unreadable is not None:
+        f.problems.append(f"index.json is not readable JSON: {unreadable}")
         return f
     if not isinstance(index, dict):
         f.problems.append("index.json is not a JSON object")
@@ -85,15 +84,18 @@ def _scan(path: Path, classes: list[str], found: dict[str, list[Item]], budget: 
                     break
                 if not m.isfile() or m.size > thumbs.MAX_FILE_BYTES:
                     continue
-                key, _, ext = m.name.rpartition(".")
-                ext = "." + ext.lower()
-                if ext == ".cls" or ext in IMAGE_EXT:
+                try:
+                    key, ext = split_name(m.name)
+                except ValueError:  # in no sample
+                    continue
+                ext = ext.lower()
+                if ext == CLASS_EXT or ext in IMAGE_LIKE:
                     member = tar.extractfile(m)
                     if member is None:  # only for members that are not files, skipped above
                         continue
                     data = member.read()
                     s = pending.setdefault(key, {})
-                    s["cls" if ext == ".cls" else "img"] = data
+                    s["cls" if ext == CLASS_EXT else "img"] = data
                     _take(key, s, classes, found, pending)
     except (OSError, tarfile.TarError):
         pass  # pipe check says what is wrong with a shard; previews are a courtesy

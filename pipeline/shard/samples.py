@@ -75,13 +75,10 @@ class Samples:
         """Bytes each sample takes in a shard: its members' headers, data and padding."""
         import pyarrow.compute as pc
 
-        from pipeline.formats.tarstream import member_sizes
+        from pipeline.formats.sample import encode_class, sample_bytes
 
-        cls_digits = np.array([len(str(i)) for i in range(len(self.classes))], dtype=np.int64)
-        n = member_sizes(cls_digits[self.cls]) + member_sizes(pc.binary_length(self.meta).to_numpy())
-        n += np.where(self.image_size >= 0, member_sizes(self.image_size), 0)
-        n += np.where(self.text_size >= 0, member_sizes(self.text_size), 0)
-        return n
+        cls_size = np.array([len(encode_class(i)) for i in range(len(self.classes))], dtype=np.int64)
+        return sample_bytes(self.image_size, self.text_size, cls_size[self.cls], pc.binary_length(self.meta).to_numpy())
 
 
 def load(clean_dir: Path, spill_dir: Path | None = None) -> tuple[Samples, str]:
@@ -542,9 +539,9 @@ def _shard_keys(keys):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pipeline.formats.sample import MAX_KEY
+    from pipeline.formats.sample import KEY_PATTERN, MAX_KEY
 
-    safe = _mask(pc.and_(pc.match_substring_regex(keys, "^[A-Za-z0-9_-]+$"), pc.less_equal(pc.utf8_length(keys), MAX_KEY)))
+    safe = _mask(pc.and_(pc.match_substring_regex(keys, KEY_PATTERN), pc.less_equal(pc.utf8_length(keys), MAX_KEY)))
     if safe.all():
         return keys
     out = keys.to_pylist()

@@ -1,7 +1,8 @@
 """Write one shard from its `ShardPlan`: a plain function of (plan entry, paths) -> index entry.
 
-The shard's layout is known before a byte is copied (every file was stat'ed at load), so the
-headers of all its members are made at once (`tarstream.headers`) and the bytes are assembled
+The shard's layout is known before a byte is copied (every file was stat'ed at load): which
+member each payload is and its name come from the sample format (`pipeline.formats.sample`:
+`layout`, `name_rows`), so the headers of all its members are made at once (`tarstream.headers`) and the bytes are assembled
 in a reused window of a few MiB: headers placed with one array operation, each file read
 straight into its place (one ``readv``, no intermediate bytes), small members copied in, the
 padding left zero. Each full window is hashed and written in one call: sha256 while writing,
@@ -25,8 +26,7 @@ import numpy as np
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import tmp_name
 from pipeline.formats import index as shard_index
-from pipeline.formats import tarstream
-from pipeline.formats.sample import IMAGE_EXTS
+from pipeline.formats import sample, tarstream
 from pipeline.shard.plan import ShardPlan, values
 
 BLOCK = tarstream.BLOCK
@@ -95,33 +95,34 @@ class _Members:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        n_samples = len(plan)
         has_image = plan.image_exts >= 0
         has_text = np.asarray(pc.is_valid(plan.texts).to_numpy(zero_copy_only=False), dtype=bool)
-        count = has_image.astype(np.int64) + has_text + 2  # members per sample: image, text, .cls, .json
-        self.firsts = np.concatenate(([0], np.cumsum(count)[:-1]))  # each sample's first member
-        at_image, at_text = self.firsts[has_image], (self.firsts + has_image)[has_text]
-        at_cls = self.firsts + has_image + has_text
-        n = int(count.sum())
+        lay = sample.layout(has_image, has_text)
+        self.firsts = lay.firsts  # each sample's first member
+        n = lay.count
         self.count = n
-        digits = pa.array([str(c) for c in range(int(plan.cls.max(initial=-1)) + 1)], pa.binary())
-        cls = digits.take(pa.array(plan.cls))
+        codes = pa.array([sample.encode_class(c) for c in range(int(plan.cls.max(initial=-1)) + 1)], pa.binary())
+        cls = codes.take(pa.array(plan.cls))
         meta_at, _ = values(plan.meta)
         kinds, sizes = np.full(n, SMALL, dtype=np.int8), np.empty(n, dtype=np.int64)
-        kinds[at_image], kinds[at_text] = FILE, TEXT
-        sizes[at_image] = plan.image_sizes[has_image]
-        sizes[at_text] = plan.text_sizes[has_text]
-        sizes[at_cls] = np.diff(values(cls)[0])
-        sizes[at_cls + 1] = np.diff(meta_at)
-        self.name_rows = _names(plan, n, n_samples, at_image, at_text, at_cls, has_image, has_text)
+        kinds[lay.image], kinds[lay.text] = FILE, TEXT
+        sizes[lay.image] = plan.image_sizes[has_image]
+        sizes[lay.text] = plan.text_sizes[has_text]
+        sizes[lay.cls] = np.diff(values(cls)[0])
+        sizes[lay.meta] = np.diff(meta_at)
+        key_at, key_bytes = values(plan.keys)
+        try:
+            self.name_rows = sample.name_rows(key_at, key_bytes, lay, plan.image_exts)
+        except ValueError as e:
+            raise ValueError(f"{e} in {plan.name}") from None
         self.kinds = kinds
         self.sizes = sizes
         self.file_members = np.flatnonzero(kinds != SMALL)
         paths = np.empty(n, dtype=object)
-        paths[at_image] = plan.images.filter(pa.array(has_image)).to_pylist()
-        paths[at_text] = plan.texts.filter(pa.array(has_text)).to_pylist()
+        paths[lay.image] = plan.images.filter(pa.array(has_image)).to_pylist()
+        paths[lay.text] = plan.texts.filter(pa.array(has_text)).to_pylist()
         self.paths: list[str] = paths[self.file_members].tolist()
-        self.small_members = np.stack([at_cls, at_cls + 1], axis=1).reshape(-1)  # each sample's .cls, then its .json
+        self.small_members = np.stack([lay.cls, lay.meta], axis=1).reshape(-1)  # each sample's .cls, then its .json
         self.small_at = np.concatenate(([0], np.cumsum(sizes[self.small_members])))
         self.blob = values(pc.binary_join_element_wise(cls, plan.meta.cast(pa.binary()), b""))[1]  # .cls, .json, .cls, ...
         self.spans = tarstream.member_sizes(sizes)  # header + data + padding
@@ -135,30 +136,6 @@ class _Members:
     def path(self, member: int) -> str:
         """A FILE or TEXT member's path, relative to CLEAN_DIR."""
         return self.paths[int(np.searchsorted(self.file_members, member))]
-
-
-def _names(plan: ShardPlan, n: int, n_samples: int, at_image: np.ndarray, at_text: np.ndarray, at_cls: np.ndarray,
-           has_image: np.ndarray, has_text: np.ndarray) -> np.ndarray:
-    """The name field of every member's header, ``(n, MAX_NAME)`` uint8: the sample's key and the
-    member's extension (`.jpg`/`.png`/`.webp`, `.txt`, `.cls`, `.json`), NUL-padded, placed
-    from the key column's bytes with array operations (no str per member)."""
-    key_at, key_bytes = values(plan.keys)
-    key_len = np.diff(key_at)
-    if key_len.max(initial=0) + len(".json") > tarstream.MAX_NAME:  # (shard keys are capped well below)
-        raise ValueError(f"tar member name longer than {tarstream.MAX_NAME} bytes in {plan.name}")
-    keys = np.zeros((n_samples, tarstream.MAX_NAME), dtype=np.uint8)
-    keys[np.repeat(np.arange(n_samples), key_len), np.arange(len(key_bytes)) - np.repeat(key_at[:-1], key_len)] = key_bytes
-    sample = np.repeat(np.arange(n_samples), has_image.astype(np.int64) + has_text + 2)
-    rows = keys[sample]
-    image_samples, text_samples = np.flatnonzero(has_image), np.flatnonzero(has_text)
-    ends = (
-        [(at_image[plan.image_exts[image_samples] == e], image_samples[plan.image_exts[image_samples] == e], f".{ext}")
-         for e, ext in enumerate(IMAGE_EXTS)]
-        + [(at_text, text_samples, ".txt"), (at_cls, np.arange(n_samples), ".cls"), (at_cls + 1, np.arange(n_samples), ".json")])
-    for members, samples, suffix in ends:
-        if len(members):
-            rows[members[:, None], key_len[samples][:, None] + np.arange(len(suffix))] = np.frombuffer(suffix.encode(), dtype=np.uint8)
-    return rows
 
 
 def _headers(m: _Members) -> np.ndarray:

@@ -17,7 +17,7 @@ credentials or a missing bucket (FileNotFoundError, UsageError) are not retried.
 
 from __future__ import annotations
 
-from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.errors import StageFailed
 from train.data.ranges import MiB
 
 
@@ -39,17 +39,6 @@ class S3Source:
 
     def read_range(self, rel: str, start: int, length: int) -> bytes:
         return self.folder.read_range(rel, start, length)
-
-    def read_index(self, rel: str, max_bytes: int) -> bytes:
-        """The whole of a small object (index.json): UsageError, one line, when it is not there."""
-        from pipeline.storage.folder import TooLarge
-
-        try:
-            return self.folder.read(rel, max_bytes=max_bytes)
-        except FileNotFoundError:
-            raise UsageError(f"{self.url(rel)} not found (pipe shard writes it last: was the run interrupted?)") from None
-        except TooLarge:
-            raise UsageError(f"{self.url(rel)} is larger than {max_bytes} bytes: not an index pipe shard wrote") from None
 
     def close(self) -> None:
         """Nothing to close: the process's client is the storage module's, kept for the next epoch."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import mmap
 import os
 import threading
@@ -35,8 +34,6 @@ ALIGN = 64  # bytes: where buffers of large plain reads start (a cache line)
 MAP_FROM = 4 << 20  # bytes: ranges this large are mapped, smaller ones read (measured crossover)
 _CAN_MAP = hasattr(mmap, "MAP_SHARED")  # POSIX
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: read and map every page at once
-INDEX_NAME = "index.json"
-INDEX_MAX_BYTES = 1 << 30  # an index.json larger than this is not one pipe shard wrote
 
 
 def is_remote(location: str | os.PathLike) -> bool:
@@ -64,25 +61,7 @@ def read_index(location: str | os.PathLike) -> tuple[dict, bytes]:
     bytes (whose hash is the dataset's fingerprint). Read from the same storage as the shards."""
     from pipeline.formats import index as shard_index
 
-    if not is_remote(location):
-        doc = shard_index.load(Path(location))
-        return doc, (Path(location) / INDEX_NAME).read_bytes()
-    from pipeline.core.errors import UsageError
-    from pipeline.core.schemas import validate_or_usage_error
-    from train.data.s3 import S3Source
-
-    source = S3Source(str(location))
-    what = source.url(INDEX_NAME)
-    raw = source.read_index(INDEX_NAME, INDEX_MAX_BYTES)
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise UsageError(f"{what} is not valid JSON: {e}") from None
-    validate_or_usage_error(doc, "index", what=what)
-    if doc["schema_version"] != shard_index.SCHEMA_VERSION:
-        raise UsageError(f"{what} has schema_version {doc['schema_version']}; this pipe reads version "
-                         f"{shard_index.SCHEMA_VERSION}")
-    return doc, raw
+    return shard_index.load_bytes(location)
 
 
 class LocalSource:

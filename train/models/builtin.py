@@ -11,8 +11,8 @@ other samples in its batch, so N micro-batches of b give the gradients of one ba
 recomputing a block under gradient checkpointing cannot update running statistics twice, and
 ranks have no buffers to drift apart.
 
-``--model hf:PATH`` builds a local Hugging Face folder's model (`train.models.hf`);
-``--model torchvision:NAME`` and ``timm:NAME`` those libraries' classifiers (`train.models.vision`).
+The families ``--model`` names (these built-ins, ``package.module:factory``, ``torchvision:NAME``,
+``timm:NAME``, ``hf:PATH``) are declared in `train.models.families`; `build_model` builds any of them.
 
 The contract for ``--model package.module:factory`` (``factory(num_classes=N)``, plus
 ``index=<index.json as a dict>`` when the factory names an ``index`` parameter; ``**kwargs`` alone
@@ -54,6 +54,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.core.errors import UsageError
+from train.models import families
 
 
 def _norm2d(channels: int) -> nn.GroupNorm:
@@ -197,11 +198,25 @@ class Classifier(nn.Module):
 
 
 def build_builtin(name: str, num_classes: int, width: int = 32, resolution: int = 64, max_text_len: int = 256) -> Classifier:
-    image = ImageEncoder(width, resolution) if name in ("image", "image-text") else None
-    text = TextEncoder(width, max_text_len) if name in ("text", "image-text") else None
-    if image is None and text is None:
-        raise UsageError(f"--model {name!r} is neither a built-in model (image, text, image-text) nor package.module:factory")
+    if name not in families.BUILTIN_INPUTS:
+        raise families.unknown(name)
+    reads = families.BUILTIN_INPUTS[name]
+    image = ImageEncoder(width, resolution) if "image" in reads else None
+    text = TextEncoder(width, max_text_len) if "text" in reads else None
     return Classifier(num_classes, image, text)
+
+
+def build_named(name: str, num_classes: int, options: families.Options) -> Classifier:
+    """The built-in family's builder (`train.models.families.BUILTIN`)."""
+    return build_builtin(name, num_classes, options.width, options.resolution, options.max_text_len)
+
+
+def build_from_factory(spec: str, num_classes: int, options: families.Options) -> nn.Module:
+    """``package.module:factory``'s builder (`train.models.families.FACTORY`)."""
+    model = _call_factory(spec, load_factory(spec), num_classes, options.index)
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"--model {spec} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def load_factory(spec: str):
@@ -243,23 +258,9 @@ def _call_factory(spec: str, factory, num_classes: int, index: dict | None):
 
 def build_model(spec: str, num_classes: int, *, index: dict | None = None, width: int = 32, resolution: int = 64,
                 max_text_len: int = 256, grad_checkpoint: bool = False) -> nn.Module:
-    """The model named by --model, with gradient checkpointing switched on when asked."""
-    model: nn.Module
-    if spec.startswith("hf:"):  # a local Hugging Face folder (transformers imported only then)
-        from train.models.hf import build_hf
-
-        model = build_hf(spec[3:], num_classes, index=index, max_text_len=max_text_len)
-    elif spec.startswith(("torchvision:", "timm:")):  # torchvision/timm imported only then
-        from train.models.vision import build_vision
-
-        model = build_vision(spec, num_classes)
-    elif ":" in spec:
-        factory = load_factory(spec)
-        model = _call_factory(spec, factory, num_classes, index)
-        if not isinstance(model, nn.Module):
-            raise UsageError(f"--model {spec} returned {type(model).__name__}, not a torch.nn.Module")
-    else:
-        model = build_builtin(spec, num_classes, width, resolution, max_text_len)
+    """The model named by --model (built by its family, `train.models.families`: torchvision, timm
+    and transformers imported only for theirs), with gradient checkpointing switched on when asked."""
+    model: nn.Module = families.build(spec, num_classes, families.Options(index, width, resolution, max_text_len))
     if grad_checkpoint:
         switch = getattr(model, "set_grad_checkpointing", None)
         enable = getattr(model, "gradient_checkpointing_enable", None)

@@ -33,11 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.errors import UsageError
+from train.models import families
 from train.models.finetune import InitReport
 from train.models.hf_files import PREPROCESSOR, folder_problem, has_tokenizer, weights_file
 from train.models.norm import InputNorm
 
-PREFIX = "hf:"
+PREFIX = families.HF.prefix
 HEAD_NAMES = ("classifier", "score", "head", "fc")
 
 
@@ -186,8 +187,11 @@ def _report(label: str, folder: Path, model: nn.Module, info: dict, num_classes:
     return report
 
 
-def build_hf(path: str, num_classes: int, *, index: dict | None = None, max_text_len: int = 256) -> HFClassifier:
-    """The classifier in the local folder ``path``, with one output per class of the dataset."""
+def build_hf(path: str, num_classes: int, options: families.Options | None = None) -> HFClassifier:
+    """The classifier in the local folder ``path``, with one output per class of the dataset (the hf
+    family's builder; ``options``: the index's class names, --max-text-len)."""
+    options = options or families.Options()
+    index, max_text_len = options.index, options.max_text_len
     label = PREFIX + str(path)
     problem = folder_problem(path)
     if problem:

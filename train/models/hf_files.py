@@ -21,6 +21,20 @@ def has_tokenizer(folder: Path) -> bool:
     return any((Path(folder) / n).is_file() for n in TOKENIZER_FILES)
 
 
+def check_folder(path: str) -> None:
+    """The hf family's check: a usable folder, or one line (exit 2)."""
+    from pipeline.core.errors import UsageError
+
+    problem = folder_problem(path)
+    if problem:
+        raise UsageError(problem)
+
+
+def folder_inputs(path: str) -> tuple[str, ...]:
+    """What the folder's model reads: texts with a tokenizer, images with an image processor."""
+    return ("text",) if has_tokenizer(Path(path)) else ("image",)
+
+
 def folder_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` is not a usable Hugging Face model folder for ``--model hf:PATH``, or None."""
     folder = Path(path)

@@ -37,15 +37,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.errors import UsageError
+from train.models import families
 from train.models.finetune import checkpoint_blocks
 from train.models.norm import InputNorm
 
-TORCHVISION, TIMM = "torchvision:", "timm:"
-PREFIXES = (TORCHVISION, TIMM)
-
-
-def is_vision_spec(spec: str) -> bool:
-    return spec.startswith(PREFIXES)
+TORCHVISION, TIMM = families.TORCHVISION.prefix, families.TIMM.prefix
 
 
 class VisionClassifier(nn.Module):
@@ -161,7 +157,8 @@ def _tv_input_params(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in found if isinstance(p, nn.Parameter)]
 
 
-def build_torchvision(name: str, num_classes: int) -> VisionClassifier:
+def build_torchvision(name: str, num_classes: int, options: families.Options | None = None) -> VisionClassifier:
+    """The torchvision family's builder (``options``: nothing a library model takes)."""
     label = TORCHVISION + name
     models = _torchvision(label)
     try:
@@ -244,7 +241,8 @@ def _timm_input_params(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in found if isinstance(p, nn.Parameter)]
 
 
-def build_timm(name: str, num_classes: int) -> VisionClassifier:
+def build_timm(name: str, num_classes: int, options: families.Options | None = None) -> VisionClassifier:
+    """The timm family's builder (``options``: nothing a library model takes)."""
     label = TIMM + name
     timm = _timm(label)
     try:
@@ -261,18 +259,17 @@ def build_timm(name: str, num_classes: int) -> VisionClassifier:
                             input_params=_timm_input_params, input_norm=norm, fixed_size=fixed, label=label)
 
 
-def check_spec(spec: str) -> None:
-    """The package loads and knows the name (nothing built): for the command line, before any rank."""
-    if spec.startswith(TORCHVISION):
-        models, name = _torchvision(spec), spec[len(TORCHVISION):]
-        if name not in models.list_models(module=models):
-            known = ", ".join(models.list_models(module=models)[:12])
-            raise UsageError(f"--model {spec}: torchvision has no classification model {name!r} (e.g. {known}, ...)")
-    elif not _timm(spec).is_model(spec[len(TIMM):]):
-        raise UsageError(f"--model {spec}: timm has no model {spec[len(TIMM):]!r} (timm.list_models() lists them)")
+def check_torchvision(name: str) -> None:
+    """torchvision loads and knows the name (nothing built): for the command line, before any rank."""
+    spec = TORCHVISION + name
+    models = _torchvision(spec)
+    if name not in models.list_models(module=models):
+        known = ", ".join(models.list_models(module=models)[:12])
+        raise UsageError(f"--model {spec}: torchvision has no classification model {name!r} (e.g. {known}, ...)")
 
 
-def build_vision(spec: str, num_classes: int) -> VisionClassifier:
-    if spec.startswith(TORCHVISION):
-        return build_torchvision(spec[len(TORCHVISION):], num_classes)
-    return build_timm(spec[len(TIMM):], num_classes)
+def check_timm(name: str) -> None:
+    """timm loads and knows the name (nothing built): for the command line, before any rank."""
+    spec = TIMM + name
+    if not _timm(spec).is_model(name):
+        raise UsageError(f"--model {spec}: timm has no model {name!r} (timm.list_models() lists them)")

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.check import policy
+from pipeline.check import policy, registry
 from pipeline.core import schemas
 from pipeline.core.errors import UsageError
 
@@ -38,8 +38,8 @@ def test_schema_documents_every_key_and_its_default():
 
 def test_severity_table_names_every_check_with_its_default():
     sev = schemas.load_schema("policy")["properties"]["severity"]["properties"]
-    assert list(sev) == list(policy.CHECK_NAMES)
-    assert {k: v["default"] for k, v in sev.items()} == policy.DEFAULT_SEVERITY
+    assert list(sev) == list(registry.names())
+    assert {k: v["default"] for k, v in sev.items()} == registry.default_severity()
 
 
 def test_values_and_severities_are_read(tmp_path):
@@ -71,6 +71,4 @@ def test_missing_policy_file(tmp_path):
 
 
 def test_check_names_are_the_checks_that_exist():
-    from pipeline.check import clean_dir, shard_dir
-
-    assert set(policy.CHECK_NAMES) == set(clean_dir.names()) | set(shard_dir.names())
+    assert set(registry.names()) == set(registry.names_of("clean")) | set(registry.names_of("shard"))

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pipeline.check.policy import CHECK_NAMES
+from pipeline.check.registry import names as check_names
 from pipeline.core import schemas
 from tests.check_fixtures import copy_dir, kept_output, policy_file
 from tests.conftest import pipe_env
@@ -92,7 +92,7 @@ def test_json_matches_its_schema_and_the_exit_code(cli, good, bad):
     assert all(c["status"] != "fail" for c in good_checks)
     assert [c["name"] for c in bad_checks if c["status"] == "fail"] == ["image_size"]
     assert doc["summary"]["errors"] == 1
-    assert {c["name"] for c in good_checks} <= set(CHECK_NAMES)
+    assert {c["name"] for c in good_checks} <= set(check_names())
 
 
 def test_junit_one_testcase_per_check_read_by_a_junit_parser(cli, good, bad, tmp_path):
