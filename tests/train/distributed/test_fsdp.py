@@ -31,9 +31,9 @@ from tests.fake_data import open_fake, write_index
 from tests.gloo import random_batch, run_world, tiny_model
 from train import loop
 from train.components import checkpoint as ckpt
+from train.components.wrapping import no_sync
 from train.config import TrainConfig
 from train.distributed import fsdp
-from train.distributed.group import no_sync
 from train.labels import record_files
 from train.models.builtin import build_model, forward
 from train.models.finetune import Freezer
