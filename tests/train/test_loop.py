@@ -201,6 +201,7 @@ def _flags(values: dict) -> list[str]:
     return [a for k, v in values.items() for a in (f"--{k.replace('_', '-')}", str(v))]
 
 
+@pytest.mark.slow
 def test_sigkill_restart_resumes_by_itself_and_ends_bit_identical(tmp_path):
     """pipe train --nproc-per-node 2 --max-restarts 1; rank 1 SIGKILLs itself after step 5 (the last
     checkpoint is step 4, mid-epoch 2): the elastic agent restarts both ranks, they resume from
@@ -222,6 +223,7 @@ def test_sigkill_restart_resumes_by_itself_and_ends_bit_identical(tmp_path):
         assert torch.equal(pa["exp_avg"], pb["exp_avg"]) and torch.equal(pa["exp_avg_sq"], pb["exp_avg_sq"])
 
 
+@pytest.mark.slow
 def test_validation_is_exact_across_ranks():
     """2 ranks, 12 val samples in batches of 4: the reader tops the ranks' last batches up with
     repeats marked invalid; they are not counted, and the all-reduced loss and accuracy equal one
