@@ -28,8 +28,9 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -47,13 +48,16 @@ from train.components.optimizer import make_optimizer, make_scheduler, warmup_st
 from train.components.step import Step, step_seed
 from train.components.validation import validate
 from train.config import TrainConfig, check_epoch_fits, parse_unfreeze_at, resolve_batch
-from train.data.loaders import open_shards, read_index
+from train.data.loaders import DataSource, open_shards, read_index
 from train.distributed import group as distributed
 from train.distributed import preflight
 from train.distributed.group import Dist, unwrap
 from train.models import norm as input_norm
 from train.models.builtin import build_model, reader_fields, reader_image_size
 from train.models.finetune import Freezer, FreezeSchedule, load_init, sync_batch_norm
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
 # optimizer step STEP, once per RUN_DIR (a marker file stops a restarted run from dying again).
@@ -87,7 +91,7 @@ def main(cfg: TrainConfig) -> dict:
     return run(cfg)
 
 
-def run(cfg: TrainConfig, open_data=open_shards, console=None) -> dict:
+def run(cfg: TrainConfig, open_data: Callable[..., DataSource] = open_shards, console: Console | None = None) -> dict:
     """Train on this rank; returns the summary (the same on every rank). Tears the group down always."""
     with distributed.process_group(cfg.backend) as d:
         return Trainer(cfg, d, open_data, console).fit()
@@ -96,7 +100,7 @@ def run(cfg: TrainConfig, open_data=open_shards, console=None) -> dict:
 class Trainer:
     """The state of one rank's run; `fit` is the loop."""
 
-    def __init__(self, cfg: TrainConfig, d: Dist, open_data, console=None):
+    def __init__(self, cfg: TrainConfig, d: Dist, open_data: Callable[..., DataSource], console: Console | None = None):
         self.cfg, self.d = cfg, d
         self.console = console or stderr_console()
         self.out = RunConsole(self.console, d.is_main)
@@ -223,7 +227,7 @@ class Trainer:
         finally:
             batches.close()  # drops the loader's iterator: non-persistent workers stop now, not at GC
 
-    def _batches(self, reader, where: str):
+    def _batches(self, reader: Any, where: str) -> Generator[dict, None, None]:
         """The loader's batches; bad data ends the run in one line that names the shard and key."""
         it = iter(self.data.loader(reader))
         while True:

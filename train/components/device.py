@@ -41,7 +41,7 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     return requested
 
 
-def autocast(precision: str, device: torch.device):
+def autocast(precision: str, device: torch.device) -> torch.autocast:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None)
 

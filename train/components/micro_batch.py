@@ -26,7 +26,8 @@ def oom_message(d: Dist, plan: BatchPlan, precision: str, grad_checkpoint: bool)
             "also cut activation memory")
 
 
-def probe(model: nn.Module, index: dict, cfg: TrainConfig, plan: BatchPlan, d: Dist, precision: str, say) -> BatchPlan:
+def probe(model: nn.Module, index: dict, cfg: TrainConfig, plan: BatchPlan, d: Dist, precision: str,
+          say: Callable[[str], None]) -> BatchPlan:
     """--auto-micro-batch: the plan to train with (on CPU, ``plan`` itself: nothing to probe)."""
     if d.device.type != "cuda":
         say("auto-micro-batch: nothing to probe on CPU (an out-of-memory there is not recoverable); "
@@ -48,7 +49,8 @@ def probe(model: nn.Module, index: dict, cfg: TrainConfig, plan: BatchPlan, d: D
     return found
 
 
-def probe_micro_batch(plan: BatchPlan, try_batch: Callable[[int], None], d: Dist, say, describe_oom) -> BatchPlan:
+def probe_micro_batch(plan: BatchPlan, try_batch: Callable[[int], None], d: Dist, say: Callable[[str], None],
+                      describe_oom: Callable[[BatchPlan], str]) -> BatchPlan:
     """Find the largest per-rank batch (halving) whose forward+backward fits on every rank.
 
     Every rank tries the same size and the out-of-memory flags are max-reduced, so all ranks
@@ -74,7 +76,7 @@ def probe_micro_batch(plan: BatchPlan, try_batch: Callable[[int], None], d: Dist
         plan = smaller
 
 
-def _synthetic_batch(model: nn.Module, index: dict, cfg: TrainConfig, size: int, device) -> dict:
+def _synthetic_batch(model: nn.Module, index: dict, cfg: TrainConfig, size: int, device: torch.device) -> dict:
     side = reader_image_size(model, index.get("image_size")) or int(index.get("image_size") or 64)
     return {
         "image": torch.randn(size, 3, side, side, device=device),

@@ -16,7 +16,9 @@ from torch import nn
 
 from pipeline.core.errors import StageFailed
 from train.components.device import autocast, to_device
+from train.components.margins import MarginRecorder
 from train.components.micro_batch import oom_message
+from train.components.monitor import Monitor
 from train.components.wrapping import no_sync
 from train.config import BatchPlan
 from train.distributed.group import Dist
@@ -47,8 +49,8 @@ class Step:
     grad_checkpoint: bool
     steps_per_epoch: int
 
-    def run(self, wrapped: nn.Module, batches: Iterator[dict], epoch: int, step_in_epoch: int, monitor,
-            margins) -> tuple[torch.Tensor, int, float]:
+    def run(self, wrapped: nn.Module, batches: Iterator[dict], epoch: int, step_in_epoch: int, monitor: Monitor,
+            margins: MarginRecorder) -> tuple[torch.Tensor, int, float]:
         """One optimizer step of ``wrapped`` (DDP, the sharded model or the bare one) on the next
         ``accum`` batches: the loss summed over its samples, their number, and the seconds spent
         waiting for batches. ``monitor`` sees each batch's inputs, ``margins`` its logits."""

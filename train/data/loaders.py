@@ -9,7 +9,7 @@ as a parameter, so its tests put a stand-in with the same signature in its place
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,8 @@ def read_index(shard_dir: str | Path) -> tuple[dict, str]:
 
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
-                image_size: int | None = None, mean=None, std=None, tokenize=None) -> DataSource:
+                image_size: int | None = None, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                tokenize: Callable[..., dict] | None = None) -> DataSource:
     """The real readers over SHARD_DIR (`train.data.reader`); images decoded at ``image_size`` (the
     model's input size) in the dataloader workers, not at the stored size, and normalised with
     ``mean``/``std`` when the model brings its own (else the index's); texts through the model's
@@ -66,7 +67,7 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
     if "image" in fields and index.get("image_size") is None:
         raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
 
-    def reader(split: str):
+    def reader(split: str) -> ShardReader:
         return ShardReader(cfg.shard_dir, split=split, rank=d.rank, world_size=d.world_size, batch_size=plan.batch_size,
                            seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, max_text_len=cfg.max_text_len,
                            image_size=image_size, mean=mean, std=std, tokenize=tokenize,
@@ -80,7 +81,7 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
                                   pin_memory=d.device.type == "cuda")  # page-locked: async copies to the GPU
                for r in readers}
 
-    def close():
+    def close() -> None:
         for ld in loaders.values():
             close_loader(ld)
 

@@ -9,6 +9,8 @@ chardet's reading of the whole file."""
 from __future__ import annotations
 
 import re
+from types import ModuleType
+from typing import Any
 
 from pipeline.formats.vocabulary import Reason
 from pipeline.media.text.codepages import (
@@ -59,7 +61,7 @@ WESTERN_MAX_BYTES = 400
 FALLBACKS = ("gb18030", "big5hkscs", "cp932", "cp949", "euc_jis_2004")
 
 
-def our_reading(chardet, data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded:
+def our_reading(chardet: ModuleType, data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded:
     """The quick pass, else chardet over more eras and bytes, every guess verified by a strict
     decode of everything and weighed by its oddities, with fallbacks."""
 
@@ -121,7 +123,7 @@ def our_reading(chardet, data: bytes, window: int, utf8_error: UnicodeDecodeErro
     return out
 
 
-def quick_guess(chardet, data: bytes, probe: bytes) -> Decoded | None:
+def quick_guess(chardet: ModuleType, data: bytes, probe: bytes) -> Decoded | None:
     """chardet restricted to the modern-web encodings, kept only when its decode is clean and
     no other reading is.
 
@@ -170,7 +172,7 @@ def _reads_otherwise(data: bytes, text: str, rival: str | None) -> bool:
     return other != text and _looks_clean(other, data, rival)
 
 
-def _chardet_candidates(chardet, data: bytes, era) -> list[tuple[str, float]]:
+def _chardet_candidates(chardet: ModuleType, data: bytes, era: Any) -> list[tuple[str, float]]:
     """chardet's guesses for all of ``data``, best first, mapped to the codecs that decode them,
     without repeats."""
     found = chardet.detect_all(data, encoding_era=era, compat_names=False, max_bytes=max(1, len(data)))
@@ -267,7 +269,7 @@ def _why_not_first(data: bytes, first: str | None, enc: str, tried: list[str]) -
     return _LESS_PLAUSIBLE
 
 
-def _second_opinion(chardet, data: bytes, result: tuple[str, str, float, int]) -> tuple[str, str, float, int] | str:
+def _second_opinion(chardet: ModuleType, data: bytes, result: tuple[str, str, float, int]) -> tuple[str, str, float, int] | str:
     """Check a reading that is a rare code page, or that overrode chardet's first guess, with
     chardet's own view of the file: every era, from its first byte (where an XML or HTML
     declaration says what the file is in) over as much as `FULL_WINDOW`, as the naive way asks.

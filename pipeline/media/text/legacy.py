@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Callable
+from types import ModuleType
 
 from pipeline.formats.vocabulary import Reason
 from pipeline.media.text.codepages import EBCDIC, MULTIBYTE, SUPERSET, ebcdic_like, first_high_byte, rare
@@ -66,7 +68,7 @@ def detect(data: bytes, window: int, utf8_error: UnicodeDecodeError) -> Decoded:
     return out
 
 
-def _with_floor(chardet, data: bytes, our_reading) -> tuple[Decoded, int | None, bool]:
+def _with_floor(chardet: ModuleType, data: bytes, our_reading: Callable[[], Decoded]) -> tuple[Decoded, int | None, bool]:
     """chardet's reading of the whole file against ours (``our_reading()``, made only when it
     could win): the reading more plausible for one language in one script throughout
     (`penalty_of`) is taken, and on a tie chardet's, unless it is a rare code page and ours is not

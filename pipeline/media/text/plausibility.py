@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.media.text.alphabets import foreign_letters
@@ -131,7 +132,7 @@ def _rare_ideographs(text: str, codec: str) -> int:
     return max(0, rare - len(han) // 10)
 
 
-def _in_level_1(codec: str, lo: int, hi: int):
+def _in_level_1(codec: str, lo: int, hi: int) -> Callable[[str], bool]:
     """Whether a character's first byte in ``codec`` falls in [lo, hi] (a frequency level)."""
     def common(ch: str) -> bool:
         try:
