@@ -49,7 +49,7 @@ class Grouped:
         label = kept.column(NAMES.label)
         first = label.take(self.starts[self.group])
         same = pc.or_kleene(pc.equal(label, first), pc.and_(pc.is_null(label), pc.is_null(first)))
-        self.wrong = misshapen.copy()  # groups pipe clean never writes: `_explain` says what is wrong
+        self.wrong = misshapen.copy()  # groups pipe clean never writes: `samples._explain` says what is wrong
         np.logical_or.at(self.wrong, self.group, ~to_mask(same))
         group_label = label.take(self.starts)
         self.labelled = ~to_mask(pc.or_kleene(pc.is_null(group_label), pc.equal(group_label, ""))) & ~self.wrong

@@ -78,7 +78,7 @@ _CAMEL = re.compile("[\u042f\u00c0-\u00d6\u00d8-\u00de](?:(?<=[\u0430-\u045f]{2}
 @dataclass(frozen=True)
 class _ByteTables:
     usual: bytes  # the byte values that decode to ordinary characters (to delete, leaving the rest)
-    tags: bytes  # byte value -> the script tag of its character, as `_ScriptTags` gives it
+    tags: bytes  # byte value -> the script tag of its character, as `scripts._ScriptTags` gives it
 
 
 @functools.lru_cache(maxsize=64)
@@ -152,7 +152,7 @@ _COMMON_IDEOGRAPH = {"cp932": _JIS_LEVEL_1, "euc_jis_2004": _JIS_LEVEL_1, "shift
 
 
 def _rare_letters(text: str) -> int:
-    """`_RARE_LETTER`s of a mostly Latin text (in Russian, "В" and "У" are words)."""
+    """`guesses._RARE_LETTER`s of a mostly Latin text (in Russian, "В" and "У" are words)."""
     head = text[:2000]
     if _GREEK_OR_CYRILLIC_WORD.search(head):
         return 0
@@ -162,7 +162,7 @@ def _rare_letters(text: str) -> int:
     return len(rare)
 
 
-# `_RARE_LETTER`, matching from one class of the characters a match can start with (a rare
+# `guesses._RARE_LETTER`, matching from one class of the characters a match can start with (a rare
 # letter, a digit, a Greek or Cyrillic letter): the scan skips to those, where a look-behind
 # first, or a letter class first, is tried at every position (a third of the cost)
 _RARE_LETTER_FAST = re.compile("[ŕŔĺĹďĎŤĒ0-9\u0370-\u03ff\u0400-\u04ff]"
