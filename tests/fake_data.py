@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from pipeline.core.files import atomic_write_text
-from train.loop import DataSource
+from train.data.loaders import DataSource
 
 CLASSES = ["red", "green", "blue"]
 
@@ -96,7 +96,7 @@ class FakeReader:
 
 def open_fake(cfg, d, plan, fields, index, image_size=None, *, n_train: int = 96, n_val: int = 30,
               skew_rank: int | None = None) -> DataSource:
-    """`train.loop.open_shards`' signature; ``skew_rank`` gets differently normalised images."""
+    """`train.data.loaders.open_shards`' signature; ``skew_rank`` gets differently normalised images."""
     size = image_size or int(index.get("image_size", 16))
     skew = {"scale": 3.0, "shift": 1.0} if d.rank == skew_rank else {}
     train = FakeReader(n_train, d.rank, d.world_size, plan.batch_size, cfg.seed, image_size=size,

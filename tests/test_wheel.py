@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import REPO
 from tests.factories import photo, write
 
-pytestmark = pytest.mark.packaging
+pytestmark = [pytest.mark.packaging, pytest.mark.slow]
 
 TOP_LEVEL = {"pipeline", "train"}  # the only packages a user installs; tests/, bench/, data_samples/ stay home
 

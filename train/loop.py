@@ -8,231 +8,60 @@ optimizer steps.
 
 One optimizer step = ``accum`` micro-batches of ``batch_size`` samples on each of ``world_size``
 ranks (`train.config.BatchPlan`). Gradients add up locally over the micro-steps and are
-all-reduced once, in the last micro-step's backward (`train.distributed.group.no_sync`).
+all-reduced once, in the last micro-step's backward (`train.components.step`).
 
 --strategy fsdp shards the model over the ranks instead of copying it (`train.distributed.fsdp`):
 the same loop, with the model sharded before the optimizer is built, reduce-scatters instead of
 all-reduces, and checkpoints every rank writes (`train.components.checkpoint.save_sharded`).
+
+The pieces with a role of their own are modules beside it: `train.data.loaders` (the readers),
+`train.components.device` (threads, precision, batches onto the device), `wrapping` (device,
+sharding, DDP rebuilt on unfreeze), `micro_batch` (--auto-micro-batch), `step` (one optimizer
+step), `validation`, `resume` (which checkpoint a run continues from).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from pipeline.core.cores import available_cores
-from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.errors import StageFailed
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
+from train.components import micro_batch, resume, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
+from train.components.device import set_device_flags
 from train.components.margins import MarginRecorder
 from train.components.monitor import Monitor
 from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
-from train.config import (
-    BatchPlan,
-    TrainConfig,
-    check_epoch_fits,
-    continues_run,
-    parse_unfreeze_at,
-    resolve_batch,
-    resume_conflict,
-)
-from train.distributed import fsdp, preflight
+from train.components.step import Step, step_seed
+from train.components.validation import validate
+from train.config import TrainConfig, check_epoch_fits, parse_unfreeze_at, resolve_batch
+from train.data.loaders import DataSource, open_shards, read_index
 from train.distributed import group as distributed
-from train.distributed.group import Dist, no_sync, unwrap
-from train.models import families
+from train.distributed import preflight
+from train.distributed.group import Dist, unwrap
 from train.models import norm as input_norm
-from train.models.builtin import build_model, forward, reader_fields, reader_image_size
+from train.models.builtin import build_model, reader_fields, reader_image_size
 from train.models.finetune import Freezer, FreezeSchedule, load_init, sync_batch_norm
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
 # optimizer step STEP, once per RUN_DIR (a marker file stops a restarted run from dying again).
 FAULT_ENV = "PIPE_FAULT_KILL_AT_STEP"
-
-
-# -- what the loop needs from the data side ------------------------------------------------------
-
-
-@dataclass
-class DataSource:
-    """Readers for the train and val splits and how to turn a reader into batches.
-
-    A reader is `train.data.reader.ShardReader`'s interface: ``steps_per_epoch`` (per-rank batches
-    per epoch, equal on every rank), ``image_size`` (the side images are decoded at),
-    ``set_epoch(epoch, consumed=0)``, ``state_dict(steps_done)`` (its position, for a checkpoint)
-    and ``load_state_dict(state)`` (ValueError when that position cannot be continued exactly);
-    the loader yields dicts: ``image`` [B,3,S,S] float normalised,
-    ``text`` [B,L] int64 byte ids, ``text_len`` [B] (or, for a model with a ``tokenize``, what it
-    returns: ``input_ids`` and ``attention_mask`` [B,L]), ``label`` [B], ``key`` list[str], and for
-    validation ``valid`` [B] bool (False for the repeats that fill the last batches so that
-    every rank runs the same number of steps; they are not counted).
-    """
-
-    train: Any
-    val: Any | None
-    loader: Callable[[Any], Iterable[dict]]
-    close: Callable[[], None]
-    """Stop the loaders' worker processes (before the process group goes away)."""
-    errors: tuple[type[BaseException], ...]
-    """What the loader raises for bad data (a sample that does not decode); it ends the run as a
-    one-line failure naming the shard and key, not as an internal error."""
-
-
-def read_index(shard_dir: str | Path) -> tuple[dict, str]:
-    """index.json (schema-checked; from a folder or s3://) and its fingerprint (the hash every
-    rank must agree on)."""
-    from train.data import sources
-
-    index, raw = sources.read_index(shard_dir)
-    if not index["classes"]:
-        raise UsageError(f"{shard_dir}/index.json lists no classes: there is nothing to classify")
-    return index, hashlib.sha256(raw).hexdigest()[:16]
-
-
-def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
-                image_size: int | None = None, mean=None, std=None, tokenize=None) -> DataSource:
-    """The real readers over SHARD_DIR (`train.data.reader`); images decoded at ``image_size`` (the
-    model's input size) in the dataloader workers, not at the stored size, and normalised with
-    ``mean``/``std`` when the model brings its own (else the index's); texts through the model's
-    ``tokenize`` when it has one, there too."""
-    from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
-
-    if "image" in fields and index.get("image_size") is None:
-        raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
-
-    def reader(split: str):
-        return ShardReader(cfg.shard_dir, split=split, rank=d.rank, world_size=d.world_size, batch_size=plan.batch_size,
-                           seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, max_text_len=cfg.max_text_len,
-                           image_size=image_size, mean=mean, std=std, tokenize=tokenize,
-                           cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes)
-
-    has_val = any(s.get("split") == "val" and s.get("count", 0) > 0 for s in index.get("shards", []))
-    readers = [reader("train")] + ([reader("val")] if has_val else [])
-    # one DataLoader per reader, made now (the reader's resume position depends on its worker
-    # count) and kept: persistent workers survive from epoch to epoch
-    loaders = {id(r): make_loader(r, cfg.workers, persistent_workers=cfg.workers > 0,
-                                  pin_memory=d.device.type == "cuda")  # page-locked: async copies to the GPU
-               for r in readers}
-
-    def close():
-        for ld in loaders.values():
-            close_loader(ld)
-
-    return DataSource(train=readers[0], val=readers[1] if has_val else None, loader=lambda r: loaders[id(r)],
-                      close=close, errors=(SampleDecodeError,))
-
-
-# -- small pieces --------------------------------------------------------------------------------
-
-
-def resolve_precision(requested: str, device: torch.device) -> str:
-    cuda = device.type == "cuda"
-    if requested == "auto":
-        return ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32"
-    if requested == "bf16" and cuda and not torch.cuda.is_bf16_supported():
-        raise UsageError("--precision bf16: this GPU has no bfloat16; use --precision fp16")
-    return requested
-
-
-def autocast(precision: str, device: torch.device):
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None)
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """The RNG seed of one optimizer step on one rank. Reseeding per step makes dropout and any
-    other randomness independent of history (a DataLoader iterator also draws from the global RNG),
-    so a resumed run draws exactly what the uninterrupted run drew."""
-    return (seed * 1_000_003 + step * 7919 + rank) % (2**63 - 1)
-
-
-def oom_message(d: Dist, plan: BatchPlan, precision: str, grad_checkpoint: bool) -> str:
-    return (f"CUDA out of memory on rank {d.rank} ({d.host}) at per-rank batch {plan.batch_size} "
-            f"(precision {precision}, gradient checkpointing {'on' if grad_checkpoint else 'off'}, "
-            f"{plan.describe()}): lower --batch-size and raise --accum to keep the global batch, or pass "
-            "--auto-micro-batch to find the largest batch that fits; --precision bf16 and --grad-checkpoint "
-            "also cut activation memory")
-
-
-def probe_micro_batch(plan: BatchPlan, try_batch: Callable[[int], None], d: Dist, say, describe_oom) -> BatchPlan:
-    """Find the largest per-rank batch (halving) whose forward+backward fits on every rank.
-
-    Every rank tries the same size and the out-of-memory flags are max-reduced, so all ranks
-    agree on the result (one rank training with another batch would hang the all-reduce).
-    """
-    while True:
-        oom = 0
-        try:
-            try_batch(plan.batch_size)
-        except torch.OutOfMemoryError:
-            oom = 1
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        flag = distributed.all_reduce_max(torch.tensor([oom], device=d.device), d)
-        if not flag.item():
-            return plan
-        if plan.batch_size % 2:
-            raise StageFailed(describe_oom(plan) + f" (--auto-micro-batch cannot halve the odd batch {plan.batch_size} "
-                              "and keep the global batch)")
-        smaller = plan.halved()
-        say(f"auto-micro-batch: per-rank batch {plan.batch_size} ran out of memory; trying {smaller.batch_size} "
-            f"with --accum {smaller.accum} (global batch {smaller.global_batch} kept)")
-        plan = smaller
-
-
-def _synthetic_batch(model: nn.Module, index: dict, cfg: TrainConfig, size: int, device) -> dict:
-    side = reader_image_size(model, index.get("image_size")) or int(index.get("image_size") or 64)
-    return {
-        "image": torch.randn(size, 3, side, side, device=device),
-        "text": torch.randint(1, 257, (size, cfg.max_text_len), device=device),
-        "text_len": torch.full((size,), cfg.max_text_len, device=device),
-        "label": torch.zeros(size, dtype=torch.long, device=device),
-        # a tokenizer's ids: 1 is a valid id in every vocabulary; all positions attended (the worst case)
-        "input_ids": torch.ones(size, cfg.max_text_len, dtype=torch.long, device=device),
-        "attention_mask": torch.ones(size, cfg.max_text_len, dtype=torch.long, device=device),
-    }
-
-
-def _to_device(batch: dict, device: torch.device, channels_last: bool = False) -> dict:
-    out = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-    image = out.get("image")
-    if channels_last and isinstance(image, torch.Tensor) and image.dim() == 4:
-        out["image"] = image.contiguous(memory_format=torch.channels_last)
-    return out
-
-
-def _set_device_flags(d: Dist, workers: int) -> None:
-    """On a GPU, let cuDNN pick the fastest convolution for our fixed input size (bit-exact resume
-    is promised on CPU only). On CPU, size the intra-op thread pool (`cpu_threads`)."""
-    if d.device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-    elif "OMP_NUM_THREADS" not in os.environ:  # set by the operator or torchrun: theirs to choose
-        torch.set_num_threads(cpu_threads(d.local_world_size, workers))
-
-
-def cpu_threads(local_ranks: int, workers: int, cores: int | None = None) -> int:
-    """Intra-op threads for one CPU rank: its share of the node's cores, less one core for each of
-    its dataloader workers. CPU ranks on one node share the cores; a rank that starts a thread per
-    core, or threads that compete with its own decoding workers, spins in OpenMP barriers while
-    the other threads are descheduled: on 2 shared cores one rank with 2 threads and a worker ran
-    its steps 2-5x slower than with 1 thread (bench/train.py)."""
-    if cores is None:
-        cores = available_cores()  # the cgroup quota too: a --cpus=2 container on a 64-core host has 2
-    return max(1, cores // max(1, local_ranks) - workers)
 
 
 def _majority_share(index: dict) -> float | None:
@@ -254,42 +83,6 @@ def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-# -- resume ----------------------------------------------------------------------------------------
-
-
-def _checkpoint_to_resume(cfg: TrainConfig, run_dir: Path, fingerprint: str, d: Dist, plan: BatchPlan) -> dict | None:
-    """The checkpoint this run continues from, or None for a fresh run; the same answer on every rank.
-    `pipe train` made the same checks before any rank started (`train.config.continues_run`,
-    `resume_conflict`); here they also decide for a rank the elastic agent restarted, and the
-    checkpoint must come from this dataset."""
-    found = ckpt.last_checkpoint(run_dir)
-    seen = distributed.broadcast_object(None if found is None else found.name, d)  # rank 0's view
-    if not continues_run(run_dir, cfg.resume, seen is not None):
-        return None
-    last = run_dir / seen
-    if not last.exists():
-        raise StageFailed(f"rank {d.rank} on {d.host} cannot see {last} that rank 0 sees: RUN_DIR must be on storage "
-                          "every node shares")
-    state = ckpt.load(last)
-    if ckpt.is_sharded(last) != (cfg.strategy == "fsdp"):
-        made = "fsdp" if ckpt.is_sharded(last) else "ddp"
-        raise UsageError(f"--resume: {last} was written by --strategy {made}; resume it with --strategy {made}")
-    if state.get("dataset_fingerprint") != fingerprint:
-        raise UsageError(f"{last} was trained on another dataset (index hash {state.get('dataset_fingerprint')}, now "
-                         f"{fingerprint}); start a new run with -o and --init-from {last} to fine-tune from it")
-    conflict = resume_conflict(state.get("config") or {}, {**cfg.as_dict(), "global_batch": plan.global_batch})
-    if conflict:
-        raise UsageError(conflict)
-    return state
-
-
-def _last_trained_epoch(saved: dict) -> int:
-    """The last epoch (from 0) in which the checkpoint's run made an optimizer step. Blocks only
-    ever unfreeze, so the parameters trainable then are all that have optimizer state (AdamW makes
-    none for a parameter that never had a gradient)."""
-    return saved["epoch"] if saved["step_in_epoch"] or saved["epoch"] == 0 else saved["epoch"] - 1
-
-
 # -- the run ---------------------------------------------------------------------------------------
 
 
@@ -298,7 +91,7 @@ def main(cfg: TrainConfig) -> dict:
     return run(cfg)
 
 
-def run(cfg: TrainConfig, open_data=open_shards, console=None) -> dict:
+def run(cfg: TrainConfig, open_data: Callable[..., DataSource] = open_shards, console: Console | None = None) -> dict:
     """Train on this rank; returns the summary (the same on every rank). Tears the group down always."""
     with distributed.process_group(cfg.backend) as d:
         return Trainer(cfg, d, open_data, console).fit()
@@ -307,12 +100,12 @@ def run(cfg: TrainConfig, open_data=open_shards, console=None) -> dict:
 class Trainer:
     """The state of one rank's run; `fit` is the loop."""
 
-    def __init__(self, cfg: TrainConfig, d: Dist, open_data, console=None):
+    def __init__(self, cfg: TrainConfig, d: Dist, open_data: Callable[..., DataSource], console: Console | None = None):
         self.cfg, self.d = cfg, d
         self.console = console or stderr_console()
         self.out = RunConsole(self.console, d.is_main)
         self.run_dir = Path(cfg.output)
-        _set_device_flags(d, cfg.workers)
+        set_device_flags(d, cfg.workers)
 
         # 1. what, where, with which batch arithmetic; every rank agrees or nobody starts
         self.plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, d.world_size)
@@ -328,7 +121,7 @@ class Trainer:
         config_hash = preflight.config_hash(cfg.fingerprint(), self._model_input())
         reports = preflight.run(d, self.fingerprint, config_hash, self.console if d.is_main else None)
         self.hosts = [r["host"] for r in reports]
-        resume_from = _checkpoint_to_resume(cfg, self.run_dir, self.fingerprint, d, self.plan)
+        resume_from = resume.checkpoint_to_resume(cfg, self.run_dir, self.fingerprint, d, self.plan)
         built = getattr(self.model, "init_report", None)  # the weights an hf: folder brought
         if built is not None and resume_from is None:
             self.out.init_report(built)
@@ -338,25 +131,11 @@ class Trainer:
             self.out.say(f"sync-bn: {sync_batch_norm(self.model)} BatchNorm layers normalise over the global batch")
         unfreeze = parse_unfreeze_at(cfg.unfreeze_at)
         self.schedule = FreezeSchedule(cfg.freeze, *(unfreeze or (None, 0.0)))
-        self.model.to(d.device)
-        # Channels-last on CPU: oneDNN's convolutions then skip a layout reorder per call, and a
-        # training step of the built-in image model takes ~1.4x less time. Only for the built-in
-        # models: a user's model may .view() its feature maps, which channels-last tensors refuse.
-        # (A torchvision ResNet-18 trained no faster with it: bench/train.py --resnet.)
-        # FSDP2 shards contiguous parameters only: no channels-last under --strategy fsdp.
-        self.channels_last = d.device.type == "cpu" and families.resolve(cfg.model).family.own_modules and cfg.strategy != "fsdp"
-        if self.channels_last:
-            self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload, unused-ignore]  # torch 2.13 stubs omit memory_format, 2.14 has it
-        self.precision = resolve_precision(cfg.precision, d.device)
-        self.sharded = cfg.strategy == "fsdp"
-        if self.sharded:
-            if self.precision == "fp16":
-                raise UsageError("--strategy fsdp with fp16: the gradient scaler would skip steps on some ranks' "
-                                 "shards only; use --precision bf16 (or fp32)")
-            fsdp.shard(self.model, d, self.precision)  # in place: parameters become shards (DTensors)
+        placed = wrapping.place(self.model, cfg, d)  # its device, memory format, precision; sharded under fsdp
+        self.precision, self.channels_last, self.sharded = placed.precision, placed.channels_last, placed.sharded
         self.freezer = Freezer(self.model)  # after sharding: it keeps the parameters the model trains
         if cfg.auto_micro_batch:
-            self._probe_batch()
+            self.plan = micro_batch.probe(self.model, self.index, cfg, self.plan, d, self.precision, self.out.say)
 
         # 3. data, optimizer, schedule
         reader_input: dict[str, Any] = {}  # the model's own normalisation and tokenizer, when it has them
@@ -374,6 +153,8 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, cfg)
         self.scheduler = make_scheduler(self.optimizer, cfg, self.total_steps, warmup)
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.precision == "fp16")
+        self.optimizer_step = Step(self.model, self.optimizer, self.scheduler, self.scaler, self.plan, d, self.precision,
+                                   self.channels_last, cfg.grad_clip, cfg.grad_checkpoint, self.steps_per_epoch)
         self.state = self._restore(resume_from) if resume_from is not None else TrainState()
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
@@ -430,7 +211,8 @@ class Trainer:
                     return False
                 t0 = time.perf_counter()
                 torch.manual_seed(step_seed(cfg.seed, state.step, d.rank))
-                loss_sum, samples, wait = self._step(batches, epoch)
+                loss_sum, samples, wait = self.optimizer_step.run(self._wrapped(), batches, epoch, state.step_in_epoch,
+                                                                  self.monitor, self.margins)
                 state.step += 1
                 state.step_in_epoch += 1
                 self.monitor.step_done(loss_sum, samples, wait, time.perf_counter() - t0)
@@ -445,7 +227,7 @@ class Trainer:
         finally:
             batches.close()  # drops the loader's iterator: non-persistent workers stop now, not at GC
 
-    def _batches(self, reader, where: str):
+    def _batches(self, reader: Any, where: str) -> Generator[dict, None, None]:
         """The loader's batches; bad data ends the run in one line that names the shard and key."""
         it = iter(self.data.loader(reader))
         while True:
@@ -457,77 +239,21 @@ class Trainer:
                 raise StageFailed(f"rank {self.d.rank}, {where}: {e}") from None
             yield batch
 
-    def _step(self, batches, epoch: int):
-        """One optimizer step: ``accum`` micro-batches, one all-reduce, one update."""
-        plan, d, model = self.plan, self.d, self.wrapped
-        if model is None:  # wrapped at each epoch's start, before any step
+    def _wrapped(self) -> nn.Module:
+        if self.wrapped is None:  # wrapped at each epoch's start, before any step
             raise RuntimeError("internal: a training step before the model was wrapped for the epoch")
-        loss_sum = torch.zeros((), device=d.device)
-        samples, wait = 0, 0.0
-        try:
-            for micro in range(plan.accum):
-                t = time.perf_counter()
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    raise StageFailed(f"the reader ended epoch {epoch + 1} early on rank {d.rank}: "
-                                      f"{self.state.step_in_epoch * plan.accum + micro} batches, expected "
-                                      f"{self.steps_per_epoch * plan.accum}") from None
-                wait += time.perf_counter() - t
-                batch = _to_device(batch, d.device, self.channels_last)
-                self.monitor.observe_inputs(batch.get("image"))
-                # all but the last micro-step skip DDP's gradient all-reduce (see distributed.no_sync)
-                with no_sync(model, skip=micro < plan.accum - 1):
-                    with autocast(self.precision, d.device):
-                        logits = forward(model, self.model, batch)
-                    loss = F.cross_entropy(logits.float(), batch["label"])
-                    self.margins.train(epoch, batch, logits)
-                    # / accum: the summed micro-gradients become the gradient of the mean over the step
-                    self.scaler.scale(loss / plan.accum).backward()
-                n = len(batch["label"])
-                loss_sum += loss.detach() * n
-                samples += n
-            self._update()
-        except torch.OutOfMemoryError:
-            raise StageFailed(oom_message(d, plan, self.precision, self.cfg.grad_checkpoint)) from None
-        return loss_sum, samples, wait
-
-    def _update(self) -> None:
-        self.scaler.unscale_(self.optimizer)  # no-op unless fp16: clip the true gradients
-        if self.cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.scaler.step(self.optimizer)  # skipped by the scaler when fp16 gradients overflowed
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        return self.wrapped
 
     def _validate(self) -> tuple[float, float, int] | None:
-        """Loss and accuracy over the val split, exact across ranks: sums and counts are all-reduced."""
+        """Loss and accuracy over the val split, exact across ranks (`train.components.validation`)."""
         if self.data.val is None:
             return None
-        d, model = self.d, self.model  # the bare module: no DDP hooks in evaluation
         self.data.val.set_epoch(0)
-        sums = torch.zeros(3, dtype=torch.float64, device=d.device)  # loss sum, correct, samples
-        model.eval()
-        with torch.no_grad():
-            for batch in self._batches(self.data.val, "validation"):
-                batch = _to_device(batch, d.device, self.channels_last)
-                with autocast(self.precision, d.device):
-                    logits = forward(model, model, batch)
-                self.margins.val(self.state.epoch, batch, logits)
-                labels = batch["label"]
-                valid = batch.get("valid")
-                keep = valid.to(torch.float64) if valid is not None else torch.ones(len(labels), dtype=torch.float64, device=d.device)
-                losses = F.cross_entropy(logits.float(), labels, reduction="none").double()
-                sums[0] += (losses * keep).sum()
-                sums[1] += ((logits.argmax(dim=1) == labels).double() * keep).sum()
-                sums[2] += keep.sum()
+        val = validate(self.model, self._batches(self.data.val, "validation"), self.d, self.precision,
+                       self.channels_last, lambda batch, logits: self.margins.val(self.state.epoch, batch, logits))
         self.freezer.train_mode()
-        distributed.all_reduce_sum(sums, d)
-        loss_sum, correct, n = sums.tolist()
-        if n == 0:
+        if val is None:
             return None
-        val = (loss_sum / n, correct / n, int(n))
         self.monitor.validation(self.state.step, self.state.epoch, *val)
         self.out.validation(self.state.epoch, *val)
         return val
@@ -539,15 +265,7 @@ class Trainer:
         if fraction == self.frozen and self.wrapped is not None:
             return
         state = self.freezer.apply(fraction)
-        if self.sharded:  # sharded once; each unit reduces what trains now
-            if state.trainable_params == 0:
-                raise UsageError("every parameter is frozen: lower --freeze so something trains")
-            fsdp.refresh_after_freeze(self.model)
-            self.wrapped = self.model
-        else:
-            # DDP registered the trainable parameters when it was built: a new set needs a new wrapper,
-            # or the newly unfrozen parameters would never be all-reduced and ranks would drift apart.
-            self.wrapped = distributed.wrap(self.model, self.d) if self.wrapped is None else distributed.rewrap(self.wrapped, self.d)
+        self.wrapped = wrapping.for_trainable(self.model, self.wrapped, self.d, self.sharded, state.trainable_params)
         if self.d.is_main and self.cfg.freeze > 0:
             self.out.freeze(epoch, state)
             self.monitor.event(kind="freeze", step=self.state.step, epoch=epoch + 1, fraction=fraction,
@@ -559,30 +277,6 @@ class Trainer:
                          f"{self.plan.batch_size * self.plan.accum}, so the gradients differ from one big batch's "
                          "(raise --batch-size, freeze those blocks, or use a model without BatchNorm)")
         self.frozen = fraction
-
-    # -- auto micro-batch --------------------------------------------------------------------------
-
-    def _probe_batch(self) -> None:
-        if self.d.device.type != "cuda":
-            self.out.say("auto-micro-batch: nothing to probe on CPU (an out-of-memory there is not recoverable); "
-                         "keeping " + self.plan.describe())
-            return
-        model = self.model
-
-        def try_batch(size: int) -> None:
-            batch = _synthetic_batch(model, self.index, self.cfg, size, self.d.device)
-            try:
-                with autocast(self.precision, self.d.device):
-                    loss = F.cross_entropy(forward(model, model, batch).float(), batch["label"])
-                loss.backward()
-            finally:
-                model.zero_grad(set_to_none=True)
-
-        before = self.plan
-        self.plan = probe_micro_batch(self.plan, try_batch, self.d, self.out.say,
-                                      lambda p: oom_message(self.d, p, self.precision, self.cfg.grad_checkpoint))
-        if self.plan != before:
-            self.out.say(f"auto-micro-batch: training with {self.plan.describe()}")
 
     # -- checkpoints -------------------------------------------------------------------------------
 
@@ -611,7 +305,7 @@ class Trainer:
         """The weights, optimizer, schedule, scaler and RNG states of ``saved``, and the reader where
         it was: mid-epoch exactly, or from the epoch's start when the batch layout changed."""
         if ckpt.SHARDED_FROM in saved:  # DCP fills optimizer state for what trains now: make that what had trained
-            self.freezer.apply(self.schedule.fraction_at(_last_trained_epoch(saved)))
+            self.freezer.apply(self.schedule.fraction_at(resume.last_trained_epoch(saved)))
         s = ckpt.restore(saved, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                          scaler=self.scaler, rank=self.d.rank, world_size=self.d.world_size)
         if s.step_in_epoch:

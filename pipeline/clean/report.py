@@ -10,9 +10,12 @@ from pipeline.formats.vocabulary import Status
 
 
 class ReportBuilder:
-    def __init__(self):
-        self.status, self.reason, self.kind = Counter(), Counter(), Counter()
-        self.encoding, self.label_kept = Counter(), Counter()
+    def __init__(self) -> None:
+        self.status: Counter[str] = Counter()
+        self.reason: Counter[str] = Counter()
+        self.kind: Counter[str] = Counter()
+        self.encoding: Counter[str] = Counter()
+        self.label_kept: Counter[str] = Counter()
         self.total = 0
 
     def add(self, row: ManifestRow) -> None:

@@ -27,11 +27,13 @@ else:
 class PipeGroup(TyperGroup):
     """Usage errors as one line on stderr (exit 2), not a traceback or a boxed usage screen."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, windows_expand_args=True,
+             **extra):
         for command in (self, *self.commands.values()):
             _coerce_plain_values_directly(command)
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False,
+                              windows_expand_args=windows_expand_args, **extra)
         except _cx.ClickException as e:  # UsageError, BadParameter, NoSuchOption
             if type(e).__name__ == "NoArgsIsHelpError":
                 e.show()

@@ -27,6 +27,7 @@ def _events(run, kind):
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
+@pytest.mark.slow
 def test_finetuning_walkthrough(cli, two_datasets, tmp_path):
     """README "Fine-tuning": train on one dataset, then start from its best checkpoint on another
     with the first 70% of blocks frozen for one epoch."""
@@ -50,6 +51,7 @@ def test_finetuning_walkthrough(cli, two_datasets, tmp_path):
     assert _events(tmp_path / "runs-b", "val")[-1]["val_acc"] > 0.5  # 4 classes: chance is 0.25
 
 
+@pytest.mark.slow
 def test_the_image_model_learns_from_real_shards(cli, tmp_path):
     """The guard against a run that silently stops learning (labels, decoding, resizing,
     normalisation, the model, the optimizer): real shards through the real reader, images only

@@ -75,6 +75,7 @@ def clean_exit(p):
     assert "terminate called" not in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_three_epochs(uneven, tmp_path):
     run = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -88,6 +89,7 @@ def test_two_ranks_under_torchrun_three_epochs(uneven, tmp_path):
             assert f"epoch {e} rank {r} " in p.stdout and "samples/s" in p.stdout
 
 
+@pytest.mark.slow
 def test_own_elastic_launch_with_workerless_ranks(uneven, tmp_path, pipe_proc):
     run = tmp_path / "run"
     p = pipe_proc("train", uneven, "-o", run, "--data-only", "--nproc-per-node", "2", "--workers", "0",
@@ -96,6 +98,7 @@ def test_own_elastic_launch_with_workerless_ranks(uneven, tmp_path, pipe_proc):
     assert_epoch_properties(uneven, run, epochs=1, world=2, workers=0, seed=9)
 
 
+@pytest.mark.slow
 def test_single_rank_in_process(uneven, tmp_path, pipe_proc):
     p = pipe_proc("train", uneven, "-o", tmp_path / "run", "--data-only", "--batch-size", BATCH, "--workers", "1",
                   "--record-keys", timeout=240)
@@ -104,6 +107,7 @@ def test_single_rank_in_process(uneven, tmp_path, pipe_proc):
     assert_epoch_properties(uneven, tmp_path / "run", epochs=1, world=1, workers=1)
 
 
+@pytest.mark.slow
 def test_failing_rank_is_named_and_exit_1(uneven, tmp_path, pipe_proc):
     import shutil
     import tarfile

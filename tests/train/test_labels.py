@@ -173,6 +173,7 @@ def test_resume_after_a_crash_records_the_same_as_an_uninterrupted_run(clean_run
     assert a.keys == b.keys and np.array_equal(a.aum, b.aum) and np.array_equal(a.prob, b.prob)
 
 
+@pytest.mark.slow
 def test_two_ranks_records_merge_without_loss_or_duplicates():
     """The loop tests' 2-rank gloo run on real shards (48 train samples, 24 per rank, 12 val): both
     ranks wrote records; together they hold each train sample once per epoch and each val sample once."""

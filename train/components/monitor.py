@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -73,10 +73,11 @@ class DriftDetector:
     hosts: list[str]
     settings: DriftSettings = field(default_factory=DriftSettings)
 
-    def __post_init__(self):
-        self.loss = [None] * self.world
-        self.mean = [None] * self.world
-        self.std = [None] * self.world
+    def __post_init__(self) -> None:
+        # each rank's running averages; None until its first window
+        self.loss: list[float | None] = [None] * self.world
+        self.mean: list[list[float] | None] = [None] * self.world
+        self.std: list[list[float] | None] = [None] * self.world
         self.windows = 0
         self.active: set[tuple[int, str]] = set()
 
@@ -93,8 +94,8 @@ class DriftDetector:
             if not math.isfinite(x):
                 found[(r, "loss")] = self._warn(step, r, "loss", f"loss is {x} (the others: "
                                                 f"{[round(v, 4) for i, v in enumerate(losses) if i != r]})")
-        self.loss = [x if self.loss[r] is None or not math.isfinite(x) else s.ema * x + (1 - s.ema) * self.loss[r]
-                     for r, x in enumerate(losses)]
+        self.loss = [x if old is None or not math.isfinite(x) else s.ema * x + (1 - s.ema) * old
+                     for old, x in zip(self.loss, losses)]
         if means is not None and stds is not None:  # both or neither: one gather makes them
             self.mean = [self._ema(self.mean[r], means[r]) for r in range(self.world)]
             self.std = [self._ema(self.std[r], stds[r]) for r in range(self.world)]
@@ -112,38 +113,51 @@ class DriftDetector:
 
     def _loss_drift(self, step) -> dict:
         s, out = self.settings, {}
+        loss = _every_rank(self.loss)
         for r in range(self.world):
-            others = [x for i, x in enumerate(self.loss) if i != r and math.isfinite(x)]
-            if not others or not math.isfinite(self.loss[r]):
+            others = [x for i, x in enumerate(loss) if i != r and math.isfinite(x)]
+            if not others or not math.isfinite(loss[r]):
                 continue
             ref = statistics.median(others)
-            if self.loss[r] > s.loss_ratio * ref + s.loss_margin:
-                out[(r, "loss")] = self._warn(step, r, "loss", f"running loss {self.loss[r]:.4f} vs the other ranks' "
+            if loss[r] > s.loss_ratio * ref + s.loss_margin:
+                out[(r, "loss")] = self._warn(step, r, "loss", f"running loss {loss[r]:.4f} vs the other ranks' "
                                               f"median {ref:.4f}")
         return out
 
     def _input_drift(self, step) -> dict:
         s, flagged = self.settings, {}
+        mean, std = _every_rank(self.mean), _every_rank(self.std)
         for r in range(self.world):
             others = [i for i in range(self.world) if i != r]
-            ref_mean = [statistics.median(self.mean[i][c] for i in others) for c in range(3)]
-            ref_std = [statistics.median(self.std[i][c] for i in others) for c in range(3)]
-            off_mean = any(abs(self.mean[r][c] - ref_mean[c]) > s.mean_sigma for c in range(3))
-            off_std = any(not (1 / s.std_ratio <= self.std[r][c] / max(ref_std[c], 1e-6) <= s.std_ratio) for c in range(3))
+            ref_mean = [statistics.median(mean[i][c] for i in others) for c in range(3)]
+            ref_std = [statistics.median(std[i][c] for i in others) for c in range(3)]
+            off_mean = any(abs(mean[r][c] - ref_mean[c]) > s.mean_sigma for c in range(3))
+            off_std = any(not (1 / s.std_ratio <= std[r][c] / max(ref_std[c], 1e-6) <= s.std_ratio) for c in range(3))
             if off_mean or off_std:
                 flagged[r] = (ref_mean, ref_std)
         if len(flagged) * 2 >= self.world and len(flagged) > 1:
             # no minority to blame (e.g. two ranks): keep the rank(s) furthest from mean 0 / std 1
             def distance(r):
-                return max(max(abs(m) for m in self.mean[r]), max(abs(math.log(max(v, 1e-6))) for v in self.std[r]))
+                return max(max(abs(m) for m in mean[r]), max(abs(math.log(max(v, 1e-6))) for v in std[r]))
             worst = max(distance(r) for r in flagged)
             flagged = {r: v for r, v in flagged.items() if distance(r) == worst}
         out = {}
         for r, (ref_mean, ref_std) in flagged.items():
             out[(r, "inputs")] = self._warn(step, r, "inputs", (
-                f"input statistics stray from the other ranks': channel means {_fmt(self.mean[r])} vs {_fmt(ref_mean)}, "
-                f"stds {_fmt(self.std[r])} vs {_fmt(ref_std)} (is it reading differently normalised or other data?)"))
+                f"input statistics stray from the other ranks': channel means {_fmt(mean[r])} vs {_fmt(ref_mean)}, "
+                f"stds {_fmt(std[r])} vs {_fmt(ref_std)} (is it reading differently normalised or other data?)"))
         return out
+
+
+T = TypeVar("T")
+
+
+def _every_rank(values: list[T | None]) -> list[T]:
+    """Every rank's running value, once each has seen a window (`update` fills all of them before
+    it compares any)."""
+    if any(v is None for v in values):
+        raise AssertionError("internal: a rank's running average compared before its first window")
+    return [v for v in values if v is not None]
 
 
 def _fmt(xs) -> str:

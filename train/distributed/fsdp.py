@@ -33,6 +33,7 @@ import ctypes.util
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -100,7 +101,7 @@ def return_freed_buffers() -> bool:
         return False
 
 
-def is_sharded(model: nn.Module) -> bool:
+def is_sharded(model: nn.Module) -> TypeGuard[FSDPModule]:
     return isinstance(model, FSDPModule)
 
 

@@ -163,15 +163,10 @@ def no_sync(model: nn.Module, skip: bool):
     """DDP all-reduces gradients inside backward(); on a micro-step that is not the last of an
     optimizer step that would be wasted bandwidth (the gradients are still adding up), so we
     skip it there. The last micro-step all-reduces the accumulated sum once. A sharded model
-    (--strategy fsdp) skips its reduce-scatter the same way (`train.distributed.fsdp.no_sync`)."""
+    (--strategy fsdp) has its own (`train.distributed.fsdp.no_sync`); the loop's step asks
+    `train.components.wrapping.no_sync`, which picks the one for the model."""
     if skip and isinstance(model, DDP):
         return model.no_sync()
-    from torch.distributed.fsdp import FSDPModule
-
-    if skip and isinstance(model, FSDPModule):
-        from train.distributed import fsdp
-
-        return fsdp.no_sync(model, skip)
     return nullcontext()
 
 

@@ -174,7 +174,7 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
         # the agent logs each failed rank's whole traceback; we report it in one line (PIPE_DEBUG=1 shows it)
         for name in ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    # OMP_NUM_THREADS is left alone: each rank sizes its own thread pool (train.loop.cpu_threads),
+    # OMP_NUM_THREADS is left alone: each rank sizes its own thread pool (train.components.device.cpu_threads),
     # knowing its dataloader workers, which this launcher does not.
     # The agent's rendezvous store is otherwise shared with the ranks and outlives a restart: a
     # restarted rank can read a dead rank's address and fail to connect (pytorch/pytorch#135712).

@@ -60,6 +60,7 @@ def test_workflow_passes_a_good_dataset_and_writes_junit(tmp_path):
     assert root.get("failures") == "0" and int(root.get("tests")) >= 26
 
 
+@pytest.mark.slow
 def test_workflow_fails_the_job_when_the_data_breaks_the_policy(tmp_path):
     raw = build_raw(tmp_path / "raw")
     for i in range(14):  # 14 of 27 files quarantined: more than the policy's half

@@ -151,6 +151,7 @@ def reference(raw) -> dict[str, bytes]:
     return snapshot(out)
 
 
+@pytest.mark.slow
 def test_killed_runs_resume_to_the_uninterrupted_result(raw, reference):
     out = raw.parent / "killed"
     kills = [

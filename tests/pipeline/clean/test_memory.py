@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.conftest import pipe_env
 
@@ -94,6 +95,7 @@ def rows(out: Path) -> dict[str, dict]:
     return {r["source"]: r for r in pq.read_table(out / "manifest.parquet").to_pylist()}
 
 
+@pytest.mark.slow
 def test_a_1gb_text_is_too_large_at_once_and_never_read_into_memory(tmp_path):
     src = tmp_path / "in"
     sparse_text(src / "notes" / "dump.txt", GB)
@@ -110,6 +112,7 @@ def test_a_1gb_text_is_too_large_at_once_and_never_read_into_memory(tmp_path):
     shutil.rmtree(tmp_path)  # pytest keeps the last runs' folders: not 1 GB of them
 
 
+@pytest.mark.slow
 def test_a_100mb_text_is_too_large_by_default_and_read_within_a_small_multiple_when_allowed(tmp_path):
     src = tmp_path / "in"
     real_text(src / "book.txt", 100 * 1000 * 1000)

@@ -1,6 +1,8 @@
 """The command line: usage errors are one line and exit 2; help is fast and torch-free."""
 
 
+import pytest
+
 from pipeline.formats import manifest
 from tests.conftest import pipe_in_fresh_interpreter
 
@@ -43,6 +45,7 @@ def test_unwritable_output_is_usage_error(cli, tmp_path):
     assert "output" in r.stderr
 
 
+@pytest.mark.slow
 def test_bad_flag_values_are_one_line(pipe_proc, tmp_path):
     (tmp_path / "raw").mkdir()
     for flags in (["--size", "abc"], ["--size", "100000"], ["--resize-mode", "zoom"], ["--quality", "0"], ["--format", "gif"],

@@ -67,6 +67,7 @@ def hang_on_three(x: int) -> int:
     return x
 
 
+@pytest.mark.slow
 @HOW
 def test_a_stuck_item_times_out_and_the_rest_complete(preload):
     import time
@@ -104,6 +105,7 @@ def test_a_crash_in_a_batch_is_pinned_on_its_item(preload):
     assert out == [*range(7), ("crashed", 7), *range(8, 20)]
 
 
+@pytest.mark.slow
 @HOW
 def test_a_stuck_item_in_a_batch_times_out_alone_and_its_batch_completes(preload):
     import time

@@ -30,7 +30,7 @@ from tests.factories import photo, write
 from tests.raycluster import Cluster, Namespace, start_cluster
 from tests.s3server import ACCESS_KEY, SECRET_KEY, start_rclone
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 PART = 3  # files per part: the 36 files below make 12 parts
 PARTS = 12
 BUCKET = "data"

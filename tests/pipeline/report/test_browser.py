@@ -28,6 +28,8 @@ OFFLINE = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "
            "--disable-client-side-phishing-detection", "--metrics-recording-only", "--no-pings",
            "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9", "--disable-dev-shm-usage"]
 
+pytestmark = pytest.mark.slow  # a headless Chromium per test
+
 
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.formats.manifest import COLUMNS
-from pipeline.shard import samples, stage
+from pipeline.shard import grouping, stage
 from tests.factories import photo, write
 
 NEW_COLUMNS = ["output_width", "output_height", "pixel_sums", "pixel_squares"]
@@ -41,7 +41,7 @@ def cleaned(request, tmp_path, cli):
 
 def test_recorded_numbers_give_the_bytes_decoding_every_image_gives(cleaned, tmp_path, monkeypatch):
     run(cleaned, tmp_path / "recorded")
-    monkeypatch.setattr(samples, "recorded_pixels", lambda width, *rest: np.full((len(width), 8), samples.UNRECORDED))  # none recorded
+    monkeypatch.setattr(grouping, "recorded_pixels", lambda width, *rest: np.full((len(width), 8), grouping.UNRECORDED))  # none recorded
     run(cleaned, tmp_path / "decoded")
     assert files(tmp_path / "recorded") == files(tmp_path / "decoded")
     assert json.loads((tmp_path / "recorded" / "index.json").read_text())["image_size"] == 48

@@ -102,6 +102,7 @@ def _race(args):
     return open_folder(url).write_if_absent("manifest.parquet", f"run {i}".encode())
 
 
+@pytest.mark.slow
 def test_moto_conditional_write_race_has_one_winner(moto_conditional_server, monkeypatch):
     """moto's server mode, because rclone ignores If-None-Match: of 8 processes writing the same
     object with If-None-Match: *, exactly one creates it and the others are told it exists."""

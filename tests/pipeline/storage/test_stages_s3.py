@@ -95,6 +95,7 @@ def aws_env(s3_server, monkeypatch):
     s3_server.setenv(monkeypatch)
 
 
+@pytest.mark.slow
 def test_clean_on_s3_writes_what_a_local_clean_writes(runs, aws_env):
     remote = _objects(f"{runs['bucket']}/clean")
     local = _files(runs["root"] / "clean")
@@ -122,6 +123,7 @@ def test_shard_on_s3_writes_the_same_shards_and_index(runs, aws_env):
     assert {k: v for k, v in remote.items() if not k.startswith(".pipe/")} == local
 
 
+@pytest.mark.slow
 def test_check_on_s3_gives_the_local_verdicts(runs, s3_server):
     import json
 
@@ -154,6 +156,7 @@ def test_no_secret_in_any_output_or_message(runs, s3_server, aws_env):
         assert not [w for w in written if secret.encode() in w]
 
 
+@pytest.mark.slow
 def test_a_complete_s3_output_is_replaced_only_with_overwrite(runs, s3_server, aws_env):
     url = f"{runs['bucket']}/clean"
     again = _pipe(s3_server, "clean", f"{runs['bucket']}/raw", "-o", url, "--workers", "1")
@@ -184,6 +187,7 @@ def _wait_for_staging(tmpdir: Path, proc: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_moto_two_cleans_into_one_s3_output_exactly_one_commits(moto_conditional_server, tmp_path, monkeypatch):
     """moto's server mode, since rclone ignores If-None-Match. Both runs claim the output before
     either commits (the first is paused until the second has claimed it too): exactly one

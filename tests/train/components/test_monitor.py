@@ -6,6 +6,8 @@ import io
 import json
 import math
 
+import pytest
+
 from tests.fake_data import fake_source, write_index
 from tests.gloo import scenario_results
 from train.components.monitor import DriftDetector
@@ -73,6 +75,7 @@ def drift_scenario(workdir):
     return out.getvalue()
 
 
+@pytest.mark.slow
 def test_training_run_names_the_rank_with_differently_normalised_inputs():
     (printed0, printed1), workdir = scenario_results(drift_scenario)
     assert "drift: rank 1 on" in printed0 and "input statistics" in printed0

@@ -105,6 +105,7 @@ def two_ranks(dataset, s3_server, tmp_path_factory):
     return [r[f"{__name__}:two_rank_scenario"] for r in ranks], workdir
 
 
+@pytest.mark.slow
 def test_keys_from_s3_equal_keys_from_a_local_copy_on_two_ranks(two_ranks, dataset):
     ranks, _ = two_ranks
     local, _ = dataset
@@ -136,6 +137,7 @@ def test_a_cache_shared_by_two_ranks_gives_the_same_keys(two_ranks, dataset):
 # -- faults --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_object_store_restarts_mid_epoch_and_the_keys_are_unchanged(dataset, s3_env, monkeypatch):
     """rclone is stopped (by PID) and started again on the same port while 2 workers stream an
     epoch. boto3's own retries are off (AWS_MAX_ATTEMPTS=1), so what carries the epoch through is
@@ -174,6 +176,7 @@ def test_a_store_that_stays_down_is_named_without_a_secret(dataset, s3_env, monk
     assert SECRET_KEY not in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_pipe_train_data_only_from_s3_records_the_planned_keys(dataset, s3_env, tmp_path):
     """The whole command on 2 ranks (our launcher) from s3://, --verify included: the recorded keys
     are exactly the plan's over the local copy (which the local runs are tested to follow)."""

@@ -76,6 +76,7 @@ def test_reading_does_not_import_torch(shards):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_a_local_training_run_never_imports_boto3(shards, tmp_path):
     """boto3 is the s3 extra: `pipe train` on a local folder (checks, launch, ranks, workers) must
     run without it. A boto3/botocore that fails on import stands in front of the real ones."""

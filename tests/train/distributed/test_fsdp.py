@@ -31,9 +31,9 @@ from tests.fake_data import open_fake, write_index
 from tests.gloo import random_batch, run_world, tiny_model
 from train import loop
 from train.components import checkpoint as ckpt
+from train.components.wrapping import no_sync
 from train.config import TrainConfig
 from train.distributed import fsdp
-from train.distributed.group import no_sync
 from train.labels import record_files
 from train.models.builtin import build_model, forward
 from train.models.finetune import Freezer
@@ -100,6 +100,7 @@ def fsdp_accumulation_scenario(d, workdir):
     return {"grads": {n: p.grad.full_tensor() for n, p in model.named_parameters()}, "reduced_early": reduced_early}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # starts this module's first world: three scenarios, two training runs
 def test_fsdp_micro_batches_equal_one_big_batch_and_reduce_once():
     ranks, _ = scenario_results(fsdp_accumulation_scenario)
@@ -166,6 +167,7 @@ def fsdp_bf16_unfreeze_scenario(d, workdir):
             "dtypes": {"frozen": frozen_dtypes, "unfrozen": unfrozen_dtypes}}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_fsdp_bf16_a_block_unfrozen_later_trains_with_fp32_reduction_and_ranks_agree():
     """--precision bf16 under FSDP: blocks wholly frozen at the first forward and unfrozen later
@@ -215,6 +217,7 @@ def fsdp_run_scenario(workdir):
     return _same_run(workdir, "fsdp")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_fsdp_trains_the_weights_ddp_trains_and_leaves_frozen_blocks_alone():
     _, workdir = scenario_results(ddp_run_scenario)
@@ -333,6 +336,7 @@ def _assert_same_state(restored: dict, saved: dict) -> None:
             assert torch.equal(torch.as_tensor(state[name][k]), torch.as_tensor(v)), (name, k)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # three worlds of gloo ranks, whole training runs: minutes on 2 loaded cores
 @pytest.mark.parametrize("world", [1, 4])
 def test_an_fsdp_checkpoint_from_2_ranks_resumes_on_another_world_size(tmp_path, monkeypatch, world):

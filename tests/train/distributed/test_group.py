@@ -49,6 +49,7 @@ def accumulation_scenario(d, workdir):
     }
 
 
+@pytest.mark.slow
 def test_micro_batches_equal_one_big_batch_with_one_allreduce():
     ranks, _ = scenario_results(accumulation_scenario)
     # the reference: one process, one batch of world x accum x micro samples
@@ -95,6 +96,7 @@ def unfreeze_scenario(d, workdir):
     return {"rewrapped": _unfreeze_rank(d, True), "stale": _unfreeze_rank(d, False)}
 
 
+@pytest.mark.slow
 def test_ranks_hold_identical_parameters_after_unfreeze_and_training():
     (r0, r1), _ = scenario_results(unfreeze_scenario)
     good0, good1 = r0["rewrapped"], r1["rewrapped"]

@@ -31,6 +31,7 @@ def _one_line_failure(r) -> str:
     return last
 
 
+@pytest.mark.slow
 def test_node_0_waiting_for_a_node_that_never_comes(cli, shards, tmp_path):
     port = free_port()
     started = time.monotonic()
@@ -42,6 +43,7 @@ def test_node_0_waiting_for_a_node_that_never_comes(cli, shards, tmp_path):
         assert words in line, line
 
 
+@pytest.mark.slow
 def test_a_node_that_cannot_reach_node_0(cli, shards, tmp_path):
     port = free_port()  # nobody listens there
     r = cli("train", shards, "-o", tmp_path / "run", "--nnodes", "2", "--node-rank", "1", "--master-port", port,
@@ -53,6 +55,7 @@ def test_a_node_that_cannot_reach_node_0(cli, shards, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_a_node_that_cannot_reach_node_0_says_so_in_one_line_without_cpp_stacks(shards, tmp_path, pipe_proc):
     port = free_port()  # nobody listens there
     r = pipe_proc("train", shards, "-o", tmp_path / "run", "--nnodes", "2", "--node-rank", "1", "--master-port", port,
@@ -61,6 +64,7 @@ def test_a_node_that_cannot_reach_node_0_says_so_in_one_line_without_cpp_stacks(
     assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("pipe: failed: rendezvous failed:"), r.stderr
 
 
+@pytest.mark.slow
 def test_a_taken_port_is_named_at_once_with_what_holds_it(cli, shards, tmp_path):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -102,6 +106,7 @@ def _group_alive(pgid: int) -> list[int]:
     return alive
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_a_multi_rank_train_says_interrupted_and_ends_every_rank(shards, tmp_path):
     """Like Ctrl-C in a terminal: SIGINT to the launcher, its ranks and their workers at once."""
     p = subprocess.Popen([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(tmp_path / "run"),

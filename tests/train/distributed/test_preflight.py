@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from pipeline.core.errors import StageFailed
 from tests.gloo import scenario_results
 from train.distributed import preflight
@@ -42,6 +44,7 @@ def mismatch_scenario(d, workdir):
         return {"raised": str(e), "is_stage_failed": isinstance(e, StageFailed), "printed": out.getvalue()}
 
 
+@pytest.mark.slow
 def test_every_rank_stops_when_configs_differ():
     ranks, _ = scenario_results(mismatch_scenario)
     for r in ranks:

@@ -123,6 +123,7 @@ def vit_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_a_tiny_bert_from_a_local_folder_fine_tunes_on_captions(cli, bert_folder, caption_shards, tmp_path):
     """The README walkthrough: the folder's tokenizer in the workers, its 2-class head replaced for
     the 3 classes (and the report says so), and the run beats guessing."""
@@ -265,6 +266,7 @@ def test_a_text_model_folder_on_shards_without_texts_stops_before_any_rank_start
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_transformers_is_imported_only_for_hf_models():
     code = ("import sys; import pipeline.cli.app, train.command, train.config, train.loop; "
             "from train.models.builtin import build_model; build_model('text', 3); "
@@ -275,6 +277,7 @@ def test_transformers_is_imported_only_for_hf_models():
     assert out.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_fine_tune_the_hf_model_and_agree_on_its_input(pipe_proc, bert_folder, caption_shards, tmp_path):
     """Two ranks under the launcher: each builds the model from the folder and tokenizes its own
     samples; the preflight's config hash (which covers the model's input) agrees, and the run learns.

@@ -98,6 +98,7 @@ def _val_acc(run) -> float:
     return [r["val_acc"] for r in rows if r["kind"] == "val"][-1]
 
 
+@pytest.mark.slow
 @needs_vision
 @pytest.mark.timeout(600)  # three processes import torch and torchvision: minutes on a loaded 2-core machine
 def test_a_resnet18_from_a_pth_fine_tunes_on_two_ranks_with_its_frozen_batchnorm_untouched(
@@ -137,6 +138,7 @@ def test_a_resnet18_from_a_pth_fine_tunes_on_two_ranks_with_its_frozen_batchnorm
     assert _val_acc(run) > 0.6, err[-2000:]  # three balanced classes: guessing scores 1/3
 
 
+@pytest.mark.slow
 @needs_vision
 @pytest.mark.timeout(600)
 def test_a_timm_vit_from_safetensors_fine_tunes_on_two_ranks_at_its_own_size_and_normalisation(
@@ -326,6 +328,7 @@ def bn_unfreeze_scenario(d, workdir):
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
+@pytest.mark.slow
 @needs_vision
 def test_ranks_hold_identical_resnet_parameters_after_an_unfreeze():
     (r0, r1), _ = scenario_results(bn_unfreeze_scenario)

@@ -45,6 +45,7 @@ def reference(data: bytes, size: int, mode: str) -> np.ndarray:
     return np.asarray(pillow_fit(Image.open(io.BytesIO(data)).convert("RGB"), size, mode))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["pad", "stretch", "crop"])
 def test_zone_plate_does_not_alias(mode):
     data = nasty.jpeg_bytes(zone_plate(2048, 1536), quality=95)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.media.text import encodings
+from pipeline.media.text.codepages import EBCDIC
 from pipeline.media.text.encodings import decode_bytes
 from tests.text_samples import CONFUSABLE, LANGUAGES
 
@@ -33,40 +33,6 @@ def test_code_pages_that_disagree_on_a_few_letters(lang, enc):
     MacCyrillic "я" cp1251 "Я": the exact letters, whichever of the pair the file is in."""
     text = CONFUSABLE[lang][1]
     assert decode_bytes(text.encode(enc)).text == text
-
-
-def _quick(data: bytes):
-    """What the quick pass (modern-web encodings only) decides on its own, or None."""
-    import chardet
-
-    start = max(0, encodings._first_high_byte(data) - 256)
-    return encodings._quick_guess(chardet, data, data[start : start + encodings.DETECT_WINDOW])
-
-
-@pytest.mark.parametrize("lang,enc", [("zh-Hans", "gbk"), ("zh-Hant", "big5"), ("ja", "shift_jis"), ("ko", "euc_kr"),
-                                      ("ru", "koi8_r"), ("uk", "cp1251"), ("de", "cp1252"), ("pl", "cp1250"),
-                                      ("el", "cp1253"), ("tr", "cp1254"), ("he", "cp1255"), ("ar", "cp1256")])
-def test_the_quick_pass_decides_ordinary_legacy_text(lang, enc):
-    """The common case costs one chardet call over a third of the candidates, and gets it right."""
-    text = LANGUAGES[lang][1] * 3
-    d = _quick(text.encode(enc))
-    assert d is not None and d.text == text
-
-
-@pytest.mark.parametrize("text,enc,why", [
-    ("Izbrana možnost omogoča, da se oznaka uporabi za izbrane datoteke. Določa ali so vrednosti svetlosti "
-     "obrnjene: temnejše barve so svetlejše. " * 10, "iso8859_2",
-     'cp1250, the guess, reads it as clean letters too: "moľnost", "temnejąe"'),
-    (LANGUAGES["pl"][1] * 10, "iso8859_2", 'cp1250 puts "±" and "¶" beside letters'),
-    (LANGUAGES["fr"][1] * 30 + " Le cœur de l'œuvre coûte 15 €.", "iso8859_15",
-     'the only "œ" and "€" come after the window: cp1252 reads them "½" and "¤"'),
-    (CONFUSABLE["el"][1] * 5, "iso8859_7", 'cp1253 reads "Ά" as "¶"'),
-    (CONFUSABLE["ru"][1] * 5, "mac_cyrillic", 'cp1251 reads "я" as "Я" ("мЯгких"); no modern code page fits'),
-], ids=["sl-iso8859_2", "pl-iso8859_2", "fr-iso8859_15-late", "el-iso8859_7", "ru-mac_cyrillic"])
-def test_what_the_quick_pass_cannot_settle_goes_to_the_full_detection(text, enc, why):
-    data = text.encode(enc)
-    assert _quick(data) is None, why
-    assert decode_bytes(data).text == text
 
 
 @pytest.mark.parametrize("text,enc", [
@@ -207,25 +173,6 @@ def test_every_reading_is_judged_from_the_same_byte():
     assert (d.text, d.encoding) == (text, "cp932")
 
 
-@pytest.mark.parametrize("text,codec", [
-    ("在IE中为abbr标签加样式，使用CSS布局的教程。", "gb18030"),
-    ("時々、人々はPythonでコードを書きます。サーバーのデータ。", "cp932"),  # 々 and ー are Japanese too
-    ("PC에서 CSS를 사용합니다.", "cp949"),
-], ids=["zh", "ja", "ko"])
-def test_latin_words_set_in_east_asian_text_are_not_odd(text, codec):
-    """No spaces around a Latin word in Chinese or Japanese, a Korean particle attached to it:
-    not a change of script within a word."""
-    data = text.encode(codec)
-    assert encodings._oddities(data.decode(codec), data, codec) == 0
-
-
-def test_latin_text_misread_as_a_multibyte_code_page_still_looks_odd():
-    """A cp1252 text read as GB18030 pairs each accented letter with the next one: a lone
-    ideograph inside a Latin word ("d間o鹴ant")."""
-    data = "Un goût dégoûtant: Mélanie étonnée.".encode("cp1252")
-    assert encodings._oddities(data.decode("gb18030"), data, "gb18030") > 0
-
-
 def test_a_declared_rare_code_page_is_read_as_declared():
     """A short MacCyrillic page: KZ-1048 reads its capitals as Kazakh letters just as cleanly,
     but a rare code page is taken only with chardet's word, and chardet over the whole file
@@ -273,21 +220,21 @@ def test_ambiguous_garbage_is_not_read_as_western():
     """Broken UTF-8 ("Ã(") has no cp1252 reading with an edge over the others: not turned
     into Western text, and never taken for EBCDIC."""
     d = decode_bytes(b"\xc3\x28 invalid")
-    assert d.encoding not in encodings.EBCDIC
+    assert d.encoding not in EBCDIC
     assert d.reason == "undecodable_text" or d.text == "Ć( invalid"
 
 
 def test_high_bytes_without_ebcdic_spaces_are_not_read_as_ebcdic():
     """b"\\x81\\x82\\x83" is EBCDIC "abc", but EBCDIC text has spaces (0x40): refused, not 'abc'."""
     d = decode_bytes(b"\x81\x82\x83")
-    assert d.text != "abc" and d.encoding not in encodings.EBCDIC
+    assert d.text != "abc" and d.encoding not in EBCDIC
     assert d.text is None and d.reason == "undecodable_text" and d.detail
 
 
 def test_real_ebcdic_text_is_still_read():
     text = "Ceci est un texte écrit sur un ordinateur central"
     d = decode_bytes(text.encode("cp500"))
-    assert d.text == text and d.encoding in encodings.EBCDIC
+    assert d.text == text and d.encoding in EBCDIC
 
 
 # Real texts nobody here wrote, from packages (bench/data/text_packages/README.md says which):
