@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.common import exits_cleanly
+from pipeline.storage import FOLDER_HELP
 
 DATA = "Data"
 LAUNCH = "Launch"
@@ -26,7 +27,7 @@ RUN = "Checkpoints and monitoring"
 def train(
     ctx: typer.Context,
     shard_dir: Annotated[str, typer.Argument(
-        help="SHARD_DIR written by pipe shard: a folder or s3://bucket/prefix.", show_default=False)],
+        help=f"SHARD_DIR written by pipe shard: {FOLDER_HELP}.", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="RUN_DIR to write (checkpoints, metrics.jsonl, tb/).", show_default=False)],
     # -- schedule and batch -------------------------------------------------------------------
     epochs: Annotated[int, typer.Option(help="Passes over the train split.", rich_help_panel=OPTIM)] = 3,
@@ -173,7 +174,7 @@ def verify_shards(shard_dir: str, index: dict) -> None:
     since `pipe shard` (or swapped by someone else) would be trained on silently. Here it stops the
     run naming the shard: StageFailed, exit 1 (the data is bad, not the command). Runs where the
     command runs: once per node under the built-in launcher, on each rank under an outside torchrun.
-    Shards are read from where they are (a folder or s3://), a few MiB per read, reads retried."""
+    Shards are read from where they are (a folder or object storage), a few MiB per read, reads retried."""
     import hashlib
 
     from pipeline.core.errors import StageFailed

@@ -51,7 +51,7 @@ class TrainConfig(LaunchConfig):
     """Settings of `pipe train` (flags of the same name; `[train]` in a `--config` file)."""
 
     shard_dir: str = "."
-    """SHARD_DIR written by `pipe shard`, a local folder or s3://bucket/prefix; its index.json is the only entry point."""
+    """SHARD_DIR written by `pipe shard`, a local folder or a URL (object storage); its index.json is the only entry point."""
     output: Path = Path("run")
     """RUN_DIR: checkpoints (last.pt, best.pt), metrics.jsonl, tb/ (TensorBoard), config.json, keys/."""
     data_only: bool = False
@@ -338,8 +338,10 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     With ``world_size`` known (the launcher knows it before any process starts) the batch
     arithmetic is checked too, so a global batch that does not divide fails before launch.
     """
-    index = Path(cfg.shard_dir) / "index.json"
-    if not str(cfg.shard_dir).startswith("s3://") and not index.is_file():  # on S3: read (and judged) by train.command.check
+    from pipeline.storage import local_path
+
+    here = local_path(cfg.shard_dir)  # None: object storage, read (and judged) by train.command.check
+    if here is not None and not (here / "index.json").is_file():
         raise UsageError(f"{cfg.shard_dir} has no index.json: run `pipe shard` first (it writes index.json last)")
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():

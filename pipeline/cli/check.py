@@ -8,20 +8,21 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.common import exits_cleanly, folder_arg
+from pipeline.storage import EXAMPLE_URL
 
 
 @exits_cleanly
 def check(
     ctx: typer.Context,
     dirs: Annotated[list[str], typer.Argument(help="Clean dirs (manifest.parquet) and/or shard dirs (index.json), local or "
-                                                   "s3://bucket/prefix.", show_default=False)],
+                                                   f"{EXAMPLE_URL}.", show_default=False)],
     policy: Annotated[Path | None, typer.Option(help="TOML file of thresholds and severities (schemas/policy.schema.json).")] = None,
     deep: Annotated[bool, typer.Option("--deep", help="Decode every image in every output and shard, not only headers.")] = False,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schemas/check_report.schema.json) "
                                                       "instead of a table.")] = False,
     junit: Annotated[Path | None, typer.Option(help="Also write the report as JUnit XML to this file, one test case per check.")] = None,
     html: Annotated[Path | None, typer.Option(help="Also write the pipe report page of these folders, with the verdicts on top.")] = None,
-    input: Annotated[str | None, typer.Option(help="Raw input folder (or s3://bucket/prefix) of a clean dir, when not where "
+    input: Annotated[str | None, typer.Option(help=f"Raw input folder (or {EXAMPLE_URL}) of a clean dir, when not where "
                                                    "its report.json says.")] = None,
     workers: Annotated[int, typer.Option(help="Processes reading shards and, with --deep, decoding images (0 = one per core).")] = 0,
     config: Annotated[Path | None, typer.Option(help="TOML file whose \\[check] table sets any of these flags.")] = None,
@@ -38,13 +39,16 @@ def check(
     values = {"dirs": [folder_arg(d) for d in dirs], "policy": policy, "deep": deep,
               "input": None if input is None else folder_arg(input), "workers": workers}
     cfg = resolve(stage.CheckConfig, values, explicit_params(ctx), load_section(config, "check"))
-    local = [Path(d) for d in [*cfg.dirs, cfg.input] if d is not None and not str(d).startswith("s3://")]  # no local file on S3
+    from pipeline.storage import local_path
+
+    local = [p for p in (local_path(d) for d in [*cfg.dirs, cfg.input] if d is not None) if p is not None]
     if junit is not None:
         _refuse_junit_inside(junit, local)
-    if html is not None and any(str(d).startswith("s3://") for d in cfg.dirs):
+    if html is not None and any(local_path(d) is None for d in cfg.dirs):
         from pipeline.core.errors import UsageError
 
-        raise UsageError("--html reads the folders' files: check s3:// folders without it, or a local copy with it")
+        raise UsageError("--html reads the folders' files on this machine: check folders in object storage without it, "
+                         "or a local copy with it")
     if html is not None:
         from pipeline.report.stage import refuse_output_inside
 

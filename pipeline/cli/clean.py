@@ -8,13 +8,17 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.common import exits_cleanly, folder_arg
+from pipeline.executors import HELP
+from pipeline.storage import EXAMPLE_URL
+
+EXECUTORS = HELP.replace("[", "\\[")  # (rich markup: "[ray]" is text here)
 
 
 @exits_cleanly
 def clean(
     ctx: typer.Context,
-    input: Annotated[str, typer.Argument(help="The raw dataset folder, or s3://bucket/prefix (never modified).", show_default=False)],
-    output: Annotated[str, typer.Option("--output", "-o", help="CLEAN_DIR to write, or s3://bucket/prefix.", show_default=False)],
+    input: Annotated[str, typer.Argument(help=f"The raw dataset folder, or {EXAMPLE_URL} (never modified).", show_default=False)],
+    output: Annotated[str, typer.Option("--output", "-o", help=f"CLEAN_DIR to write, or {EXAMPLE_URL}.", show_default=False)],
     size: Annotated[int, typer.Option(help="Side of the square output images, in pixels.")] = 512,
     resize_mode: Annotated[str, typer.Option(help="pad (letterbox), crop (centre) or stretch.")] = "pad",
     format: Annotated[str, typer.Option("--format", help="Output image format: jpg, png or webp.")] = "jpg",
@@ -39,10 +43,9 @@ def clean(
     file_timeout: Annotated[float, typer.Option(
         help="Seconds one file may take before it is quarantined as timeout (0 = no limit).")] = 120.0,
     overwrite: Annotated[bool, typer.Option(help="Replace a CLEAN_DIR made from other input or settings.")] = False,
-    executor: Annotated[str, typer.Option(help="local (a process pool here) or ray (a Ray cluster, in parts; "
-                                               "pip install 'pipe-ml[ray]'). With ray, a local INPUT and CLEAN_DIR "
-                                               "must be on a file system every node mounts at the same path; "
-                                               "s3:// ones are read and written by the nodes themselves.")] = "local",
+    executor: Annotated[str, typer.Option(help=f"Who processes the files: {EXECUTORS}. On a cluster, a local INPUT "
+                                               "and CLEAN_DIR must be on a file system every node mounts at the same "
+                                               "path; object storage is read and written by the nodes themselves.")] = "local",
     ray_address: Annotated[str, typer.Option(help="The Ray cluster for --executor ray: auto or HOST:PORT.")] = "auto",
     part_files: Annotated[int, typer.Option(help="Files per part (one Ray task) with --executor ray.")] = 1000,
     config: Annotated[Path | None, typer.Option(help="TOML file whose \\[clean] table sets any of these flags.")] = None,
@@ -59,7 +62,10 @@ def clean(
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
     values["input"], values["output"] = folder_arg(input), folder_arg(output)
     cfg = resolve(stage.CleanConfig, values, explicit_params(ctx), load_section(config, "clean"))
-    report = stage.run(cfg, show_progress=not json)
+    from pipeline import executors
+
+    report = stage.run(cfg, show_progress=not json, executor=executors.get(cfg.executor, address=cfg.ray_address,
+                                                                              workers=cfg.workers))
     from pipeline.core import ui  # rich: imported while the workers start, not before
 
     if json:

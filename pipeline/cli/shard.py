@@ -9,14 +9,18 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.common import exits_cleanly, folder_arg
+from pipeline.executors import HELP
+from pipeline.storage import EXAMPLE_URL
+
+EXECUTORS = HELP.replace("[", "\\[")  # (rich markup: "[ray]" is text here)
 
 
 @exits_cleanly
 def shard(
     ctx: typer.Context,
-    input: Annotated[str, typer.Argument(help="CLEAN_DIR written by pipe clean, or s3://bucket/prefix (never modified).",
+    input: Annotated[str, typer.Argument(help=f"CLEAN_DIR written by pipe clean, or {EXAMPLE_URL} (never modified).",
                                          show_default=False)],
-    output: Annotated[str, typer.Option("--output", "-o", help="SHARD_DIR to write, or s3://bucket/prefix.", show_default=False)],
+    output: Annotated[str, typer.Option("--output", "-o", help=f"SHARD_DIR to write, or {EXAMPLE_URL}.", show_default=False)],
     val_fraction: Annotated[float, typer.Option(help="Share of each class for validation.")] = 0.1,
     max_count: Annotated[int, typer.Option(help="Most samples per shard.")] = 1000,
     max_size: Annotated[int, typer.Option(help="Most bytes per shard (tar headers and padding counted).")] = 1 << 30,
@@ -26,10 +30,10 @@ def shard(
     expected_workers: Annotated[int, typer.Option(help="Dataloader workers per rank you expect to train with.")] = 4,
     workers: Annotated[int, typer.Option(help="Processes that decode images to measure them (0 = one per core).")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a SHARD_DIR pipe shard made from other input or settings.")] = False,
-    executor: Annotated[str, typer.Option(help="local (shards written here) or ray (one Ray task per shard; "
-                                               "pip install 'pipe-ml[ray]'). With ray, a local CLEAN_DIR and SHARD_DIR "
-                                               "must be on a file system every node mounts at the same path; "
-                                               "s3:// ones are read and written by the nodes themselves.")] = "local",
+    executor: Annotated[str, typer.Option(help=f"Who writes the shards (one part each): {EXECUTORS}. On a cluster, a "
+                                               "local CLEAN_DIR and SHARD_DIR must be on a file system every node "
+                                               "mounts at the same path; object storage is read and written by the "
+                                               "nodes themselves.")] = "local",
     ray_address: Annotated[str, typer.Option(help="The Ray cluster for --executor ray: auto or HOST:PORT.")] = "auto",
     config: Annotated[Path | None, typer.Option(help="TOML file whose \\[shard] table sets any of these flags.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
@@ -48,7 +52,10 @@ def shard(
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "json", "stage", "ui")}
     values["input"], values["output"] = folder_arg(input), folder_arg(output)
     cfg = resolve(stage.ShardConfig, values, explicit_params(ctx), load_section(config, "shard"))
-    summary = stage.run(cfg, show_progress=not json)
+    from pipeline import executors
+
+    summary = stage.run(cfg, show_progress=not json, executor=executors.get(cfg.executor, address=cfg.ray_address,
+                                                                               workers=cfg.workers))
     if json:
         ui.print_json(summary)
         return

@@ -80,17 +80,24 @@ def load(shard_dir: Path) -> dict:
     return doc
 
 
-def parse(shard_dir: Path) -> tuple[Any, str | None]:
+def parse(shard_dir: Path | Any) -> tuple[Any, str | None]:
     """index.json read but not judged: (the document, None), or (None, why it is not JSON).
 
     For `pipe check`, which judges a shard folder with a broken index (its schema is one of the
     checks) rather than refusing it; every reader that needs a usable index takes `load`."""
     try:
-        return json.loads((Path(shard_dir) / INDEX_NAME).read_text(encoding="utf-8")), None
+        return json.loads(_read(shard_dir).decode("utf-8")), None
     except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         return None, str(e)
     except RecursionError:  # a hostile index of 100,000 nested [
         return None, "nested too deeply to parse"
+
+
+def _read(shard_dir: Path | Any) -> bytes:
+    """index.json's bytes from a folder path, or from a storage folder (anything with ``read``)."""
+    if hasattr(shard_dir, "read"):
+        return shard_dir.read(INDEX_NAME)
+    return (Path(shard_dir) / INDEX_NAME).read_bytes()
 
 
 def dumps(doc: dict) -> str:

@@ -34,9 +34,10 @@ class ReportConfig:
 def detect(path: Path) -> str:
     """``clean``, ``shard`` or ``run``; anything else is a UsageError that says what the folder lacks."""
     from pipeline.check.stage import detect as check_detect
+    from pipeline.storage import open_folder
 
     try:
-        return check_detect(path)
+        return check_detect(open_folder(path))
     except UsageError as e:
         if path.is_dir() and (path / "metrics.jsonl").is_file():
             return "run"

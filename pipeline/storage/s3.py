@@ -24,7 +24,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -137,6 +137,10 @@ def _code(e: Exception) -> str:
     code = str(err.get("Code", ""))
     status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
     return code if code and not code.isdigit() else status or code
+
+
+SCHEME = "s3://"
+HEAD_THREADS = 32  # first bytes of objects read at once (discovery): each is one small ranged GET
 
 
 class S3Folder(Folder):
@@ -268,7 +272,7 @@ class S3Folder(Folder):
         with self._errors(rel):
             client().upload_file(str(path), self.bucket, key)
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write(self, rel: str, data: bytes, durable: bool = False) -> None:
         key = self._key(rel)
         with self._errors(rel):
             client().put_object(Bucket=self.bucket, Key=key, Body=data)
@@ -328,6 +332,26 @@ class S3Folder(Folder):
 
     def child(self, rel: str) -> S3Folder:
         return S3Folder(self.bucket, self._key(rel))
+
+    def state(self) -> str:
+        """One listing of at most one key: whether the prefix holds anything."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        with self._errors():
+            page = client().list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=1)
+        return "folder" if page.get("Contents") else "absent"
+
+    def read_heads(self, rels: Iterable[str], n: int) -> Iterator[bytes | OSError]:
+        """Many small ranged GETs at once, answered in order: each is a round trip."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def head(rel: str) -> bytes | OSError:
+            try:
+                return self.read_range(rel, 0, n)
+            except OSError as e:
+                return e
+
+        with ThreadPoolExecutor(HEAD_THREADS) as pool:
+            yield from pool.map(head, rels)
 
 
 def _ns(when: Any) -> int:

@@ -8,8 +8,9 @@ merged read may grow) and a prefetch depth (``ahead``: reads in flight on thread
 * `LocalSource`: a folder on disk. Large ranges are mapped from the page cache, small ones read
   (`read_range`); one read may be large (64 MiB) and nothing is prefetched: the kernel's
   read-ahead already overlaps the disk with the decoding.
-* `train.data.s3.S3Source` (imported only for an ``s3://`` folder, so a local run never imports
-  boto3): ranged GETs, merged to 8 MiB, 4 in flight.
+* `train.data.remote.FolderSource`: any other `pipeline.storage.Folder` (object storage: its
+  client is imported only when such a folder is opened, so a local run never imports it):
+  ranged reads, merged to 8 MiB, 4 in flight.
 * `CachedSource`: whole shards kept in a local folder under a size cap, least recently used
   evicted, for sources that are slow or billed per read.
 
@@ -39,21 +40,21 @@ INDEX_NAME = "index.json"
 INDEX_MAX_BYTES = 1 << 30  # an index.json larger than this is not one pipe shard wrote
 
 
-def is_remote(location: str | os.PathLike) -> bool:
-    return isinstance(location, str) and location.startswith("s3://")
-
-
 def open_source(location: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                 cache_max_bytes: int | None = None, shards: dict[str, tuple[int, str]] | None = None):
-    """The source for a shard folder: ``s3://bucket/prefix`` or a local path; with ``cache_dir``,
-    wrapped in a `CachedSource` (``shards``: rel -> (size, sha256) from index.json)."""
-    source: LocalSource | object
-    if is_remote(location):
-        from train.data.s3 import S3Source
+    """The source for a shard folder (a local path or a URL, `pipeline.storage`): a folder on this
+    machine is read as files, any other through its Folder; with ``cache_dir``, wrapped in a
+    `CachedSource` (``shards``: rel -> (size, sha256) from index.json)."""
+    from pipeline.storage import open_folder
 
-        source = S3Source(str(location))
+    folder = open_folder(location)
+    source: LocalSource | object
+    if folder.local_path is not None:
+        source = LocalSource(folder.local_path)
     else:
-        source = LocalSource(Path(location))
+        from train.data.remote import FolderSource
+
+        source = FolderSource(folder)
     if cache_dir is None:
         return source
     return CachedSource(source, Path(cache_dir), cache_max_bytes, shards or {})
@@ -62,18 +63,22 @@ def open_source(location: str | os.PathLike, cache_dir: str | os.PathLike | None
 def read_index(location: str | os.PathLike) -> tuple[dict, bytes]:
     """index.json of a shard folder, schema-checked (UsageError, one line, otherwise), and its raw
     bytes (whose hash is the dataset's fingerprint). Read from the same storage as the shards."""
-    from pipeline.formats import index as shard_index
-
-    if not is_remote(location):
-        doc = shard_index.load(Path(location))
-        return doc, (Path(location) / INDEX_NAME).read_bytes()
     from pipeline.core.errors import UsageError
     from pipeline.core.schemas import validate_or_usage_error
-    from train.data.s3 import S3Source
+    from pipeline.formats import index as shard_index
+    from pipeline.storage import TooLarge, open_folder
 
-    source = S3Source(str(location))
-    what = source.url(INDEX_NAME)
-    raw = source.read_index(INDEX_NAME, INDEX_MAX_BYTES)
+    folder = open_folder(location)
+    what = f"{folder.url.rstrip('/')}/{INDEX_NAME}"
+    try:
+        raw = folder.read(INDEX_NAME, max_bytes=INDEX_MAX_BYTES)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        hint = " (pipe shard writes it last: was the run interrupted?)" if folder.state() == "folder" else ""
+        raise UsageError(f"{what} not found{hint}") from None
+    except TooLarge:
+        raise UsageError(f"{what} is larger than {INDEX_MAX_BYTES} bytes: not an index pipe shard wrote") from None
+    except OSError as e:
+        raise UsageError(f"{what} cannot be read: {e.strerror or e}") from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
