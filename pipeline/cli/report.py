@@ -7,14 +7,15 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli.common import exits_cleanly
+from pipeline.cli.common import exits_cleanly, folder_arg
+from pipeline.storage import EXAMPLE_URL
 
 
 @exits_cleanly
 def report(
     ctx: typer.Context,
-    dirs: Annotated[list[Path], typer.Argument(help="Clean dirs (manifest.parquet), shard dirs (index.json) and/or run dirs "
-                                                    "(metrics.jsonl).", show_default=False)],
+    dirs: Annotated[list[str], typer.Argument(help="Clean dirs (manifest.parquet), shard dirs (index.json) and/or run dirs "
+                                                   f"(metrics.jsonl), local or {EXAMPLE_URL}.", show_default=False)],
     output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("report.html"),
     thumbnails: Annotated[bool, typer.Option("--thumbnails/--no-thumbnails", help="Put image previews and text snippets in the "
                                              "page (off: for data that must not be copied).")] = True,
@@ -30,7 +31,7 @@ def report(
     from pipeline.core.config import explicit_params, load_section, resolve
     from pipeline.report import stage
 
-    values = {"dirs": list(dirs), "output": output, "thumbnails": thumbnails}
+    values = {"dirs": [folder_arg(d) for d in dirs], "output": output, "thumbnails": thumbnails}
     cfg = resolve(stage.ReportConfig, values, explicit_params(ctx), load_section(config, "report"))
     size = stage.run(cfg)
     ui.out_console.print(f"wrote {cfg.output} ({size / 2**20:.2f} MiB)", highlight=False, markup=False)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.core import files
 from pipeline.core.errors import UsageError
+from pipeline.storage import Location, local_path, open_folder
 
 if TYPE_CHECKING:  # the facts modules import pyarrow: only when a report is made
     from pipeline.report.render import Facts
@@ -23,7 +24,7 @@ MAX_PAGE_BYTES = 5 * 2**20  # the target; a bigger page is still written, with a
 class ReportConfig:
     """Settings of `pipe report`."""
 
-    dirs: list[Path]
+    dirs: list[Location]
     """Clean, shard and run dirs, in the order the page shows them."""
     output: Path = Path("report.html")
     """The HTML file to write."""
@@ -31,22 +32,22 @@ class ReportConfig:
     """Previews of images (and snippets of texts) in the page; off for data that must not be copied."""
 
 
-def detect(path: Path) -> str:
+def detect(path: Location) -> str:
     """``clean``, ``shard`` or ``run``; anything else is a UsageError that says what the folder lacks."""
     from pipeline.check.stage import detect as check_detect
-    from pipeline.storage import open_folder
 
+    folder = open_folder(path)
     try:
-        return check_detect(open_folder(path))
+        return check_detect(folder)
     except UsageError as e:
-        if path.is_dir() and (path / "metrics.jsonl").is_file():
+        if folder.exists("metrics.jsonl"):
             return "run"
-        if path.is_dir():
+        if folder.state() == "folder":
             raise UsageError(f"{e} nor a run dir (metrics.jsonl from pipe train)") from None
         raise
 
 
-def gather(dirs: list[Path], thumbnails: bool = True) -> list[tuple[str, Facts]]:
+def gather(dirs: list[Location], thumbnails: bool = True) -> list[tuple[str, Facts]]:
     """(kind, facts) for each folder, in order."""
     from pipeline.report import clean, run, shard
 
@@ -62,7 +63,7 @@ def gather(dirs: list[Path], thumbnails: bool = True) -> list[tuple[str, Facts]]
     return out
 
 
-def build(dirs: list[Path], thumbnails: bool = True, check: dict | None = None) -> str:
+def build(dirs: list[Location], thumbnails: bool = True, check: dict | None = None) -> str:
     from pipeline.report import render
 
     return render.page(gather(dirs, thumbnails), check=check)
@@ -89,5 +90,5 @@ def run(cfg: ReportConfig) -> int:
     if not cfg.dirs:
         raise UsageError("give at least one folder to report on")
     data_dirs = [d for d in cfg.dirs if detect(d) != "run"]  # a run dir may hold its own report
-    refuse_output_inside(cfg.output, data_dirs)
+    refuse_output_inside(cfg.output, [p for p in map(local_path, data_dirs) if p is not None])
     return write(build(cfg.dirs, cfg.thumbnails), cfg.output)
