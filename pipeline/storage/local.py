@@ -48,7 +48,9 @@ class LocalFolder(Folder):
         self.local_path = self.root
 
     def __reduce__(self):
-        return (LocalFolder, (self.root,))
+        """Sent to another process (a worker, a Ray task elsewhere) as an absolute path: its
+        working directory need not be this one's."""
+        return (LocalFolder, (Path(os.path.abspath(self.root)),))
 
     def _path(self, rel: str) -> Path:
         return self.root / check_rel(rel)

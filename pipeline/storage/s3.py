@@ -17,6 +17,7 @@ Both are one line naming the folder's URL; no message carries a secret (see `scr
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import io
@@ -333,12 +334,22 @@ class S3Folder(Folder):
     def child(self, rel: str) -> S3Folder:
         return S3Folder(self.bucket, self._key(rel))
 
-    def state(self) -> str:
-        """One listing of at most one key: whether the prefix holds anything."""
+    def _first_keys(self, n: int) -> builtins.list[str]:
+        """At most ``n`` keys under the prefix, relative to it: one request, however many there are."""
         base = f"{self.prefix}/" if self.prefix else ""
         with self._errors():
-            page = client().list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=1)
-        return "folder" if page.get("Contents") else "absent"
+            page = client().list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=n)
+        return [obj["Key"][len(base):] for obj in page.get("Contents", ())]
+
+    def state(self) -> str:
+        """Whether the prefix holds anything (one small listing)."""
+        return "folder" if self._first_keys(1) else "absent"
+
+    def occupied(self) -> bool:
+        """Anything besides a lock (one small listing, not the whole prefix's)."""
+        from pipeline.storage.folder import LOCK
+
+        return any(rel != LOCK for rel in self._first_keys(2))
 
     def read_heads(self, rels: Iterable[str], n: int) -> Iterator[bytes | OSError]:
         """Many small ranged GETs at once, answered in order: each is a round trip."""
