@@ -275,13 +275,14 @@ from pipeline.clean.discover import discover
 from pipeline.media.image.clean import ImageSettings
 from pipeline.clean.process import WorkerSettings, init_worker, process
 from pipeline.media.text.clean import TextSettings
+from pipeline.storage import open_folder
 
 src, dst, repeat = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 dst.mkdir(parents=True, exist_ok=True)
 cands = discover(src)
 
 def naive(c):
-    p = Path(c.path)
+    p = src / c.path
     {NAIVE_ONE}
 
 def per_image(fn):
@@ -296,7 +297,7 @@ def per_image(fn):
 
 res = {{"naive": per_image(naive)}}
 for mode in ("stretch", "pad"):
-    init_worker(WorkerSettings(str(dst / mode), ImageSettings(resize_mode=mode), TextSettings()))
+    init_worker(WorkerSettings(open_folder(dst / mode), ImageSettings(resize_mode=mode), TextSettings(), open_folder(src)))
     res[mode] = per_image(process)
 print(json.dumps(res))
 """
@@ -320,10 +321,12 @@ from pipeline.clean.discover import discover
 from pipeline.media.image.clean import ImageSettings
 from pipeline.clean.process import WorkerSettings, init_worker, process
 from pipeline.media.text.clean import TextSettings
+from pipeline.storage import open_folder
 
 cands = discover(Path(sys.argv[1]))
 for mode in ("stretch", "pad"):
-    init_worker(WorkerSettings(sys.argv[2] + "/" + mode, ImageSettings(resize_mode=mode), TextSettings()))
+    init_worker(WorkerSettings(open_folder(sys.argv[2] + "/" + mode), ImageSettings(resize_mode=mode), TextSettings(),
+                               open_folder(sys.argv[1])))
     process(cands[0])
     prof = cProfile.Profile(time.process_time)
     t = time.process_time()

@@ -212,7 +212,8 @@ def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
     import pyarrow.compute as pc
 
     from pipeline.clean.columns import RESULTS
-    from pipeline.distribute import parts as partlib
+    from pipeline.clean.parts import FORMAT
+    from pipeline.executors import parts as partlib
 
     rng = np.random.default_rng(n)
     folder = clean_dir / partlib.PARTS_DIR
@@ -240,7 +241,7 @@ def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
             output=pc.binary_join_element_wise("data/", source, ""), output_bytes=pa.array(np.full(m, 20_000)),
             notes=pa.array([[]] * m, pa.list_(pa.string())), output_width=pa.array(np.full(m, 256)),
             output_height=pa.array(np.full(m, 256)), pixel_sums=lists(3, 5, 7), pixel_squares=lists(11, 13, 17))
-        table = pa.table(cols, schema=RESULTS).replace_schema_metadata(partlib.FORMAT)
+        table = pa.table(cols, schema=RESULTS).replace_schema_metadata(FORMAT)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
@@ -259,11 +260,12 @@ def driver_child(clean_dir: str, n: int, part_files: int) -> None:
     Prints one JSON line a step, so a long run shows where it is and what it holds."""
     from pipeline.clean.columns import manifest_table
     from pipeline.clean.decide import DecideSettings, Outputs, decide
+    from pipeline.clean.parts import as_columns, gather
     from pipeline.clean.report import ReportBuilder
     from pipeline.clean.stage import PARKED
-    from pipeline.distribute import parts as partlib
-    from pipeline.distribute.clean import as_columns, gather
+    from pipeline.executors import parts as partlib
     from pipeline.formats.manifest import ManifestWriter
+    from pipeline.storage import open_folder
 
     out = Path(clean_dir)
     step = {"rows": n, "base_kib": _rss_kib()}
@@ -281,11 +283,11 @@ def driver_child(clean_dir: str, n: int, part_files: int) -> None:
     tables = [gather(out, p, candidates) for p in plan]
     if any(x is None for x in tables):
         raise SystemExit("a part's results file is missing or unreadable")
-    cols = as_columns(out, plan, tables)
+    cols = as_columns(open_folder(out), plan, tables)
     done("gather", t)
     del candidates  # as stage._run does once the parts are in
     t = time.perf_counter()
-    outcome = decide(cols, DecideSettings(), Outputs(out, PARKED, "pad"))
+    outcome = decide(cols, DecideSettings(), Outputs(open_folder(out), PARKED, "pad"))
     done("decide", t)
     t = time.perf_counter()
     report, writer, offset = ReportBuilder(), ManifestWriter(out / "manifest.parquet"), 0

@@ -90,7 +90,7 @@ def verify_shards(shard_dir: str, index: dict) -> None:
     since `pipe shard` (or swapped by someone else) would be trained on silently. Here it stops the
     run naming the shard: StageFailed, exit 1 (the data is bad, not the command). Runs where the
     command runs: once per node under the built-in launcher, on each rank under an outside torchrun.
-    Shards are read from where they are (a folder or s3://), a few MiB per read, reads retried."""
+    Shards are read from where they are (a folder or object storage), a few MiB per read, reads retried."""
     import hashlib
 
     from pipeline.core.errors import StageFailed

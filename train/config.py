@@ -19,6 +19,7 @@ from pathlib import Path
 from pipeline.core import settings
 from pipeline.core.errors import UsageError
 from pipeline.core.settings import setting
+from pipeline.storage import FOLDER_HELP
 from train.models import families
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -58,8 +59,8 @@ class LaunchConfig:
 class TrainConfig(LaunchConfig):
     """Settings of `pipe train` (flags of the same name; `[train]` in a `--config` file)."""
 
-    shard_dir: str = setting(".", "SHARD_DIR written by pipe shard: a folder or s3://bucket/prefix; its index.json is "
-                                  "the only entry point.", argument=True, required=True)
+    shard_dir: str = setting(".", f"SHARD_DIR written by pipe shard: {FOLDER_HELP}; its index.json is the only entry "
+                                  "point.", argument=True, required=True)
     output: Path = setting(Path("run"), "RUN_DIR to write: checkpoints (last.pt, best.pt), metrics.jsonl, tb/ "
                                         "(TensorBoard), config.json, keys/.", flags=("--output", "-o"), required=True)
     data_only: bool = setting(False, "Run only the data pipeline (no model) and print samples/s per rank.",
@@ -334,9 +335,10 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     arithmetic is checked too, so a global batch that does not divide fails before launch.
     """
     from pipeline.formats import index as shard_index
+    from pipeline.storage import local_path
 
-    # on S3 the index is read (and judged) by train.command.check
-    if not str(cfg.shard_dir).startswith("s3://") and not shard_index.exists(cfg.shard_dir):
+    here = local_path(cfg.shard_dir)  # None: object storage, read (and judged) by train.command.check
+    if here is not None and not shard_index.exists(here):
         raise UsageError(f"{cfg.shard_dir} has no index.json: run `pipe shard` first (it writes index.json last)")
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():

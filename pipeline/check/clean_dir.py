@@ -20,8 +20,10 @@ from pipeline.check.policy import Policy
 from pipeline.check.registry import check
 from pipeline.check.result import WARNING, CheckResult, at_most, fail, ok, skip, verdict
 from pipeline.core.cores import worker_count
+from pipeline.core.errors import StageFailed, UsageError
 from pipeline.formats.manifest_row import ADDED_LATER, NAMES
 from pipeline.formats.vocabulary import Kind, Status
+from pipeline.storage import Folder, Location, location, open_folder
 
 IN_PROCESS_FILES = 2000  # --deep: fewer kept outputs are decoded in this process (a pool costs ~1 s to start)
 CHUNK = 256  # outputs per worker task
@@ -32,7 +34,7 @@ Found = tuple[str, str, ImageFacts | str | None]
 
 @dataclass
 class CleanDir:
-    root: Path
+    root: Folder
     deep: bool = False
     report: dict | None = None
     rows: list[dict] | None = None
@@ -42,7 +44,7 @@ class CleanDir:
     """Files that could not be read or parsed at all (reported by the schema check)."""
     older: list[str] = field(default_factory=list)
     """Columns the manifest lacks because an older pipe clean wrote it (`ADDED_LATER`): read as null."""
-    input: Path | None = None
+    input: Folder | None = None
     """The raw input folder to compare the manifest with, when it is reachable."""
     input_note: str = ""
     images: dict[str, ImageFacts] = field(default_factory=dict)
@@ -69,45 +71,47 @@ class CleanDir:
         return s if isinstance(s, dict) else {}
 
 
-def is_clean_dir(root: Path) -> bool:
-    return (root / "manifest.parquet").is_file()
+def is_clean_dir(root: Folder) -> bool:
+    return root.exists("manifest.parquet")
 
 
-def looks_unfinished(root: Path) -> bool:
+def looks_unfinished(root: Folder) -> bool:
     """A folder `pipe clean` started but did not finish (no manifest yet); a shard dir has a marker too."""
-    from pipeline.core.files import read_marker
+    from pipeline.storage.output import read_marker
 
     return (read_marker(root) or {}).get("tool") == "pipe clean" and not is_clean_dir(root)
 
 
-def load(root: Path, deep: bool = False, input_override: Path | None = None, workers: int = 0) -> CleanDir:
+def load(root: Location | Folder, deep: bool = False, input_override: Location | Folder | None = None,
+         workers: int = 0) -> CleanDir:
+    root = open_folder(root)
     d = CleanDir(root, deep, workers=workers)
-    d.report = _read_json(root / "report.json", d.problems)
-    d.rows = _read_manifest(root / "manifest.parquet", d.problems, d.older)
+    d.report = _read_json(root, "report.json", d.problems)
+    d.rows = _read_manifest(root, d.problems, d.older)
     d.input, d.input_note = _find_input(root, d.settings(), input_override)
     if d.rows is not None:
         _inspect_outputs(d, workers)
     return d
 
 
-def _read_json(path: Path, problems: list[str]):
+def _read_json(root: Folder, name: str, problems: list[str]):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(root.read(name).decode("utf-8"))
     except FileNotFoundError:
-        problems.append(f"{path.name} is missing")
+        problems.append(f"{name} is missing")
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        problems.append(f"{path.name} is not readable JSON: {e}")
+        problems.append(f"{name} is not readable JSON: {e}")
     return None
 
 
-def _read_manifest(path: Path, problems: list[str], older: list[str]) -> list[dict] | None:
+def _read_manifest(root: Folder, problems: list[str], older: list[str]) -> list[dict] | None:
     """The rows; a manifest of an older pipe clean, without the columns added since (`ADDED_LATER`),
     reads as if they were null (what pipe clean writes where it has no value), named in ``older``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(pa.BufferReader(root.read("manifest.parquet")))
     except (OSError, pa.ArrowException) as e:
         problems.append(f"manifest.parquet is not a readable Parquet file: {e}")
         return None
@@ -119,31 +123,31 @@ def _read_manifest(path: Path, problems: list[str], older: list[str]) -> list[di
     return rows
 
 
-def _find_input(root: Path, settings: dict, override: Path | None) -> tuple[Path | None, str]:
-    """The input folder: --input, else report.json's settings.input, else the absolute path .pipe/state.json keeps."""
+def _find_input(root: Folder, settings: dict, override: Location | Folder | None) -> tuple[Folder | None, str]:
+    """The input folder: --input, else report.json's settings.input, else the one .pipe/state.json keeps."""
+    from pipeline.storage.output import read_marker
+
     if override is not None:
-        return override, ""  # checked to be a folder by the stage
-    if isinstance(override, str) or str(settings.get("input", "")).startswith("s3://"):  # object storage: listed when compared
-        return override or settings["input"], ""
+        return open_folder(override), ""  # checked to be a folder by the stage
     tried = []
     if isinstance(settings.get("input"), str) and settings["input"]:
-        tried.append(Path(settings["input"]))
-    try:
-        state = json.loads((root / ".pipe" / "state.json").read_text(encoding="utf-8"))
-        if state.get("input"):
-            tried.append(Path(state["input"]))
-    except (OSError, ValueError, AttributeError):
-        pass
-    for p in tried:
-        if p.is_dir():
-            return p, ""
-    where = " or ".join(str(p) for p in dict.fromkeys(tried)) or "(not recorded)"
+        tried.append(settings["input"])
+    state = read_marker(root) or {}
+    if isinstance(state.get("input"), str) and state["input"]:
+        tried.append(state["input"])
+    for where in tried:
+        try:
+            folder = open_folder(location(where))
+            if folder.state() == "folder":
+                return folder, ""
+        except (UsageError, StageFailed):  # a URL of no known storage, or storage that cannot be reached
+            continue
+    where = " or ".join(dict.fromkeys(tried)) or "(not recorded)"
     return None, f"the input folder {where} is not here; pass --input to compare"
 
 
 def _inspect_outputs(d: CleanDir, workers: int) -> None:
-    root = d.root.resolve()
-    jobs = [(str(r.get(NAMES.output) or ""), r[NAMES.kind], str(root), d.deep)  # r[kind]: there, it is image or text
+    jobs = [(str(r.get(NAMES.output) or ""), r[NAMES.kind], d.root, d.deep)  # r[kind]: there, it is image or text
             for r in d.kept() if r.get(NAMES.kind) in (Kind.IMAGE, Kind.TEXT)]
     if d.deep and len(jobs) >= IN_PROCESS_FILES and workers != 1:
         from pipeline.core.executor import OrderedPool
@@ -162,23 +166,27 @@ def _inspect_outputs(d: CleanDir, workers: int) -> None:
             d.texts[out] = facts
 
 
-def inspect_chunk(jobs: list[tuple[str, str, str, bool]]) -> list[Found]:
+def inspect_chunk(jobs: list[tuple[str, str, Folder, bool]]) -> list[Found]:
     """(output, kind, ImageFacts | text problem or None | MISSING) for each kept output (a worker's unit)."""
     found: list[Found] = []
     for out, kind, root, deep in jobs:
-        path = (Path(root) / out).resolve()
-        try:
-            if Path(root) not in path.parents:
-                raise FileNotFoundError(out)  # "" or a path leaving CLEAN_DIR names no output of ours
-            data = path.read_bytes()
-        except OSError:
+        data = _output_bytes(root, out)
+        if data is None:
             found.append((out, kind, MISSING))
             continue
         found.append((out, kind, inspect_image(data, deep=deep) if kind == Kind.IMAGE else text_problem(data)))
     return found
 
 
-def _crashed_chunk(jobs: list[tuple[str, str, str, bool]], exc: BaseException) -> list[Found]:
+def _output_bytes(root: Folder, rel: str) -> bytes | None:
+    """A kept output's bytes; None when it is not there ("" or a path leaving CLEAN_DIR names no output of ours)."""
+    try:
+        return root.read(rel) if rel and root.contained(rel) else None
+    except (OSError, UsageError):
+        return None
+
+
+def _crashed_chunk(jobs: list[tuple[str, str, Folder, bool]], exc: BaseException) -> list[Found]:
     """A decoder killed its worker on one of these files: judge them one by one, in this process, header only."""
     out = []
     for o, kind, root, _ in jobs:
@@ -221,12 +229,7 @@ def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
     from pipeline.clean.discover import discover
 
     exclude = _labels_file(d)
-    if isinstance(d.input, str):  # an s3:// INPUT
-        from pipeline.clean.remote import discover_remote
-
-        on_disk = {c.source for c in discover_remote(d.input, labels={}, exclude=exclude)}
-    else:
-        on_disk = {c.source for c in discover(d.input, labels={}, exclude=exclude)}
+    on_disk = {c.source for c in discover(d.input, labels={}, exclude=exclude)}
     listed = Counter(r.get(NAMES.source) for r in d.rows)
     missing = sorted(s for s in on_disk if s not in listed)
     # key=str: a damaged manifest's null source (None) sorts among the names instead of crashing the check
@@ -236,16 +239,17 @@ def check_manifest_matches_input(d: CleanDir, p: Policy) -> CheckResult:
                  + [f"{s}: in the manifest, not in the input" for s in gone]
                  + [f"{s}: listed {listed[s]} times" for s in twice])
     return verdict(name, offenders, len(on_disk), "input files and manifest rows disagree",
-                   f"{len(d.rows)} manifest rows = {len(on_disk)} files in {d.input}",
+                   f"{len(d.rows)} manifest rows = {len(on_disk)} files in {d.input.url}",
                    files=len(on_disk), rows=len(d.rows), not_in_manifest=len(missing), not_in_input=len(gone))
 
 
 def _labels_file(d: CleanDir) -> set[str]:
     labels = d.settings().get("labels")
-    if not isinstance(labels, str) or not labels or d.input is None:
+    root = d.input.local_path if d.input is not None else None
+    if not isinstance(labels, str) or not labels or root is None:
         return set()
     try:
-        return {Path(labels).resolve().relative_to(d.input.resolve()).as_posix()}
+        return {Path(labels).resolve().relative_to(root.resolve()).as_posix()}
     except ValueError:
         return set()
 
@@ -257,9 +261,8 @@ def check_outputs_match_manifest(d: CleanDir, p: Policy) -> CheckResult:
     if d.rows is None:
         return skip(name, "no readable manifest")
     listed = {r.get(NAMES.output) for r in d.kept()}
-    data = d.root / "data"
-    extra = sorted(q.relative_to(d.root).as_posix() for q in data.rglob("*")
-                   if (q.is_file() or q.is_symlink()) and q.relative_to(d.root).as_posix() not in listed) if data.is_dir() else []
+    data = d.root.child("data")
+    extra = sorted(f"data/{e.rel}" for e in data.walk() if f"data/{e.rel}" not in listed) if data.state() == "folder" else []
     offenders = [f"{o}: kept in the manifest, missing on disk" for o in d.missing] + [f"{o}: on disk, not in the manifest" for o in extra]
     return verdict(name, offenders, len(listed), "kept outputs and files under data/ disagree",
                    f"the {len(listed)} kept outputs are on disk and data/ holds nothing else",
@@ -433,54 +436,54 @@ def _int16(v) -> int | None:
         return None
 
 
-def _output(d: CleanDir, s: dict) -> Path | None:
-    root = d.root.resolve()
-    path = (root / s["output"]).resolve()
-    return path if s["output"] and root in path.parents and path.is_file() else None
+def _output(d: CleanDir, s: dict) -> bytes | None:
+    return _output_bytes(d.root, s["output"]) if s["output"] else None
 
 
 def _text_signatures(d: CleanDir, samples: list[dict]) -> list[bytes | None]:
     """The MinHash signature of each text-only sample's output (None for the rest): about a
     millisecond a text, so many texts are signed in worker processes."""
-    paths = [str(_output(d, s) or "") if s["kind"] == Kind.TEXT else "" for s in samples]
-    if sum(map(bool, paths)) < IN_PROCESS_FILES or d.workers == 1:
-        return sign_chunk(paths)
+    jobs = [(d.root, s["output"] if s["kind"] == Kind.TEXT else "") for s in samples]
+    if sum(bool(rel) for _, rel in jobs) < IN_PROCESS_FILES or d.workers == 1:
+        return sign_chunk(jobs)
     from pipeline.core.executor import OrderedPool
 
-    chunks = [paths[i : i + CHUNK] for i in range(0, len(paths), CHUNK)]
+    chunks = [jobs[i : i + CHUNK] for i in range(0, len(jobs), CHUNK)]
     pool = OrderedPool(sign_chunk, min(worker_count(d.workers), len(chunks)))
     return [sig for part in pool.map(chunks, on_crash=lambda chunk, e: [None] * len(chunk)) for sig in part]
 
 
-def sign_chunk(paths: list[str]) -> list[bytes | None]:
-    """MinHash signatures of the UTF-8 texts at ``paths`` ("" or unreadable: None); a worker's unit."""
+def sign_chunk(jobs: list[tuple[Folder, str]]) -> list[bytes | None]:
+    """MinHash signatures of the UTF-8 texts at ``(folder, rel)`` ("" or unreadable: None); a worker's unit."""
     from pipeline.similarity.minhash import text_signature
 
     out = []
-    for path in paths:
+    for root, rel in jobs:
+        data = _output_bytes(root, rel) if rel else None
         try:
-            out.append(text_signature(Path(path).read_text(encoding="utf-8")) if path else None)
-        except (OSError, UnicodeDecodeError):
+            out.append(text_signature(data.decode("utf-8")) if data is not None else None)
+        except UnicodeDecodeError:
             out.append(None)
     return out
 
 
 def _read_text(d: CleanDir, s: dict) -> str | None:
-    path = _output(d, s)
+    data = _output(d, s)
     try:
-        return path.read_text(encoding="utf-8") if path else None
-    except (OSError, UnicodeDecodeError):
+        return data.decode("utf-8") if data is not None else None
+    except UnicodeDecodeError:
         return None
 
 
 def _view(d: CleanDir, s: dict):
     """The kept output's perceptual view (as `pipe clean` compares), None when it cannot be read."""
+    import io
+
     from pipeline.similarity.perceptual import load_view
 
-    path = _output(d, s)
-    return load_view(str(path), s["width"], s["height"], str(d.settings().get("resize_mode") or "pad")) if path else None
-
-
+    data = _output(d, s)
+    return (load_view(io.BytesIO(data), s["width"], s["height"], str(d.settings().get("resize_mode") or "pad"))
+            if data is not None else None)
 
 
 def _text_similarity(d: CleanDir, a: dict, b: dict) -> float | None:

@@ -13,7 +13,6 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pipeline.check import classes as class_checks
 from pipeline.check.leakage import copies, exact_pairs, near_image_pairs, near_text_pairs, same_views
@@ -23,13 +22,14 @@ from pipeline.check.result import WARNING, CheckResult, at_most, fail, ok, skip,
 from pipeline.check.tarscan import ScanSettings, ShardScan, scan_shard
 from pipeline.core.cores import worker_count
 from pipeline.formats import index as shard_index
+from pipeline.storage import Folder
 
 IN_PROCESS_BYTES = 64 << 20  # below this much tar, a process pool costs more than it saves
 
 
 @dataclass
 class ShardDir:
-    root: Path
+    root: Folder
     deep: bool = False
     index: dict | None = None
     problem: str | None = None
@@ -46,7 +46,7 @@ class ShardDir:
         return [(e, s) for e, s in zip(self.entries, self.scans) if e.get("split") == name]
 
 
-def load(root: Path, deep: bool, policy: Policy, workers: int = 0, advance=lambda: None) -> ShardDir:
+def load(root: Folder, deep: bool, policy: Policy, workers: int = 0, advance=lambda: None) -> ShardDir:
     """Read index.json and scan every indexed shard; ``advance()`` is called once per shard read."""
     d = ShardDir(root, deep)
     d.index, unreadable = shard_index.parse(root)
@@ -70,9 +70,13 @@ def _int_or_none(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _scan_all(root: Path, entries: list[dict], s: ScanSettings, workers: int, advance) -> list[ShardScan]:
-    jobs = [(_inside(root, e["name"]), e["name"], s) for e in entries]
-    total = sum(p.stat().st_size for p, _, _ in jobs if p.is_file())
+def _scan_all(root: Folder, entries: list[dict], s: ScanSettings, workers: int, advance) -> list[ShardScan]:
+    """Every indexed shard scanned once, streamed from the folder (a pool of processes when
+    there is enough to read); a name that would leave the folder (../, absolute, a link out)
+    points nowhere."""
+    jobs = [(root, e["name"], s) for e in entries]
+    sizes = {e.rel: e.size for e in root.list()}
+    total = sum(sizes.get(name, 0) for _, name, _ in jobs)
     results: Iterator[ShardScan]
     if len(jobs) < 2 or total < IN_PROCESS_BYTES or workers == 1:
         results = map(scan_shard, jobs)
@@ -88,10 +92,9 @@ def _scan_all(root: Path, entries: list[dict], s: ScanSettings, workers: int, ad
     return scans
 
 
-def _inside(root: Path, name: str) -> Path:
-    """The shard's path; a name that would leave the folder (../, absolute) points nowhere."""
-    p = (root / name).resolve()
-    return p if root.resolve() in p.parents else root / ".pipe-check-outside" / "x.tar"
+def _top_tars(root: Folder) -> list[str]:
+    """The .tar files directly in the folder (a shard dir's shards are there, not deeper), sorted."""
+    return sorted(e.rel for e in root.list() if "/" not in e.rel and e.rel.endswith(".tar"))
 
 
 def _offenders(d: ShardDir, check: str) -> list[str]:
@@ -136,8 +139,8 @@ def check_shard_checksums(d: ShardDir, p: Policy) -> CheckResult:
         if s.sha256 != e.get("sha256"):
             offenders.append(f"{e['name']}: sha256 {s.sha256[:12]}..., index says {str(e.get('sha256'))[:12]}...")
     indexed = {e["name"] for e in d.entries}
-    offenders += [f"{q.name}: a shard file index.json does not list (stale? readers never see it)"
-                  for q in sorted(d.root.glob("*.tar")) if q.name not in indexed]
+    offenders += [f"{name}: a shard file index.json does not list (stale? readers never see it)"
+                  for name in _top_tars(d.root) if name not in indexed]
     return verdict("shard_checksums", offenders, len(d.entries), "shards differ from index.json",
                    f"all {len(d.entries)} shards have the indexed size and sha256",
                    bytes=sum(s.bytes for s in d.scans))
@@ -368,7 +371,7 @@ def _copies(d: ShardDir, p: Policy):
 
         loc = pool["loc"]
         # a picture with many look-alikes is decoded once
-        view = lru_cache(maxsize=1024)(lambda k: _view(d.root / loc[k][0], loc[k][1], loc[k][2]))
+        view = lru_cache(maxsize=1024)(lambda k: _view(d.root, loc[k][0], loc[k][1], loc[k][2]))
         found = copies(pool["exact"], pool["hash"], pool["sig"], pool["split"], pool["cls"],
                        p.near_duplicate_phash_distance, p.near_duplicate_text_similarity,
                        lambda i, j: same_views(view(j), view(i)), lambda i, j: _text_similarity(d, loc[j], loc[i]))
@@ -381,7 +384,7 @@ def _same_picture(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, int])
     `pipe clean` confirms its near duplicates (`perceptual.same_picture`): a perceptual hash
     within a few bits is a candidate, not a verdict. An image that cannot be read back stays a
     leak (the check does not pass on what it could not look at)."""
-    return same_views(_view(d.root / a[0], a[1], a[2]), _view(d.root / b[0], b[1], b[2]))
+    return same_views(_view(d.root, a[0], a[1], a[2]), _view(d.root, b[0], b[1], b[2]))
 
 
 def _text_similarity(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, int]) -> float | None:
@@ -389,7 +392,7 @@ def _text_similarity(d: ShardDir, a: tuple[str, int, int], b: tuple[str, int, in
     confirms its near-duplicate texts), or None when either cannot be read back."""
     from pipeline.similarity.minhash import jaccard, shingles
 
-    ta, tb = _text(_members(d.root / a[0], a[1], a[2])), _text(_members(d.root / b[0], b[1], b[2]))
+    ta, tb = _text(_members(d.root, a[0], a[1], a[2])), _text(_members(d.root, b[0], b[1], b[2]))
     try:
         return None if ta is None or tb is None else jaccard(shingles(ta.decode("utf-8")), shingles(tb.decode("utf-8")))
     except UnicodeDecodeError:
@@ -403,14 +406,14 @@ def _text(fields: dict[str, bytes]) -> bytes | None:
     return next((data for ext, data in fields.items() if ext in TEXT_LIKE), None)
 
 
-def _view(path: Path, start: int, end: int):
+def _view(root: Folder, name: str, start: int, end: int):
     """The perceptual view of the image of the sample at bytes ``start..end`` of a shard, or None."""
     import io
 
     from pipeline.formats.sample import IMAGE_LIKE
     from pipeline.similarity.perceptual import load_view
 
-    fields = _members(path, start, end)
+    fields = _members(root, name, start, end)
     image = next((data for ext, data in fields.items() if ext in IMAGE_LIKE), None)  # as `tarscan` took it
     try:
         size = json.loads(fields["json"]).get("image", {}) if "json" in fields else {}
@@ -419,16 +422,16 @@ def _view(path: Path, start: int, end: int):
     return None if image is None else load_view(io.BytesIO(image), size.get("width"), size.get("height"), "pad")
 
 
-def _members(path: Path, start: int, end: int) -> dict[str, bytes]:
+def _members(root: Folder, name: str, start: int, end: int) -> dict[str, bytes]:
     """The members of the sample at bytes ``start..end`` of a shard by extension, lower-cased as
     `tarscan` reads them ({} if unreadable; a member without key.ext is left out)."""
     from pipeline.formats import tarstream
     from pipeline.formats.sample import split_name
 
     try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            buf = f.read(end - start)
+        if not root.contained(name):
+            return {}
+        buf = root.read_range(name, start, end - start)
         heads = tarstream.members(buf)
     except (OSError, ValueError):
         return {}

@@ -12,7 +12,6 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TypeVar
 
 from pipeline import __version__
@@ -24,14 +23,14 @@ from pipeline.check.result import ERROR, FAIL, PASS, SKIP, WARNING, CheckResult,
 from pipeline.core.errors import UsageError
 from pipeline.core.settings import check as check_settings
 from pipeline.formats import index as shard_index
-from pipeline.storage import is_remote
+from pipeline.storage import Folder, Location, open_folder
 
 F = TypeVar("F")  # the loaded folder (CleanDir or ShardDir) that a check reads
 
 
 @dataclass
 class FolderReport:
-    path: Path
+    path: Location  # as it was given: a local path, or a URL
     kind: str  # clean | shard
     results: list[CheckResult]
     seconds: float = 0.0
@@ -74,56 +73,55 @@ class CheckReport:
         }
 
 
-def detect(path: Path) -> str:
+def detect(folder: Folder) -> str:
     """``clean`` or ``shard``; anything else is a UsageError that says what the folder lacks."""
-    if not path.exists():
+    path = folder.url
+    state = folder.state()
+    if state == "absent":
         raise UsageError(f"folder not found: {path}")
-    if not path.is_dir():
+    if state == "file":
         raise UsageError(f"{path} is not a folder (pipe check takes a clean dir or a shard dir)")
-    if shard_index.exists(path):
+    if shard_index.exists(folder):
         return "shard"
-    if clean_dir.is_clean_dir(path):
+    if clean_dir.is_clean_dir(folder):
         return "clean"
-    if clean_dir.looks_unfinished(path):
+    if clean_dir.looks_unfinished(folder):
         raise UsageError(f"{path} is an unfinished pipe clean output (no manifest.parquet yet): run pipe clean again")
-    if any(path.glob("*.tar")):
+    if any("/" not in e.rel and e.rel.endswith(".tar") for e in folder.list()):
         raise UsageError(f"{path} holds .tar files but no index.json: pipe shard did not finish, or these are not pipe shards")
     raise UsageError(f"{path} is neither a clean dir (manifest.parquet from pipe clean) nor a shard dir (index.json from pipe shard)")
 
 
 def run(cfg: CheckConfig, show_progress: bool = False) -> CheckReport:
-    if any(is_remote(d) for d in cfg.dirs):
-        from pipeline.check import remote
-
-        return remote.run(cfg, show_progress)
     if not cfg.dirs:
         raise UsageError("give at least one folder to check")
     check_settings(cfg)  # the declared ranges (check/config.py)
-    if cfg.input is not None and not is_remote(cfg.input) and not cfg.input.is_dir():
-        raise UsageError(f"--input {cfg.input} is not a folder")
+    if cfg.input is not None and open_folder(cfg.input).state() != "folder":
+        raise UsageError(f"--input {open_folder(cfg.input).url} is not a folder")
     policy = load_policy(cfg.policy)  # a bad policy stops us before any work
-    kinds = [(d, detect(d)) for d in cfg.dirs]  # so does a bad folder, even the last one
+    kinds = [(d, open_folder(d)) for d in cfg.dirs]
+    checked = [(d, f, detect(f)) for d, f in kinds]  # so does a bad folder, even the last one
     folders = []
-    for path, kind in kinds:
+    for given, folder, kind in checked:
         t = time.perf_counter()
-        results = run_folder(path, kind, policy, cfg, show_progress)
-        folders.append(FolderReport(path, kind, results, time.perf_counter() - t))
+        results = run_folder(folder, kind, policy, cfg, show_progress)
+        folders.append(FolderReport(given, kind, results, time.perf_counter() - t))
     return CheckReport(folders, policy, cfg.deep)
 
 
-def run_folder(path: Path, kind: str, policy: Policy, cfg: CheckConfig, show_progress: bool = False) -> list[CheckResult]:
+def run_folder(folder: Folder, kind: str, policy: Policy, cfg: CheckConfig, show_progress: bool = False) -> list[CheckResult]:
     if kind == "clean":
-        clean = clean_dir.load(path, cfg.deep, cfg.input, cfg.workers)
+        clean = clean_dir.load(folder, cfg.deep, cfg.input, cfg.workers)
         return [run_one(c, clean, policy) for c in registry.checks(kind)]
     from pipeline.check import shard_dir
 
-    with _shard_progress(path, show_progress) as advance:
-        shard = shard_dir.load(path, cfg.deep, policy, cfg.workers, advance)
+    with _shard_progress(folder.url, show_progress) as advance:
+        shard = shard_dir.load(folder, cfg.deep, policy, cfg.workers, advance)
     return [run_one(c, shard, policy) for c in registry.checks(kind)]
 
 
 @contextmanager
-def _shard_progress(path: Path, enabled: bool):
+def _shard_progress(path: str, enabled: bool):
     """A bar on stderr over the shards being read (the long part of checking a shard dir); plain
     lines now and then when stderr is a log."""
     from pipeline.core.ui import progress

@@ -18,11 +18,12 @@ import json
 import tarfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 from pipeline.check.content import inspect_image, text_problem
+from pipeline.core.errors import UsageError
 from pipeline.formats.sample import IMAGE_LIKE, MEMBER_ORDER, TEXT_LIKE, is_safe_key, split_name
+from pipeline.storage import Folder
 
 
 @dataclass(frozen=True)
@@ -79,20 +80,24 @@ class _HashingReader:
             pass
 
 
-def scan_shard(job: tuple[Path, str, ScanSettings]) -> ShardScan:
-    path, name, s = job
+def scan_shard(job: tuple[Folder, str, ScanSettings]) -> ShardScan:
+    """One shard streamed from its folder once (memory bounded by a member, whatever its size):
+    hashed, counted, and its samples read."""
+    folder, name, s = job
     scan = ShardScan(name)
     try:
-        f = open(path, "rb")
+        if not folder.contained(name):
+            raise FileNotFoundError(name)  # a name leaving the folder names no shard of it
+        f = folder.open(name)
     except FileNotFoundError:
         scan.found = False
         return scan
-    except OSError as e:
-        scan.found, scan.error = False, f"cannot open: {e.strerror or e}"
+    except (OSError, UsageError) as e:
+        scan.found, scan.error = False, f"cannot open: {getattr(e, 'strerror', None) or e}"
         return scan
     stop = None
     with f:
-        reader = _HashingReader(f)
+        reader = _HashingReader(f)  # type: ignore[arg-type]  # a Stream reads as a binary file does
         try:
             # a stream ("r|") only reads; typeshed's _Fileobj also asks for write, seek and tell
             with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
@@ -103,15 +108,13 @@ def scan_shard(job: tuple[Path, str, ScanSettings]) -> ShardScan:
         reader.drain()  # bytes past the end-of-archive marker count for size and checksum too
     scan.bytes, scan.sha256 = reader.n, reader.h.hexdigest()
     if stop is not None and scan.error is None:
-        scan.stopped_early = _unreachable(path, stop, scan.count)
+        scan.stopped_early = _unreachable(folder, name, stop, reader.n, scan.count)
     return scan
 
 
-def _unreachable(path: Path, stop: int, count: int) -> str | None:
+def _unreachable(folder: Folder, name: str, stop: int, size: int, count: int) -> str | None:
     """tarfile ends quietly at a damaged header; data after where it stopped may be lost samples."""
-    with open(path, "rb") as f:
-        f.seek(stop)
-        rest = f.read()
+    rest = folder.read_range(name, stop, size - stop) if size > stop else b""
     if rest.strip(b"\0"):
         return (f"tar readers stop at byte {stop} after {count} samples (a damaged header?); "
                 f"{len(rest.rstrip(bytes(1)))} bytes after it are unreachable")

@@ -7,8 +7,13 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core.config import parse_byte_size
+from pipeline.core.errors import UsageError
+from pipeline.core.settings import check as check_settings
 from pipeline.core.settings import setting
-from pipeline.distribute.executors import EXECUTORS
+from pipeline.executors import EXECUTORS, HELP, require
+from pipeline.media.image.clean import BACKGROUNDS
+from pipeline.storage import EXAMPLE_URL, Location, open_folder
 
 RESIZE_MODES = ("pad", "crop", "stretch")
 FORMATS = ("jpg", "png", "webp")
@@ -19,16 +24,17 @@ MAX_SIZE = 8192
 # A byte count in a TOML file: a number, or what pipeline.core.config.parse_byte_size reads
 BYTE_COUNT = {"oneOf": [{"type": "integer", "minimum": 1},
                         {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([bB]|[kKmMgG]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*$"}]}
+PART_FILES = 1000  # files per part on a cluster: a minute or so of one core on photos; what a killed run redoes at most
 
 
 @dataclass
 class CleanConfig:
     """Settings of `pipe clean` (flags of the same name; `[clean]` in a `--config` file)."""
 
-    input: Path = setting(help="The raw dataset folder, or s3://bucket/prefix (never modified).",
+    input: Location = setting(help=f"The raw dataset folder, or {EXAMPLE_URL} (never modified).",
                           argument=True, required=True, remote=True, toml=False)
-    output: Path = setting(help="CLEAN_DIR to write (cleaned files, quarantine/, manifest.parquet, report.json), or "
-                                "s3://bucket/prefix.", flags=("--output", "-o"), required=True, remote=True, toml=False)
+    output: Location = setting(help="CLEAN_DIR to write (cleaned files, quarantine/, manifest.parquet, report.json), or "
+                                    f"{EXAMPLE_URL}.", flags=("--output", "-o"), required=True, remote=True, toml=False)
     size: int = setting(512, "Side of the square output images, in pixels.", minimum=8, maximum=MAX_SIZE, unit="pixels")
     resize_mode: str = setting("pad", "pad (letterbox on the background colour), crop (centre) or stretch.",
                                choices=RESIZE_MODES)
@@ -60,13 +66,13 @@ class CleanConfig:
     overwrite: bool = setting(False, "Replace a CLEAN_DIR that pipe clean made from other input or settings (its "
                                      ".pipe/state.json says so); a folder pipe clean did not write is refused regardless.")
     executor: str = setting(
-        "local", "local (a process pool here) or ray (a Ray cluster, in parts; pip install 'pipe-ml[ray]'). With ray, a "
-                 "local INPUT and CLEAN_DIR must be on a file system every node mounts at the same path; s3:// ones "
-                 "are read and written by the nodes themselves.", choices=EXECUTORS)
+        "local", f"Who processes the files: {HELP}. On a cluster, a local INPUT and CLEAN_DIR must be on a file system "
+                 "every node mounts at the same path; object storage is read and written by the nodes themselves.",
+        choices=tuple(EXECUTORS))
     ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
                                        "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
-    part_files: int = setting(1000, "Files per part with --executor ray: a part is one Ray task, and what a killed run "
-                                    "redoes at most.", minimum=1)
+    part_files: int = setting(PART_FILES, "Files per part: what one task on a cluster processes, and what a killed run "
+                                          "redoes at most (the local executor's parts hold at most 256).", minimum=1)
 
     # settings that change what a worker writes for a file; a resumed run must match them
     OUTPUT_SETTINGS = ("size", "resize_mode", "format", "quality", "min_size", "max_pixels", "background",
@@ -84,3 +90,34 @@ class CleanConfig:
     def as_dict(self) -> dict:
         return {f.name: (str(v) if isinstance(v, Path) else v)
                 for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+
+def parse_colour(value: str) -> tuple[int, int, int]:
+    v = value.strip().lower()
+    if v in BACKGROUNDS:
+        return BACKGROUNDS[v]
+    if v.startswith("#") and len(v) == 7:
+        try:
+            return tuple(int(v[i : i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+        except ValueError:
+            pass
+    raise UsageError(f"--background {value!r} is not a colour: use white, black, grey or #rrggbb")
+
+
+def validate(cfg: CleanConfig) -> CleanConfig:
+    """Check the operator's choices; every problem is one sentence and exit 2."""
+    inp, out = open_folder(cfg.input), open_folder(cfg.output)
+    state = inp.state()
+    if state == "absent":
+        raise UsageError(f"input folder not found: {inp.url}")
+    if state == "file":
+        raise UsageError(f"input is not a folder: {inp.url}")
+    if inp.contains(out):
+        raise UsageError(f"the output folder {out.url} is inside the input folder {inp.url}; pipe never writes into its input")
+    check_settings(cfg)  # the declared ranges and choices
+    require(cfg.executor)
+    parse_colour(cfg.background)
+    cfg.max_text_bytes = parse_byte_size(cfg.max_text_bytes, "--max-text-bytes")
+    if cfg.labels is not None and not cfg.labels.is_file():
+        raise UsageError(f"labels file not found: {cfg.labels}")
+    return cfg

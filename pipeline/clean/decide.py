@@ -29,18 +29,20 @@ sharing a key (an image, a text, or an image and its caption), kept or rejected 
 
 from __future__ import annotations
 
-import os
+import io
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.clean.columns import DUPLICATE, IMAGE, KEPT, KINDS, QUARANTINED, REASONS, TEXT, Columns, Decisions, OutputRef
 from pipeline.clean.records import Decision, FileResult
 from pipeline.formats.vocabulary import Reason
+
+if TYPE_CHECKING:
+    from pipeline.storage import Folder
 
 MAX_TRIES = 16  # kept copies one sample is compared with at most (best copies first)
 
@@ -65,17 +67,21 @@ class Outcome:
 class Outputs:
     """Reads cleaned outputs back for confirmation: reduced images and texts, a few cached."""
 
-    def __init__(self, clean_dir: Path, parked: str, resize_mode: str, cache: int = 4096):
-        self.dirs = (Path(clean_dir), Path(clean_dir) / parked)
+    def __init__(self, clean_dir: Folder, parked: str, resize_mode: str, cache: int = 4096):
+        self.folder, self.parked = clean_dir, parked
         self.resize_mode = resize_mode
         self._cache: OrderedDict = OrderedDict()
         self._size = cache
 
-    def _path(self, r: OutputRef) -> str | None:
-        for d in self.dirs:
-            p = d / r.output
-            if r.output and p.is_file():
-                return os.fspath(p)
+    def _bytes(self, r: OutputRef) -> bytes | None:
+        """The output's bytes, from data/ or parked, through CLEAN_DIR's folder (None: not there)."""
+        if not r.output:
+            return None
+        for rel in (r.output, f"{self.parked}/{r.output}"):
+            try:
+                return self.folder.read(rel)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                continue
         return None
 
     def _cached(self, key, load):
@@ -92,17 +98,17 @@ class Outputs:
         from pipeline.similarity.perceptual import load_view
 
         def load():
-            p = self._path(r)
-            return load_view(p, r.width, r.height, self.resize_mode) if p else None
+            data = self._bytes(r)
+            return load_view(io.BytesIO(data), r.width, r.height, self.resize_mode) if data is not None else None
         return self._cached(("v", r.source), load)
 
     def shingles(self, r: OutputRef):
         from pipeline.similarity.minhash import shingles
 
         def load():
-            p = self._path(r)
             try:
-                return shingles(Path(p).read_text(encoding="utf-8")) if p else None
+                data = self._bytes(r)
+                return shingles(data.decode("utf-8")) if data is not None else None
             except (OSError, UnicodeDecodeError):
                 return None
         return self._cached(("t", r.source), load)

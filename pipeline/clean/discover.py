@@ -1,26 +1,26 @@
 """Find every input file: recursive, sorted, classified by content, never leaving the root.
 
 Every path under INPUT becomes exactly one `Candidate`; nothing is skipped silently. Problems
-found while walking (a link pointing outside the root, a broken link, a FIFO) travel with the
-candidate as a `problem` and end as a quarantine row, so manifest rows equal files discovered.
+found while walking (a link pointing outside the root, a broken link, a FIFO: the folder's own
+rules, `pipeline.storage.Folder.walk`) travel with the candidate as a `problem` and end as a
+quarantine row, so manifest rows equal files discovered.
 """
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 from pipeline.clean.keys import assign_keys
 from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.sniff import HEAD_BYTES, sniff
+from pipeline.storage import Entry, Folder, Location, open_folder
+from pipeline.storage import folder as storage
 
 
 @dataclass(slots=True)  # no __dict__: the driver of a ten-million-file run holds every one (~100 B less each)
 class Candidate:
     source: str  # POSIX path relative to the input root (the link's own path for a link)
-    path: str  # absolute path to read
+    path: str  # where its bytes are read in the INPUT folder (a link's target inside it)
     kind: Kind  # from the content
     fmt: str  # the format the magic bytes name
     label: str | None = None
@@ -39,113 +39,35 @@ def display_path(rel: str) -> str:
         return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _read_head(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(HEAD_BYTES + 512)
-
-
-def _classify(rel: str, abspath: str, root_real: str, link: bool = True) -> Candidate:
-    """``link``: False when the walk knows the entry is no symbolic link. Every folder walked
-    below the root is a real one (links to folders are rows, never walked), so such a file's
-    real path is the root's followed by its relative path, without a realpath per file (an
-    lstat per component of its path: the most of discovery's system calls)."""
-    name = rel.rsplit("/", 1)[-1]
-    try:
-        real = os.path.realpath(abspath) if link else os.path.join(root_real, rel)
-        if link and os.path.islink(abspath) and not _within(real, root_real):
-            return Candidate(rel, abspath, Kind.OTHER, "link", problem=Reason.OUTSIDE_ROOT,
-                             detail=f"symbolic link to {os.readlink(abspath)} leaves the input folder")
-        st = os.stat(abspath)
-        if not stat.S_ISREG(st.st_mode):
-            return Candidate(rel, abspath, Kind.OTHER, "special file", problem=Reason.UNSUPPORTED_FORMAT,
-                             detail="not a regular file (FIFO, socket or device)")
-        head = _read_head(abspath)
-    except FileNotFoundError:
-        return Candidate(rel, abspath, Kind.OTHER, "link", problem=Reason.UNREADABLE, detail="broken symbolic link")
-    except OSError as e:
-        return Candidate(rel, abspath, Kind.OTHER, "?", problem=Reason.UNREADABLE, detail=f"{type(e).__name__}: {e.strerror or e}")
-    kind, fmt = sniff(head, name)
-    if kind == Kind.TEXT and _looks_binary(head):
-        fmt = _pillow_format(real) or fmt  # one of the many formats Pillow knows by content (FLI, BLP, SGI...)
-        kind = Kind.IMAGE if fmt != "text?" else kind
-    return Candidate(rel, real, kind, fmt, size=st.st_size)
-
-
 def _looks_binary(head: bytes) -> bool:
     controls = sum(b < 9 or 13 < b < 32 for b in head)
     return b"\0" in head or controls > len(head) // 10
 
 
-def _pillow_format(path: str) -> str | None:
+def _pillow_format(folder: Folder, rel: str) -> str | None:
     """The format Pillow identifies from the file's header (no pixels decoded), else None."""
+    import io
     import warnings
 
     from PIL import Image
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # DecompressionBombWarning: the worker judges size
-            with Image.open(path) as im:
-                return im.format
+        with folder.open(rel) as f:
+            source = f if f.seekable() else io.BytesIO(f.read())  # Pillow seeks in the header
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # DecompressionBombWarning: the worker judges size
+                with Image.open(source) as im:
+                    return im.format
     except Image.DecompressionBombError:
         return "image over Pillow's pixel limit"  # an image all the same: the worker judges it
     except Exception:  # noqa: BLE001 - any failure means "not an image Pillow knows"
         return None
 
 
-def _walk(root: str, root_real: str, rel: str):
-    """Yield (relative path, absolute path, problem, link) of every non-directory entry and of
-    every link to a folder; ``problem`` is (reason, detail) when the walk itself decided one,
-    ``link`` False for an entry known to be no symbolic link.
-
-    A link to a folder is never walked: one inside the root points at a folder that is read
-    under its own name (its files keep their own folder's label, and are listed once), one
-    outside the root must not be read at all. Either way the link is one row of its own."""
-    here = os.path.join(root, rel) if rel else root
-    try:
-        entries = sorted(os.scandir(here), key=lambda e: e.name)
-    except OSError as e:
-        yield rel, here, (Reason.UNREADABLE, f"directory not readable: {e.strerror or e}"), True
-        return
-    for entry in entries:
-        child = f"{rel}/{entry.name}" if rel else entry.name
-        try:
-            is_dir = entry.is_dir(follow_symlinks=True)
-        except OSError:
-            is_dir = False
-        if is_dir and entry.is_symlink():
-            real = os.path.realpath(entry.path)
-            inside = os.path.relpath(real, root_real).replace(os.sep, "/") if _within(real, root_real) else None
-            yield child, entry.path, None if inside is None else (
-                Reason.UNSUPPORTED_FORMAT, f"a link to the folder {display_path(inside) if inside != '.' else 'INPUT itself'}, "
-                                      "whose files are read there, under their own folder's label"), True
-        elif is_dir and _metadata_folder(entry.name):
-            yield child, entry.path, (Reason.UNSUPPORTED_FORMAT, hidden_folder_detail(_count_files(entry.path))), True
-        elif is_dir:
-            yield from _walk(root, root_real, child)
-        else:
-            yield child, entry.path, None, _is_link(entry)
-
-
-def _is_link(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_symlink()
-    except OSError:
-        return True  # not known: treated as a link, which is always safe
-
-
-def _metadata_folder(name: str) -> bool:
+def metadata_folder(name: str) -> bool:
     """Hidden folders (".git", ".ipynb_checkpoints", ".cache") and macOS archive leftovers
     ("__MACOSX"): read as classes, their copies of real files would become label conflicts."""
     return name.startswith(".") or name == "__MACOSX"
-
-
-def _count_files(path: str) -> int:
-    return sum(len(files) for _, _, files in os.walk(path))
 
 
 def hidden_folder_detail(n: int) -> str:
@@ -155,25 +77,57 @@ def hidden_folder_detail(n: int) -> str:
             "hold copies and metadata, not samples of a class")
 
 
-def discover(root: Path, labels: dict[str, str] | None = None, exclude: set[str] | None = None) -> list[Candidate]:
-    """Every file under ``root``, sorted by relative path, with kinds, labels and keys assigned.
+def discover(root: Location | Folder, labels: dict[str, str] | None = None, exclude: set[str] | None = None) -> list[Candidate]:
+    """Every file under ``root`` (a folder, local or in object storage), sorted by relative path,
+    with kinds, labels and keys assigned. What the folder's rules make of an entry that is no
+    readable file (a link out of a local root, a hidden folder, ...: `Folder.walk`) is a
+    candidate with a problem, so manifest rows equal files discovered.
 
     Labels come from ``labels`` (relative path -> label) when given, else from the first folder
     of the path (``root/<label>/...``); files directly in the root have none.
     """
-    root_s = os.path.abspath(root)
-    root_real = os.path.realpath(root_s)
+    folder = open_folder(root)
     out: list[Candidate] = []
-    for rel, abspath, problem, link in _walk(root_s, root_real, ""):
-        if exclude and rel in exclude:
+    files = []
+    for e in folder.walk(skip=metadata_folder):
+        if exclude and e.rel in exclude:
             continue
-        if problem:
-            out.append(Candidate(display_path(rel) or ".", abspath, Kind.OTHER, "directory", problem=problem[0], detail=problem[1]))
-            continue
-        cand = _classify(rel, abspath, root_real, link)
-        cand.source = display_path(rel)
-        out.append(cand)
+        if e.note:
+            out.append(_problem(e))
+        else:
+            files.append(e)
+    heads = folder.read_heads([e.target for e in files], HEAD_BYTES + 512)
+    out += [_classify(folder, e, head) for e, head in zip(files, heads)]
     return labelled(out, labels)
+
+
+def _problem(e: Entry) -> Candidate:
+    """An entry that is no readable file, as a candidate with its reason."""
+    source = display_path(e.rel) or "."
+    fmt, reason, detail = {
+        storage.UNREADABLE_FOLDER: ("directory", Reason.UNREADABLE, f"directory not readable: {e.detail}"),
+        storage.FOLDER_LINK: ("directory", Reason.UNSUPPORTED_FORMAT,
+                              f"a link to the folder {display_path(e.detail) if e.detail != '.' else 'INPUT itself'}, "
+                              "whose files are read there, under their own folder's label"),
+        storage.SKIPPED_FOLDER: ("directory", Reason.UNSUPPORTED_FORMAT, hidden_folder_detail(e.files)),
+        storage.OUTSIDE_ROOT: ("link", Reason.OUTSIDE_ROOT, f"symbolic link to {e.detail} leaves the input folder"),
+        storage.BROKEN_LINK: ("link", Reason.UNREADABLE, "broken symbolic link"),
+        storage.SPECIAL: ("special file", Reason.UNSUPPORTED_FORMAT, "not a regular file (FIFO, socket or device)"),
+    }.get(e.note, ("?", Reason.UNREADABLE, e.detail))
+    return Candidate(source, e.rel, Kind.OTHER, fmt, problem=reason, detail=detail)
+
+
+def _classify(folder: Folder, e: Entry, head: bytes | OSError) -> Candidate:
+    """A file by its first bytes (magic bytes first; Pillow asked about a text that looks binary)."""
+    source = display_path(e.rel)
+    if isinstance(head, OSError):
+        why = "gone since it was listed" if isinstance(head, FileNotFoundError) else (head.strerror or head)
+        return Candidate(source, e.target, Kind.OTHER, "?", problem=Reason.UNREADABLE, detail=f"{type(head).__name__}: {why}")
+    kind, fmt = sniff(head, e.rel.rsplit("/", 1)[-1])
+    if kind == Kind.TEXT and _looks_binary(head):
+        fmt = _pillow_format(folder, e.target) or fmt  # one of the many formats Pillow knows by content (FLI, BLP, SGI...)
+        kind = Kind.IMAGE if fmt != "text?" else kind
+    return Candidate(source, e.target, kind, fmt, size=e.size)
 
 
 def labelled(out: list[Candidate], labels: dict[str, str] | None) -> list[Candidate]:

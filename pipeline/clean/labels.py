@@ -31,7 +31,7 @@ class Labels:
     exclude: set[str] = field(default_factory=set)  # the labels file itself, if inside INPUT
 
 
-def read_labels(path: Path, input_root: Path) -> Labels:
+def read_labels(path: Path, input_root: Path | None) -> Labels:
     from pipeline.media.text.encodings import decode_bytes
 
     try:
@@ -63,8 +63,9 @@ def read_labels(path: Path, input_root: Path) -> Labels:
     out.notes = {"file": str(path), "encoding": d.encoding, "rows": len(rows), "labelled_files": len(out.labels)}
     _note(out.notes, "rows_without_label", unlabeled)
     _note(out.notes, "conflicting_rows", conflicting)
-    try:
-        out.exclude.add(path.resolve().relative_to(input_root.resolve()).as_posix())
+    try:  # the labels file inside a local INPUT is no sample
+        if input_root is not None:
+            out.exclude.add(path.resolve().relative_to(input_root.resolve()).as_posix())
     except ValueError:
         pass
     return out

@@ -6,17 +6,15 @@ can be journaled and reused on resume.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from pipeline.clean.discover import Candidate
 from pipeline.clean.records import FileResult
-from pipeline.core.files import atomic_write_bytes
 from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.image.clean import ImageSettings
 from pipeline.media.text.clean import TextSettings
+from pipeline.storage import Folder
 
 HASH_CHUNK = 1 << 20
 _SETTINGS: WorkerSettings | None = None  # set once per worker process by init_worker
@@ -26,10 +24,10 @@ _SETTINGS: WorkerSettings | None = None  # set once per worker process by init_w
 class WorkerSettings:
     """What every worker needs to know (pickled to it once, at start-up)."""
 
-    output: str  # CLEAN_DIR: a path, or an s3:// URL where Ray tasks write straight to object storage
+    output: Folder  # CLEAN_DIR, wherever it is: outputs are written through it
     image: ImageSettings
     text: TextSettings
-    input_url: str = ""  # an object-storage INPUT (s3://...): inputs are read through pipeline.storage
+    input: Folder  # INPUT: a candidate's ``path`` is where in it its bytes are read
 
 
 def init_worker(settings: WorkerSettings) -> None:
@@ -55,8 +53,8 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
         r.reason, r.detail = cand.problem, cand.detail
         return r
     try:
-        with _open_input(cand, s) as f:
-            st = f.stat() if s.input_url else os.fstat(f.fileno())
+        with s.input.open(cand.path) as f:
+            st = f.stat()
             r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
             too_large = cand.kind == Kind.TEXT and st.st_size > s.text.max_bytes
             if cand.kind == Kind.OTHER or too_large:  # hashed in chunks, never read whole
@@ -87,32 +85,11 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
     if payload is not None and r.reason is None:
         # outside the try: failing to write our own output (disk full) stops the run, it is no verdict
         r.output = output_path(r.source, r.key, ext)
-        _write_output(s.output, r.output, payload)
+        s.output.write(r.output, payload)
         r.output_bytes = len(payload)
         if cand.kind == Kind.IMAGE:
             _measure_output(r, payload, ext, px)
     return r
-
-
-def _write_output(clean_dir: str, rel: str, payload: bytes) -> None:
-    """Into CLEAN_DIR; with an object-storage CLEAN_DIR (a Ray task of `pipe clean --executor
-    ray -o s3://...`) straight to the object under the same name, one PUT."""
-    if clean_dir.startswith("s3://"):
-        from pipeline.storage import open_folder
-
-        open_folder(clean_dir).write(rel, payload)
-    else:
-        atomic_write_bytes(Path(clean_dir) / rel, payload)
-
-
-def _open_input(cand: Candidate, s: WorkerSettings):
-    """The input file, or with an object-storage INPUT the object (``cand.path`` is its URL),
-    streamed: read whole or hashed in chunks exactly like a local file."""
-    if not s.input_url:
-        return open(cand.path, "rb")
-    from pipeline.storage import open_folder
-
-    return open_folder(s.input_url).open(cand.path[len(s.input_url) + 1:])
 
 
 def _measure_output(r: FileResult, payload: bytes, ext: str, px: ImagePixels | None = None) -> None:
@@ -161,26 +138,26 @@ def _text(r: FileResult, data: bytes, s) -> tuple[bytes | None, str, None]:
     return (o.text.encode("utf-8") if o.text is not None else None), "txt", None
 
 
-def crashed(cand: Candidate, exc: BaseException) -> FileResult:
-    """The result for a file whose decoder killed its worker process twice."""
-    r = _stat_only(cand)
+def crashed(inp: Folder, cand: Candidate, exc: BaseException) -> FileResult:
+    """The result for a file whose decoder killed its worker process twice (``inp``: INPUT)."""
+    r = _stat_only(inp, cand)
     r.reason, r.detail = Reason.UNREADABLE, "the decoder crashed the worker process on this file (twice)"
     return r
 
 
-def timed_out(cand: Candidate, seconds: float) -> FileResult:
-    """The result for a file that held its worker longer than --file-timeout."""
-    r = _stat_only(cand)
+def timed_out(inp: Folder, cand: Candidate, seconds: float) -> FileResult:
+    """The result for a file that held its worker longer than --file-timeout (``inp``: INPUT)."""
+    r = _stat_only(inp, cand)
     r.reason, r.detail = Reason.TIMEOUT, f"still not done after {seconds:g} s (--file-timeout); the worker was stopped"
     return r
 
 
-def _stat_only(cand: Candidate) -> FileResult:
+def _stat_only(inp: Folder, cand: Candidate) -> FileResult:
     r = FileResult(source=cand.source, key=cand.key, kind=cand.kind, label=cand.label)
     try:
-        st = os.stat(cand.path)
-        r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
-        with open(cand.path, "rb") as f:
+        with inp.open(cand.path) as f:
+            st = f.stat()
+            r.bytes, r.mtime_ns, r.ctime_ns = st.st_size, st.st_mtime_ns, st.st_ctime_ns
             r.sha256 = _hash_stream(f)
     except OSError:
         pass

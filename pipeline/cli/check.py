@@ -39,13 +39,16 @@ def check(ctx: typer.Context, **given: Any) -> None:
 
     json, junit, html = given["json"], given["junit"], given["html"]
     cfg = options.read(ctx, CheckConfig, "check", given)
-    local = [Path(d) for d in [*cfg.dirs, cfg.input] if d is not None and not str(d).startswith("s3://")]  # no local file on S3
+    from pipeline.storage import local_path
+
+    local = [p for p in (local_path(d) for d in [*cfg.dirs, cfg.input] if d is not None) if p is not None]
     if junit is not None:
         _refuse_junit_inside(junit, local)
-    if html is not None and any(str(d).startswith("s3://") for d in cfg.dirs):
+    if html is not None and any(local_path(d) is None for d in cfg.dirs):
         from pipeline.core.errors import UsageError
 
-        raise UsageError("--html reads the folders' files: check s3:// folders without it, or a local copy with it")
+        raise UsageError("--html reads the folders' files on this machine: check folders in object storage without it, "
+                         "or a local copy with it")
     if html is not None:
         from pipeline.report.stage import refuse_output_inside
 

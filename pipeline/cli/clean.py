@@ -31,7 +31,10 @@ def clean(ctx: typer.Context, **given: Any) -> None:
     from pipeline.clean import stage
 
     cfg = options.read(ctx, CleanConfig, "clean", given)
-    report = stage.run(cfg, show_progress=not given["json"])
+    from pipeline import executors
+
+    report = stage.run(cfg, show_progress=not given["json"],
+                       executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers))
     from pipeline.core import ui  # rich: imported while the workers start, not before
 
     if given["json"]:

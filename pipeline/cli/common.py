@@ -21,11 +21,12 @@ AFTER_INTERRUPT = {
 }
 
 
-def folder_arg(value: str | Path) -> Path:
-    """A folder argument: ``s3://bucket/prefix`` stays the URL it is (the stages open it with
-    pipeline.storage; a Path would fold its "//"), anything else is a local Path as before."""
-    text = str(value)
-    return text if text.startswith("s3://") else Path(text)  # type: ignore[return-value]
+def folder_arg(value: str | Path):
+    """A folder argument as the stages take it (`pipeline.storage.location`: a URL stays the text
+    it is, anything else is a local Path)."""
+    from pipeline.storage import location
+
+    return location(value)
 
 
 def exits_cleanly(fn):

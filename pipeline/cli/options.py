@@ -69,7 +69,7 @@ def parameter(d: Declared) -> inspect.Parameter:
 
 
 def _cli_type(d: Declared) -> Any:
-    """What typer reads the value as: a folder that may be s3:// as text (`folder_arg` makes it a
+    """What typer reads the value as: a folder that may be in object storage as text (`folder_arg` makes it a
     Path or keeps the URL); a value of several types (a byte count as 16MiB or 1000) as text too,
     which the setting's own parser reads; else the field's type."""
     if d.setting.remote:

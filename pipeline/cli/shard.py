@@ -36,7 +36,10 @@ def shard(ctx: typer.Context, **given: Any) -> None:
 
     json = given["json"]
     cfg = options.read(ctx, ShardConfig, "shard", given)
-    summary = stage.run(cfg, show_progress=not json)
+    from pipeline import executors
+
+    summary = stage.run(cfg, show_progress=not json,
+                        executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers))
     if json:
         ui.print_json(summary)
         return

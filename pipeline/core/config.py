@@ -51,12 +51,24 @@ def resolve(cls, cli_values: dict[str, Any], explicit: set[str], file_values: di
     values: dict[str, Any] = {}
     for k, v in file_values.items():
         if k in fields:
-            # an s3:// folder stays a URL (a Path would fold its "//")
-            values[k] = Path(v) if isinstance(v, str) and "Path" in str(fields[k].type) and not v.startswith("s3://") else v
+            values[k] = _typed(fields[k], v)
     for k, v in cli_values.items():
         if k in fields and (k in explicit or k not in values):
             values[k] = v
     return cls(**values)
+
+
+def _typed(f: dataclasses.Field, v: Any) -> Any:
+    """A TOML value as its field holds it: a folder (`pipeline.storage.location`: a URL stays
+    text, a Path would fold its "//") or a path."""
+    kind = str(f.type)
+    if isinstance(v, str) and "Location" in kind:
+        from pipeline.storage import location
+
+        return location(v)
+    if isinstance(v, str) and "Path" in kind:
+        return Path(v)
+    return v
 
 
 def explicit_params(ctx) -> set[str]:

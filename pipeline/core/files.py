@@ -112,7 +112,7 @@ def output_lock(folder: Path, tool: str):
 
     Two runs writing one folder would interleave their files and each delete the other's: the
     second stops at once with one line instead, writing nothing. It exits 1, as a run that loses
-    the commit race on object storage does (`transfer.publish`): of two concurrent runs exactly
+    the commit race on object storage does (`pipeline.storage.output`): of two concurrent runs exactly
     one commits and the other failed, whichever way they met. The
     kernel drops the lock when the holder exits, however it dies, so a stale lock file is harmless.
     The file stays empty (no pid in it): the folder's bytes do not depend on which run made them.

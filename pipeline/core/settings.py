@@ -47,7 +47,8 @@ class Setting:
     toml: bool = True
     """False: on the command line only, not a key of the command's `[table]`."""
     remote: bool = False
-    """A folder that may be s3://bucket/prefix: read as text on the command line and kept a URL."""
+    """A folder that may be in object storage: read as text on the command line and kept a URL
+    (`pipeline.storage.location`)."""
     panel: str | None = None
     """The `--help` panel it is listed under (None: typer's "Options" or "Arguments")."""
     hidden: bool = False
@@ -200,6 +201,8 @@ def _property(d: Declared) -> dict[str, Any]:
         node = dict(s.schema)
     elif d.value_type in _JSON_TYPES:
         node = {"type": _JSON_TYPES[d.value_type]}
+    elif s.remote:  # a folder: a local path or a URL, text in the file either way
+        node = {"type": "string"}
     else:
         raise TypeError(f"{d.name}: no JSON Schema type for {d.type}; declare it with schema=")
     if s.choices is not None:

@@ -10,16 +10,17 @@ import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.core.errors import StageFailed, UsageError
 from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.report import thumbs
 from pipeline.report.sample import counts, equals, pick
+from pipeline.storage import Folder, Location, location, open_folder
 
 COLUMNS = ["source", "kind", "label", "status", "reason", "detail", "duplicate_of", "output", "bytes", "sha256",
            "width", "height", "encoding", "encoding_confidence", "phash"]
@@ -81,7 +82,7 @@ class Histogram:
 
 @dataclass
 class CleanFacts:
-    path: Path
+    path: str  # the folder as given (a path, or a URL)
     problems: list[str] = field(default_factory=list)
     files: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
@@ -107,23 +108,26 @@ class CleanFacts:
 class _Locator:
     """Where a file of the manifest can be read now: its kept output, its quarantine copy, or the input."""
 
-    def __init__(self, root: Path, report: dict | None, previews: bool):
+    def __init__(self, root: Folder, report: dict | None, previews: bool):
         self.root, self.previews = root, previews
         settings = (report or {}).get("settings") if isinstance(report, dict) else None
         inp = settings.get("input") if isinstance(settings, dict) else None
-        self.input = Path(inp) if isinstance(inp, str) and inp and Path(inp).is_dir() else None
+        self.input = _input(inp) if previews else None
 
-    def path(self, row: dict) -> tuple[Path | None, Path | None]:
-        """(path, the folder it must stay inside)."""
+    def path(self, row: dict) -> tuple[Folder | None, str | None]:
+        """(the folder it is read through, its path there)."""
         src = row.get("source") or ""
         if row.get("status") == Status.KEPT and row.get("output"):
-            return self.root / row["output"], self.root
+            return self.root, row["output"]
         if row.get("status") == Status.QUARANTINED and row.get("reason"):
-            q = self.root / "quarantine" / str(row["reason"]) / src
-            if q.is_file():
-                return q, self.root
+            q = f"quarantine/{row['reason']}/{src}"
+            try:
+                if self.root.exists(q):
+                    return self.root, q
+            except (UsageError, StageFailed):  # no path inside the folder, or storage that cannot answer
+                pass
         if self.input is not None and src:
-            return self.input / src, self.input
+            return self.input, src
         return None, None
 
     def item(self, row: dict, note: str = "", snippet: bool = False) -> Item:
@@ -133,22 +137,23 @@ class _Locator:
                   encoding=row.get("encoding"), confidence=row.get("encoding_confidence"))
         if not self.previews:
             return it
-        path, inside = self.path(row)
+        folder, rel = self.path(row)
         if row.get("status") == Status.QUARANTINED and row.get("reason") in NOT_DECODED:
             it.thumb = thumbs.Thumb(why=f"no preview: {row['reason']}")
         elif row.get("kind") == Kind.IMAGE:
-            it.thumb = thumbs.image(path, inside)
+            it.thumb = thumbs.image(folder, rel)
         elif row.get("kind") == Kind.TEXT or snippet:
-            it.snippet = thumbs.text_snippet(path, inside)
+            it.snippet = thumbs.text_snippet(folder, rel)
         else:
             it.thumb = thumbs.Thumb(why="not an image or a text")
         return it
 
 
-def gather(root: Path, previews: bool = True) -> CleanFacts:
-    f = CleanFacts(root)
-    f.report = _read_report(root / "report.json", f.problems)
-    table = _read_manifest(root / "manifest.parquet", f.problems)
+def gather(where: Location | Folder, previews: bool = True) -> CleanFacts:
+    root = open_folder(where)
+    f = CleanFacts(root.url)
+    f.report = _read_report(root, f.problems)
+    table = _read_manifest(root, f.problems)
     if table is None:
         return f
     loc = _Locator(root, f.report, previews)
@@ -165,9 +170,20 @@ def gather(root: Path, previews: bool = True) -> CleanFacts:
     return f
 
 
-def _read_report(path: Path, problems: list[str]) -> dict | None:
+def _input(where: object) -> Folder | None:
+    """The INPUT report.json names, when it is a folder that can be read here."""
+    if not isinstance(where, str) or not where:
+        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        folder = open_folder(location(where))
+        return folder if folder.state() == "folder" else None
+    except (UsageError, StageFailed):
+        return None
+
+
+def _read_report(root: Folder, problems: list[str]) -> dict | None:
+    try:
+        data = json.loads(root.read("report.json").decode("utf-8"))
         return data if isinstance(data, dict) else None
     except FileNotFoundError:
         problems.append("report.json is missing")
@@ -176,10 +192,10 @@ def _read_report(path: Path, problems: list[str]) -> dict | None:
     return None
 
 
-def _read_manifest(path: Path, problems: list[str]) -> pa.Table | None:
+def _read_manifest(root: Folder, problems: list[str]) -> pa.Table | None:
     try:
         # ParquetFile, not read_table: that one imports pyarrow.dataset and with it pandas (~2 s)
-        with pq.ParquetFile(path) as pf:
+        with pq.ParquetFile(pa.BufferReader(root.read("manifest.parquet"))) as pf:
             names = set(pf.schema_arrow.names)
             table = pf.read(columns=[c for c in COLUMNS if c in names])
     except (OSError, pa.ArrowException) as e:

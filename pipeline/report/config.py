@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.settings import setting
+from pipeline.storage import EXAMPLE_URL, Location
 
 
 @dataclass
 class ReportConfig:
     """Settings of `pipe report` (flags of the same name; `[report]` in a `--config` file)."""
 
-    dirs: list[Path] = setting(help="Clean dirs (manifest.parquet), shard dirs (index.json) and/or run dirs "
-                                    "(metrics.jsonl), in the order the page shows them.",
-                               argument=True, required=True, toml=False)
+    dirs: list[Location] = setting(help="Clean dirs (manifest.parquet), shard dirs (index.json) and/or run dirs "
+                                        f"(metrics.jsonl), local or {EXAMPLE_URL}, in the order the page shows them.",
+                                   argument=True, required=True, remote=True, toml=False)
     output: Path = setting(Path("report.html"), "The HTML file to write.", flags=("-o", "--output"))
     thumbnails: bool = setting(True, "Put image previews and text snippets in the page (off: for data that must not be "
                                      "copied).", flags=("--thumbnails/--no-thumbnails",))

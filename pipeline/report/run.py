@@ -4,9 +4,12 @@ and the label-issue candidates when `pipe labels` left ``label_issues.parquet`` 
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from pipeline.core.errors import StageFailed, UsageError
+from pipeline.storage import Folder, Location, open_folder
 
 MAX_POINTS = 200  # points per chart (and rows per table): a long run is thinned evenly
 MAX_DRIFT = 50
@@ -16,7 +19,7 @@ LABEL_ISSUE_COLUMNS = ["rank", "key", "source", "split", "given", "suggested", "
 
 @dataclass
 class RunFacts:
-    path: Path
+    path: str  # the folder as given (a path, or a URL)
     problems: list[str] = field(default_factory=list)
     train: list[dict] = field(default_factory=list)
     val: list[dict] = field(default_factory=list)
@@ -28,9 +31,10 @@ class RunFacts:
     label_issues_total: int = 0
 
 
-def gather(root: Path) -> RunFacts:
-    f = RunFacts(root)
-    rows = _read(root / "metrics.jsonl", f.problems)
+def gather(where: Location | Folder) -> RunFacts:
+    root = open_folder(where)
+    f = RunFacts(root.url)
+    rows = _read(root, f.problems)
     train = [r for r in rows if r.get("kind") == "train" and isinstance(r.get("step"), (int, float))]
     f.windows = len(train)
     f.train = thin(train)
@@ -38,23 +42,23 @@ def gather(root: Path) -> RunFacts:
     drift = [r for r in rows if r.get("kind") == "drift"]
     f.drift_total, f.drift = len(drift), drift[:MAX_DRIFT]
     f.ranks = max((len(r.get("loss_per_rank") or []) for r in train), default=0)
-    _label_issues(f, root / "label_issues.parquet")
+    _label_issues(f, root)
     return f
 
 
-def _read(path: Path, problems: list[str]) -> list[dict]:
+def _read(root: Folder, problems: list[str]) -> list[dict]:
     rows = []
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as fh:  # bad bytes shown as \xNN
-            for n, line in enumerate(fh, 1):
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    problems.append(f"metrics.jsonl line {n} is not JSON")
-                    continue
-                if isinstance(row, dict):
-                    rows.append(row)
-    except OSError as e:
+        text = root.read("metrics.jsonl").decode("utf-8", errors="surrogateescape")  # bad bytes shown as \xNN
+        for n, line in enumerate(io.StringIO(text, newline=None), 1):  # lines as a text file gives them
+            try:
+                row = json.loads(line)
+            except ValueError:
+                problems.append(f"metrics.jsonl line {n} is not JSON")
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    except (OSError, UsageError, StageFailed) as e:
         problems.append(f"metrics.jsonl is not readable: {e}")
     return rows
 
@@ -67,15 +71,15 @@ def thin(rows: list[dict], n: int = MAX_POINTS) -> list[dict]:
     return [rows[round(i * step)] for i in range(n)]
 
 
-def _label_issues(f: RunFacts, path: Path) -> None:
+def _label_issues(f: RunFacts, root: Folder) -> None:
     """Part 2 of issue 13 (`pipe labels`) writes this file; until then the section is absent."""
-    if not path.is_file():
+    if not root.exists("label_issues.parquet"):
         return
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        with pq.ParquetFile(path) as pf:
+        with pq.ParquetFile(pa.BufferReader(root.read("label_issues.parquet"))) as pf:
             names = set(pf.schema_arrow.names)
             table = pf.read(columns=[c for c in LABEL_ISSUE_COLUMNS if c in names])
     except (OSError, pa.ArrowException) as e:

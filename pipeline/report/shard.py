@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import tarfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from pipeline.core.errors import StageFailed, UsageError
 from pipeline.formats import index as shard_index
 from pipeline.formats.sample import CLASS_EXT, IMAGE_LIKE, split_name
 from pipeline.report import thumbs
 from pipeline.report.clean import Item
+from pipeline.storage import Folder, Location, open_folder
 
 PER_CLASS = 4
 CLASSES_WITH_THUMBS = 24
@@ -19,7 +20,7 @@ MAX_MEMBERS = 4000  # tar members read for previews, over all shards
 
 @dataclass
 class ShardFacts:
-    path: Path
+    path: str  # the folder as given (a path, or a URL)
     problems: list[str] = field(default_factory=list)
     index: dict | None = None
     classes: list[str] = field(default_factory=list)
@@ -30,8 +31,9 @@ class ShardFacts:
     class_items: dict[str, list[Item]] = field(default_factory=dict)
 
 
-def gather(root: Path, previews: bool = True) -> ShardFacts:
-    f = ShardFacts(root)
+def gather(where: Location | Folder, previews: bool = True) -> ShardFacts:
+    root = open_folder(where)
+    f = ShardFacts(root.url)
     index, unreadable = shard_index.parse(root)
     if unreadable is not None:
         f.problems.append(f"index.json is not readable JSON: {unreadable}")
@@ -56,7 +58,7 @@ def gather(root: Path, previews: bool = True) -> ShardFacts:
     return f
 
 
-def _previews(f: ShardFacts, root: Path, index: dict) -> None:
+def _previews(f: ShardFacts, root: Folder, index: dict) -> None:
     """The first images of each class in the train shards, in index order (deterministic)."""
     wanted = set(_largest(f)[:CLASSES_WITH_THUMBS])
     found: dict[str, list[Item]] = {c: [] for c in wanted}
@@ -67,17 +69,17 @@ def _previews(f: ShardFacts, root: Path, index: dict) -> None:
         name = shard.get("name") if isinstance(shard, dict) else None
         if not isinstance(name, str) or shard.get("split") != "train":
             continue
-        path = (root / name).resolve()
-        if root.resolve() not in path.parents:
+        if not root.contained(name):
             continue
-        budget = _scan(path, f.classes, found, budget)
+        budget = _scan(root, name, f.classes, found, budget)
     f.class_items = {c: found[c] for c in _largest(f) if c in found}
 
 
-def _scan(path: Path, classes: list[str], found: dict[str, list[Item]], budget: int) -> int:
+def _scan(root: Folder, name: str, classes: list[str], found: dict[str, list[Item]], budget: int) -> int:
+    """Previews from the first members of one shard, streamed from its folder."""
     pending: dict[str, dict] = {}
     try:
-        with tarfile.open(path, "r|") as tar:
+        with root.open(name) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for m in tar:
                 budget -= 1
                 if budget <= 0:
@@ -97,7 +99,7 @@ def _scan(path: Path, classes: list[str], found: dict[str, list[Item]], budget: 
                     s = pending.setdefault(key, {})
                     s["cls" if ext == CLASS_EXT else "img"] = data
                     _take(key, s, classes, found, pending)
-    except (OSError, tarfile.TarError):
+    except (OSError, tarfile.TarError, UsageError, StageFailed):
         pass  # pipe check says what is wrong with a shard; previews are a courtesy
     return budget
 

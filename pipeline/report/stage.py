@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pipeline.core import files
 from pipeline.core.errors import UsageError
 from pipeline.report.config import ReportConfig
+from pipeline.storage import Location, local_path, open_folder
 
 if TYPE_CHECKING:  # the facts modules import pyarrow: only when a report is made
     from pipeline.report.render import Facts
@@ -19,21 +20,22 @@ if TYPE_CHECKING:  # the facts modules import pyarrow: only when a report is mad
 MAX_PAGE_BYTES = 5 * 2**20  # the target; a bigger page is still written, with a warning
 
 
-def detect(path: Path) -> str:
+def detect(path: Location) -> str:
     """``clean``, ``shard`` or ``run``; anything else is a UsageError that says what the folder lacks."""
     from pipeline.check.stage import detect as check_detect
 
+    folder = open_folder(path)
     try:
-        return check_detect(path)
+        return check_detect(folder)
     except UsageError as e:
-        if path.is_dir() and (path / "metrics.jsonl").is_file():
+        if folder.exists("metrics.jsonl"):
             return "run"
-        if path.is_dir():
+        if folder.state() == "folder":
             raise UsageError(f"{e} nor a run dir (metrics.jsonl from pipe train)") from None
         raise
 
 
-def gather(dirs: list[Path], thumbnails: bool = True) -> list[tuple[str, Facts]]:
+def gather(dirs: list[Location], thumbnails: bool = True) -> list[tuple[str, Facts]]:
     """(kind, facts) for each folder, in order."""
     from pipeline.report import clean, run, shard
 
@@ -49,7 +51,7 @@ def gather(dirs: list[Path], thumbnails: bool = True) -> list[tuple[str, Facts]]
     return out
 
 
-def build(dirs: list[Path], thumbnails: bool = True, check: dict | None = None) -> str:
+def build(dirs: list[Location], thumbnails: bool = True, check: dict | None = None) -> str:
     from pipeline.report import render
 
     return render.page(gather(dirs, thumbnails), check=check)
@@ -76,5 +78,5 @@ def run(cfg: ReportConfig) -> int:
     if not cfg.dirs:
         raise UsageError("give at least one folder to report on")
     data_dirs = [d for d in cfg.dirs if detect(d) != "run"]  # a run dir may hold its own report
-    refuse_output_inside(cfg.output, data_dirs)
+    refuse_output_inside(cfg.output, [p for p in map(local_path, data_dirs) if p is not None])
     return write(build(cfg.dirs, cfg.thumbnails), cfg.output)

@@ -12,7 +12,12 @@ import base64
 import codecs
 import io
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.core.errors import StageFailed, UsageError
+
+if TYPE_CHECKING:
+    from pipeline.storage import Folder
 
 SIZE = 96
 QUALITY = 70
@@ -28,9 +33,9 @@ class Thumb:
     why: str = ""
 
 
-def image(path: Path | None, root: Path | None = None) -> Thumb:
-    """The preview of one image file; ``root``: the folder the path must stay inside."""
-    data = _read(path, root)
+def image(folder: Folder | None, rel: str | None = None) -> Thumb:
+    """The preview of one image file, read through its folder (a path leaving it shows none)."""
+    data = _read(folder, rel)
     if isinstance(data, Thumb):
         return data
     return from_bytes(data)
@@ -57,34 +62,35 @@ def from_bytes(data: bytes) -> Thumb:
     return Thumb(uri="data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
 
 
-def _read(path: Path | None, root: Path | None) -> bytes | Thumb:
-    if path is None:
+def _read(folder: Folder | None, rel: str | None) -> bytes | Thumb:
+    from pipeline.storage import TooLarge
+
+    if folder is None or not rel:
         return Thumb(why="no preview: file not available")
     try:
-        if root is not None and root.resolve() not in path.resolve().parents:
+        if not folder.contained(rel):
             return Thumb(why="no preview: path leaves its folder")
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            return Thumb(why=f"no preview: file of {size} bytes")
-        if size == 0:
+        data = folder.read(rel, max_bytes=MAX_FILE_BYTES)
+        if not data:
             return Thumb(why="no preview: empty file")
-        return path.read_bytes()
+        return data
+    except TooLarge as e:
+        return Thumb(why=f"no preview: file of {e.size} bytes")
     except FileNotFoundError:
         return Thumb(why="no preview: file not found")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, UsageError, StageFailed) as e:
         return Thumb(why=f"no preview: {type(e).__name__}")
 
 
-def text_snippet(path: Path | None, root: Path | None = None, chars: int = 160) -> str | None:
+def text_snippet(folder: Folder | None, rel: str | None = None, chars: int = 160) -> str | None:
     """The first ``chars`` characters of a text file (UTF-8, bad bytes kept as escapes), or None."""
-    if path is None:
+    if folder is None or not rel:
         return None
     try:
-        if root is not None and root.resolve() not in path.resolve().parents:
+        if not folder.contained(rel):
             return None
-        with open(path, "rb") as f:
-            head = f.read(chars * 4)
-    except (OSError, ValueError):
+        head = folder.read_range(rel, 0, chars * 4)
+    except (OSError, ValueError, UsageError, StageFailed):
         return None
     # a character cut where the read stopped is held back, not shown as bad bytes
     cut = len(head) == chars * 4

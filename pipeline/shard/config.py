@@ -9,16 +9,19 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.core.settings import setting
-from pipeline.distribute.executors import EXECUTORS
+from pipeline.executors import EXECUTORS, HELP
+from pipeline.storage import EXAMPLE_URL, Location, open_folder
+
+TOOL = "pipe shard"
 
 
 @dataclass
 class ShardConfig:
     """Settings of `pipe shard` (flags of the same name; `[shard]` in a `--config` file)."""
 
-    input: Path = setting(help="CLEAN_DIR written by pipe clean, or s3://bucket/prefix (its manifest.parquet is read; "
+    input: Location = setting(help=f"CLEAN_DIR written by pipe clean, or {EXAMPLE_URL} (its manifest.parquet is read; "
                                "never modified).", argument=True, required=True, remote=True, toml=False)
-    output: Path = setting(help="SHARD_DIR to write ({train,val}-NNNNNN.tar and index.json), or s3://bucket/prefix.",
+    output: Location = setting(help=f"SHARD_DIR to write ({{train,val}}-NNNNNN.tar and index.json), or {EXAMPLE_URL}.",
                            flags=("--output", "-o"), required=True, remote=True, toml=False)
     val_fraction: float = setting(0.1, "Share of each class for validation (at least one sample of every class with "
                                        "two or more).", minimum=0, below=1)
@@ -37,9 +40,9 @@ class ShardConfig:
     overwrite: bool = setting(False, "Replace a SHARD_DIR that pipe shard made from other input or settings (its "
                                      ".pipe/state.json says so); a folder pipe shard did not write is refused regardless.")
     executor: str = setting(
-        "local", "local (shards written here) or ray (one Ray task per shard, the plan made here; pip install "
-                 "'pipe-ml[ray]'). With ray, a local CLEAN_DIR and SHARD_DIR must be on a file system every node "
-                 "mounts at the same path; s3:// ones are read and written by the nodes themselves.", choices=EXECUTORS)
+        "local", f"Who writes the shards (one part each): {HELP}. On a cluster, a local CLEAN_DIR and SHARD_DIR must "
+                 "be on a file system every node mounts at the same path; object storage is read and written by the "
+                 "nodes themselves.", choices=tuple(EXECUTORS))
     ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
                                        "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
 
@@ -48,7 +51,7 @@ class ShardConfig:
 
     def marker(self) -> dict:
         """What `.pipe/state.json` says about a SHARD_DIR this run writes."""
-        return {"schema_version": 1, "tool": "pipe shard", "version": __version__, "input": str(self.input.resolve()),
+        return {"schema_version": 1, "tool": TOOL, "version": __version__, "input": open_folder(self.input).identity(),
                 "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}}
 
     def as_dict(self) -> dict:

@@ -57,16 +57,18 @@ class ShardPlan:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def digest(self, clean_dir: Path, version: str) -> str:
+    def digest(self, clean_dir: Path | str, version: str) -> str:
         """sha256 of everything the shard's bytes follow from: pipe's version (the tar layout), the
         CLEAN_DIR, the shard's name and, per sample in order, its key, class, .json member and files
-        (path, size and mtime, so a file pipe clean rewrote since counts as changed). Hashed from
+        (path, size and mtime, so a file pipe clean rewrote since counts as changed). CLEAN_DIR as a
+        path (resolved) or as its folder's identity (`Folder.identity`: the same text). Hashed from
         the columns' buffers, the bytes as they always were: each string column joined with NULs
         (null as "\1"; no path holds a NUL) after its length, the numbers as int64 rows, the
         .json members one after another."""
         import pyarrow as pa
 
-        h = hashlib.sha256(f"{version}\0{clean_dir.resolve()}\0{self.name}\n".encode())
+        where = clean_dir.resolve() if isinstance(clean_dir, Path) else clean_dir
+        h = hashlib.sha256(f"{version}\0{where}\0{self.name}\n".encode())
         exts = pa.array(IMAGE_EXTS, pa.string()).take(pa.array(self.image_exts, mask=self.image_exts < 0))
         for strings in (self.keys, exts, self.images, self.texts):
             raw = _joined(strings)

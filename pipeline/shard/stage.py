@@ -22,8 +22,9 @@ Same CLEAN_DIR, same settings -> byte-identical shards and index.
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import re
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -34,19 +35,21 @@ import numpy as np
 
 from pipeline import __version__
 from pipeline.core.errors import StageFailed, UsageError
-from pipeline.core.files import STATE_DIR, atomic_write_text, occupied, output_lock, read_marker
+from pipeline.core.files import STATE_DIR
 from pipeline.core.settings import check as check_settings
 from pipeline.core.ui import progress
-from pipeline.distribute.executors import require
+from pipeline.executors import Executor, Later, require
 from pipeline.formats import index as shard_index
 from pipeline.formats.pixels import ImagePixels
-from pipeline.shard.config import ShardConfig
-from pipeline.shard.plan import SPLITS, Span, entry, make_plan
+from pipeline.shard.config import TOOL, ShardConfig
+from pipeline.shard.plan import SPLITS, ShardPlan, Span, entry, make_plan
 from pipeline.shard.samples import IMAGE_EXT, Samples, give_back_freed, load
 from pipeline.shard.split import split_arrays
 from pipeline.shard.write import start_shard
-from pipeline.storage import is_remote
+from pipeline.storage import EXAMPLE_URL, Folder, open_folder
+from pipeline.storage import output as outputs
 
+COMMIT_OF_CLEAN = "manifest.parquet"  # what says a CLEAN_DIR is complete
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
 IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
 MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few hundred KiB of temporaries)
@@ -55,20 +58,19 @@ MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few
 def validate(cfg: ShardConfig) -> None:
     check_settings(cfg)  # the declared ranges and choices (shard/config.py)
     require(cfg.executor)
-    if not cfg.input.is_dir():
-        raise UsageError(f"CLEAN_DIR not found: {cfg.input}")
-    if not (cfg.input / "manifest.parquet").is_file():
-        raise UsageError(f"{cfg.input} has no manifest.parquet: run pipe clean first (or let it finish)")
-    src, dst = cfg.input.resolve(), cfg.output.resolve()
-    if dst == src or src in dst.parents:
-        raise UsageError(f"the output folder {cfg.output} is inside CLEAN_DIR {cfg.input}; choose another folder")
-    if cfg.output.exists() and not cfg.output.is_dir():
-        raise UsageError(f"the output path {cfg.output} exists and is not a folder")
-    if cfg.output.is_dir():
-        foreign = sorted(p.name for p in cfg.output.iterdir() if not _ours(p.name))
-        if foreign:
-            raise UsageError(f"{cfg.output} holds files pipe shard did not write ({', '.join(foreign[:3])}); choose an empty folder")
-    refuse_foreign(cfg.output)
+    clean, out = open_folder(cfg.input), open_folder(cfg.output)
+    if clean.state() != "folder":
+        raise UsageError(f"CLEAN_DIR not found: {clean.url}")
+    if not clean.exists(COMMIT_OF_CLEAN):
+        raise UsageError(f"{clean.url} has no manifest.parquet: run pipe clean first (or let it finish)")
+    if clean.contains(out):
+        raise UsageError(f"the output folder {out.url} is inside CLEAN_DIR {clean.url}; choose another folder")
+    if out.state() == "file":
+        raise UsageError(f"the output path {out.url} exists and is not a folder")
+    foreign = sorted({e.rel.split("/", 1)[0] for e in out.list() if not _ours(e.rel.split("/", 1)[0])})
+    if foreign:
+        raise UsageError(f"{out.url} holds files pipe shard did not write ({', '.join(foreign[:3])}); choose an empty folder")
+    refuse_foreign(out)
 
 
 def _ours(name: str) -> bool:
@@ -76,32 +78,33 @@ def _ours(name: str) -> bool:
             or (name.startswith(".") and name.endswith(".tmp")))
 
 
-def refuse_foreign(out: Path) -> None:
+def refuse_foreign(out: Folder) -> None:
     """A folder of shard-like names without pipe shard's marker is not ours to replace, --overwrite or not."""
-    state = read_marker(out)
-    if occupied(out) and (state is None or state.get("tool") != "pipe shard"):
-        raise UsageError(f"{out} holds shards that pipe shard did not write (it has no .pipe/state.json of pipe shard's); "
-                         "choose an empty folder (--overwrite replaces only a folder pipe shard wrote)")
+    outputs.refuse_foreign(out, TOOL, _REFUSED.format(out=out.url))
 
 
-def claim_output(cfg: ShardConfig) -> None:
+_REFUSED = ("{out} holds shards that pipe shard did not write (it has no .pipe/state.json of pipe shard's); "
+            "choose an empty folder (--overwrite replaces only a folder pipe shard wrote)")
+
+
+def claim_output(cfg: ShardConfig, out: Folder) -> None:
     """Resume a SHARD_DIR whose marker says pipe shard made it from the same input and settings
     (shards it finished are kept, the rest written: `resume.py`); replace one made with others
     only with --overwrite."""
-    out = cfg.output
-    refuse_foreign(out)
-    if not occupied(out) or cfg.overwrite:
-        return
-    state, want = read_marker(out), cfg.marker()
-    if state is None:  # refuse_foreign let an occupied folder through only with pipe shard's marker
-        raise AssertionError(f"{out} has no readable marker")
+    outputs.claim(out, TOOL, shard_index.INDEX_NAME, cfg.overwrite, lambda state: _differs(cfg, state),
+                  owned=(shard_index.INDEX_NAME,), refused=_REFUSED.format(out=out.url))
+
+
+def _differs(cfg: ShardConfig, state: dict) -> str | None:
+    want = cfg.marker()
     if state.get("input") != want["input"]:
-        raise UsageError(f"{out} was sharded from {state.get('input')}, not {want['input']}; pass --overwrite to replace it")
+        return f"was sharded from {state.get('input')}, not {want['input']}; pass --overwrite to replace it"
     settings = state.get("settings")
     old = settings if isinstance(settings, dict) else {}
     if old != want["settings"]:
         changed = ", ".join(f"--{k.replace('_', '-')} {old.get(k)} -> {v}" for k, v in want["settings"].items() if old.get(k) != v)
-        raise UsageError(f"{out} was made with other settings ({changed}); pass --overwrite to replace it")
+        return f"was made with other settings ({changed}); pass --overwrite to replace it"
+    return None
 
 
 # ---------------------------------------------------------------- 3. measure
@@ -184,7 +187,8 @@ def _decode_unmeasured(cfg: ShardConfig, images: list[str], is_val: list[bool], 
     from pipeline.core.cores import worker_count
     from pipeline.core.executor import OrderedPool
 
-    paths = [str(cfg.input / image) for image in images]
+    root = Path(cfg.input)  # (CLEAN_DIR on this machine: `run` hands `measure` its local view)
+    paths = [str(root / image) for image in images]
     workers = min(worker_count(cfg.workers), max(1, len(paths) // 64))
     results: Iterator[ImagePixels | tuple[str, str]]
     pool: OrderedPool | None
@@ -198,7 +202,7 @@ def _decode_unmeasured(cfg: ShardConfig, images: list[str], is_val: list[bool], 
         with progress("measure images", len(paths), show_progress) as advance:
             for image, val, res in zip(images, is_val, results):
                 if not isinstance(res, ImagePixels):
-                    raise UsageError(f"{cfg.input / image} does not decode ({res[1]}): was CLEAN_DIR changed? re-run pipe clean")
+                    raise UsageError(f"{root / image} does not decode ({res[1]}): was CLEAN_DIR changed? re-run pipe clean")
                 _count_image(res, val, stats, sizes)
                 advance(True)
     finally:
@@ -233,41 +237,42 @@ def readers_warning(train_shards: int, n_train: int, cfg: ShardConfig) -> str | 
 # ---------------------------------------------------------------- the stage
 
 
-def run(cfg: ShardConfig, show_progress: bool = True, task_dirs: tuple[str, str] | None = None) -> dict:
-    """Run the whole stage; return a summary (what index.json says, in counts, plus warnings).
+def run(cfg: ShardConfig, show_progress: bool = True, executor: Executor | None = None) -> dict:
+    """Run the whole stage on ``executor`` (default: the one ``cfg`` names); return a summary
+    (what index.json says, in counts, plus warnings).
 
-    SHARD_DIR is locked for the whole run (a second run into it stops at once), and only after
-    `validate` found nothing in it that pipe shard did not write: the lock is the first thing written.
-    ``task_dirs``: with --executor ray, (CLEAN_DIR, SHARD_DIR) as the Ray tasks reach them when
-    not as ``cfg`` names them (s3:// URLs whose driver-side copies ``cfg`` names, `remote.py`)."""
-    if is_remote(cfg.input) or is_remote(cfg.output):
-        from pipeline.shard import remote
+    SHARD_DIR is locked for the whole run where its storage can lock (a second run into it stops
+    at once), and only after `validate` found nothing in it that pipe shard did not write: the
+    lock is the first thing written."""
+    from pipeline import executors
 
-        return remote.run(cfg, show_progress)
     validate(cfg)
-    with output_lock(cfg.output, "pipe shard"):
-        claim_output(cfg)
-        with _cluster(cfg):
-            return _run(cfg, show_progress, task_dirs or (str(cfg.input.resolve()), str(cfg.output.resolve())))
+    if executor is None:
+        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers)
+    clean, out = open_folder(cfg.input), open_folder(cfg.output)
+    with out.lock(TOOL):
+        claim_output(cfg, out)
+        with executor.session(part_fn=write_part), out.staging("shard") as scratch, clean.local_view(_read_by_shard(clean)) as root:
+            # ``local``: the same settings with CLEAN_DIR as files on this machine (itself, when it is local)
+            local = dataclasses.replace(cfg, input=Path(root))
+            return _run(cfg, local, clean, out, executor, Path(scratch), show_progress)
 
 
-def _cluster(cfg: ShardConfig):
-    """--executor ray: the stage's Ray session, its workers started and their imports done while
-    this process loads and plans; local: nothing."""
-    if cfg.executor != "ray":
-        return contextlib.nullcontext()
-    from pipeline.distribute.ray_executor import ready_for_shard, warmed_up
-
-    return warmed_up(cfg.ray_address, ready_for_shard)
+def _read_by_shard(clean: Folder) -> Iterator[str]:
+    """What pipe shard reads of CLEAN_DIR: its manifest and kept outputs (listed only if asked)."""
+    yield COMMIT_OF_CLEAN
+    for e in clean.child("data").list():
+        yield f"data/{e.rel}"
 
 
-def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> dict:
+def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, executor: Executor, scratch: Path,
+         show_progress: bool) -> dict:
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    samples, manifest_sha = load(cfg.input, cfg.output / STATE_DIR)
+    samples, manifest_sha = load(Path(local.input), scratch)
     if not len(samples):
         why = f" ({samples.unlabelled} kept samples have no label)" if samples.unlabelled else ""
-        raise UsageError(f"{cfg.input} has no kept, labelled samples to shard{why}")
+        raise UsageError(f"{clean.url} has no kept, labelled samples to shard{why}")
     classes = samples.classes
     timings["load_s"] = time.perf_counter() - t
 
@@ -279,14 +284,14 @@ def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> d
     timings["split_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    stats, image_size, decoded = measure(cfg, samples, is_val, show_progress)
+    stats, image_size, decoded = measure(local, samples, is_val, show_progress)
     mean, std = stats.mean_std()
     timings["measure_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     spans = make_plan(samples.tar_bytes(), is_val, cfg.seed, cfg.max_count, cfg.max_size)
     give_back_freed()  # the plan's temporaries: handed back before shards are written
-    entries, resumed, parts = _write_all(cfg, samples, spans, show_progress, task_dirs)
+    entries, resumed, parts = _write_all(cfg, clean, out, executor, samples, spans, show_progress)
     timings["write_s"] = time.perf_counter() - t
 
     counts = {sp: _split_counts(samples, is_val == (sp == "val"), sum(e.split == sp for e in entries)) for sp in SPLITS}
@@ -319,10 +324,10 @@ def _run(cfg: ShardConfig, show_progress: bool, task_dirs: tuple[str, str]) -> d
         "shards": [e.as_dict() for e in entries],
     }
     try:
-        atomic_write_text(cfg.output / shard_index.INDEX_NAME, shard_index.dumps(doc), fsync=True)
+        outputs.commit(out, shard_index.INDEX_NAME, shard_index.dumps(doc).encode("utf-8"))
     except OSError as e:
-        raise StageFailed(f"could not write {cfg.output / shard_index.INDEX_NAME}: {e}") from None
-    return {"output": str(cfg.output), "classes": len(classes), "image_size": image_size,
+        raise StageFailed(f"could not write {out.url}/{shard_index.INDEX_NAME}: {e}") from None
+    return {"output": out.url, "classes": len(classes), "image_size": image_size,
             "train": counts["train"]["samples"], "val": counts["val"]["samples"],
             "train_shards": counts["train"]["shards"], "val_shards": counts["val"]["shards"],
             "bytes": sum(e.bytes for e in entries), "unlabelled": samples.unlabelled,
@@ -339,141 +344,103 @@ def _split_counts(samples: Samples, mask: np.ndarray, shards: int) -> dict:
             "texts": int(np.count_nonzero(samples.text_size[mask] >= 0))}
 
 
-def _write_all(cfg: ShardConfig, samples: Samples, spans: list[Span], show_progress: bool,
-               task_dirs: tuple[str, str]) -> tuple[list[shard_index.ShardEntry], int, dict | None]:
-    """Write every shard of the plan (keeping those an interrupted run of the same plan finished,
-    `resume.py`); return their entries, how many were kept and, on Ray, the summary's "parts"
-    section. One shard's plan entry is made at a time: the plan itself is a few arrays."""
+def _write_all(cfg: ShardConfig, clean: Folder, out: Folder, executor: Executor, samples: Samples, spans: list[Span],
+               show_progress: bool) -> tuple[list[shard_index.ShardEntry], int, dict | None]:
+    """Write every shard of the plan that an interrupted run of the same plan did not finish
+    (`resume.py`), one part each on the executor (`write_part`); return their entries in plan
+    order, how many were kept, and what the executor says of how the parts ran. A shard's plan
+    entry is made only as its part is handed out: the plan itself is a few arrays."""
     from pipeline.shard.resume import WrittenShards
 
-    out = cfg.output
-    _prepare_output(cfg)
+    _prepare_output(cfg, out)
     journal = WrittenShards(out)
-    done: list[tuple[shard_index.ShardEntry, str]] = []
-    resumed, parts = 0, None
-    try:
-        with progress("write shards", len(spans), show_progress, counts=False) as advance:
-            if cfg.executor == "ray":
-                resumed, parts = _write_on_ray(cfg, samples, spans, journal, done, advance, task_dirs)
-            else:
-                resumed = _write_here(cfg, samples, spans, journal, done, advance)
-    finally:
-        journal.close()
-    try:
-        written = {e.name for e, _ in done}
-        for p in out.iterdir():  # shards of an earlier run with more shards
-            if SHARD_NAME.match(p.name) and p.name not in written:
-                p.unlink()
-        journal.finish(done)
-    except OSError as err:
-        raise StageFailed(f"could not finish writing {out}: {err}") from None
-    return [e for e, _ in done], resumed, parts
-
-
-def _write_here(cfg: ShardConfig, samples: Samples, spans: list[Span], journal, done: list, advance) -> int:
-    """Write (or keep, `resume.py`) every shard in this process, filling ``done`` in plan order;
-    return how many were kept. A shard's fsync and rename (`start_shard`'s second step: waiting
-    for the disk, ~17 ms for 4 MiB on a busy one) run on a thread while the next shard is
-    written; it is recorded in the journal once it is in place. Interrupted, the shard already
-    written is still finished and recorded, so a rerun keeps it."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    out = cfg.output
-    resumed = 0
-    behind: tuple[Future, shard_index.ShardEntry, str, str] | None = None  # (finishing, entry, digest, name)
-
-    def settle() -> None:
-        nonlocal behind
-        if behind is None:
-            return
-        finishing, written, digest, name = behind
-        behind = None
-        try:
-            finishing.result()
-        except OSError as err:
-            raise StageFailed(f"could not write {out / name}: {err}") from None
-        journal.add(written, digest)
-
-    with ThreadPoolExecutor(1, thread_name_prefix="pipe-shard-fsync") as finisher:
-        try:
-            for span in spans:
-                plan = entry(samples, span)
-                digest = plan.digest(cfg.input, __version__)
-                found = journal.reusable(out / span.name, digest)
-                resumed += found is not None
-                if found is None:
-                    try:
-                        found, finish = start_shard(plan, cfg.input, out)
-                    except OSError as err:
-                        raise StageFailed(f"could not write {out / span.name}: {err}") from None
-                    try:
-                        settle()  # the previous shard in place and recorded before this one is handed over
-                    except BaseException:
-                        finish.discard()
-                        raise
-                    behind = (finisher.submit(finish), found, digest, span.name)
-                done.append((found, digest))
-                advance(True)
-            settle()
-        finally:
-            if behind is not None:  # interrupted: the shard already written still goes in place, recorded
-                with contextlib.suppress(Exception):
-                    settle()
-    return resumed
-
-
-def _write_on_ray(cfg: ShardConfig, samples: Samples, spans: list[Span], journal, done: list,
-                  advance, task_dirs: tuple[str, str]) -> tuple[int, dict]:
-    """--executor ray: one Ray task writes each shard the journal cannot reuse, with the same
-    `write_shard` (`pipeline.distribute.ray_executor`); fill ``done`` in plan order (index.json's
-    order); return how many shards were reused and the summary's "parts" section (per task:
-    shard, samples, seconds, node). Plans are made as tasks are handed out."""
-    from pipeline.distribute.ray_executor import write_shards
-
     slots: list[tuple[shard_index.ShardEntry, str] | None] = [None] * len(spans)
     todo: list[tuple[int, str]] = []
-    for i, span in enumerate(spans):
-        digest = entry(samples, span).digest(cfg.input, __version__)
-        found = journal.reusable(cfg.output / span.name, digest)
-        if found is not None:
-            slots[i] = (found, digest)
-            advance(True)
-        else:
-            todo.append((i, digest))
-
     runs: list[dict] = []
-    t = time.perf_counter()
-
-    def finished(k: int, result: tuple[shard_index.ShardEntry, Any]) -> None:
-        written, run = result
-        i, digest = todo[k]
-        journal.add(written, digest)
-        slots[i] = (written, digest)
-        runs.append(run.as_dict())
-        advance(True)
-
-    if todo:
-        plans = (entry(samples, spans[i]) for i, _ in todo)
-        write_shards(cfg.ray_address, plans, task_dirs[0], task_dirs[1], finished)
-    done.extend(s for s in slots if s is not None)
-    seconds = time.perf_counter() - t
-    written_samples = sum(r["files"] for r in runs)
-    parts = {"executor": "ray", "parts": len(spans), "reused_parts": len(spans) - len(todo), "redone_parts": len(todo),
-             "samples_per_s": round(written_samples / seconds, 2) if todo and seconds > 0 else None,
-             "runs": sorted(runs, key=lambda r: r["part"])}
-    return len(spans) - len(todo), parts
-
-
-def _prepare_output(cfg: ShardConfig) -> None:
-    """No index.json until this run is complete, the marker written, temporaries of a killed run gone."""
-    out = cfg.output
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / shard_index.INDEX_NAME).unlink(missing_ok=True)
-        atomic_write_text(out / STATE_DIR / "state.json", json.dumps(cfg.marker(), indent=2, sort_keys=True))
-        for p in out.iterdir():
-            if p.name.startswith(".") and p.name.endswith(".tmp"):
-                p.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
+        with progress("write shards", len(spans), show_progress, counts=False) as advance:
+            for i, span in enumerate(spans):
+                digest = entry(samples, span).digest(clean.identity(), __version__)
+                found = journal.reusable(span.name, digest)
+                if found is not None:
+                    slots[i] = (found, digest)
+                    advance(True)
+                else:
+                    todo.append((i, digest))
 
+            def finished(k: int, written: shard_index.ShardEntry, run) -> None:
+                i, digest = todo[k]
+                journal.add(written, digest)
+                slots[i] = (written, digest)
+                if run is not None:
+                    runs.append(run.as_dict())
+                advance(True)
+
+            t = time.perf_counter()
+            if todo:
+                executor.run_parts(write_part, ((entry(samples, spans[i]), clean, out) for i, _ in todo), finished)
+            seconds = time.perf_counter() - t
+    finally:
+        journal.close()
+    done = [s for s in slots if s is not None]
+    try:
+        written = {e.name for e, _ in done}
+        stale = [e.rel for e in out.list() if "/" not in e.rel and SHARD_NAME.match(e.rel) and e.rel not in written]
+        for rel in stale:  # shards of an earlier run with more shards
+            out.delete(rel)
+        journal.finish(done)
+    except OSError as err:
+        raise StageFailed(f"could not finish writing {out.url}: {err}") from None
+    parts = executor.summary(parts=len(spans), reused_parts=len(spans) - len(todo), redone_parts=len(todo),
+                             samples_per_s=(round(sum(r["files"] for r in runs) / seconds, 2) if todo and seconds > 0
+                                            else None),
+                             runs=sorted(runs, key=lambda r: r["part"]))
+    return [e for e, _ in done], len(spans) - len(todo), parts
+
+
+def write_part(plan: ShardPlan, clean: Folder, out: Folder) -> Later:
+    """One part: one shard, from its plan entry alone, wherever it runs. Its bytes are written
+    under a temporary name (`start_shard`, reading CLEAN_DIR's files where they can be read as
+    files: `Folder.local_view`); the `Later` puts it in place (synced and renamed, or uploaded:
+    `Folder.put_file`), a step an executor may overlap with the next shard."""
+    if not clean.exists(COMMIT_OF_CLEAN) or outputs.read_marker(out) is None:
+        raise UsageError(f"CLEAN_DIR {clean.url} or SHARD_DIR {out.url} is not visible where this part runs "
+                         f"({socket.gethostname()}): a local folder must be a shared file system mounted at the same "
+                         f"path on every node the parts run on; or use object storage ({EXAMPLE_URL})")
+    files = [p for p in (*plan.images.to_pylist(), *plan.texts.to_pylist()) if p is not None]
+    stack = contextlib.ExitStack()
+    try:
+        scratch = Path(stack.enter_context(out.staging("shard")))
+        with clean.local_view(files) as root:
+            written, unfinished = start_shard(plan, Path(root), scratch)
+    except OSError as err:
+        stack.close()
+        raise StageFailed(f"could not write {out.url}/{plan.name}: {err}") from None
+    except BaseException:
+        stack.close()
+        raise
+
+    def finish() -> None:
+        try:
+            out.put_file(plan.name, unfinished.tmp)
+        except OSError as err:
+            raise StageFailed(f"could not write {out.url}/{plan.name}: {err}") from None
+        finally:
+            unfinished.discard()
+            stack.close()
+
+    def discard() -> None:
+        unfinished.discard()
+        stack.close()
+
+    return Later(written, finish, discard)
+
+
+def _prepare_output(cfg: ShardConfig, out: Folder) -> None:
+    """No index.json until this run is complete, the marker written, temporaries of a killed run gone."""
+    try:
+        out.delete(shard_index.INDEX_NAME)
+        outputs.write_marker(out, cfg.marker())
+        out.clear_temporaries()
+    except OSError as e:
+        raise UsageError(f"cannot write to the output folder {out.url}: {e.strerror or e}") from None

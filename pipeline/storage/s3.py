@@ -17,6 +17,7 @@ Both are one line naming the folder's URL; no message carries a secret (see `scr
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import io
@@ -24,7 +25,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -137,6 +138,10 @@ def _code(e: Exception) -> str:
     code = str(err.get("Code", ""))
     status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
     return code if code and not code.isdigit() else status or code
+
+
+SCHEME = "s3://"
+HEAD_THREADS = 32  # first bytes of objects read at once (discovery): each is one small ranged GET
 
 
 class S3Folder(Folder):
@@ -268,7 +273,7 @@ class S3Folder(Folder):
         with self._errors(rel):
             client().upload_file(str(path), self.bucket, key)
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write(self, rel: str, data: bytes, durable: bool = False) -> None:
         key = self._key(rel)
         with self._errors(rel):
             client().put_object(Bucket=self.bucket, Key=key, Body=data)
@@ -328,6 +333,36 @@ class S3Folder(Folder):
 
     def child(self, rel: str) -> S3Folder:
         return S3Folder(self.bucket, self._key(rel))
+
+    def _first_keys(self, n: int) -> builtins.list[str]:
+        """At most ``n`` keys under the prefix, relative to it: one request, however many there are."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        with self._errors():
+            page = client().list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=n)
+        return [obj["Key"][len(base):] for obj in page.get("Contents", ())]
+
+    def state(self) -> str:
+        """Whether the prefix holds anything (one small listing)."""
+        return "folder" if self._first_keys(1) else "absent"
+
+    def occupied(self) -> bool:
+        """Anything besides a lock (one small listing, not the whole prefix's)."""
+        from pipeline.storage.folder import LOCK
+
+        return any(rel != LOCK for rel in self._first_keys(2))
+
+    def read_heads(self, rels: Iterable[str], n: int) -> Iterator[bytes | OSError]:
+        """Many small ranged GETs at once, answered in order: each is a round trip."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def head(rel: str) -> bytes | OSError:
+            try:
+                return self.read_range(rel, 0, n)
+            except OSError as e:
+                return e
+
+        with ThreadPoolExecutor(HEAD_THREADS) as pool:
+            yield from pool.map(head, rels)
 
 
 def _ns(when: Any) -> int:

@@ -45,7 +45,7 @@ class DataSource:
 
 
 def read_index(shard_dir: str | Path) -> tuple[dict, str]:
-    """index.json (schema-checked; from a folder or s3://) and its fingerprint (the hash every
+    """index.json (schema-checked; from a folder or object storage) and its fingerprint (the hash every
     rank must agree on)."""
     from train.data import sources
 

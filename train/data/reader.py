@@ -4,7 +4,7 @@
 ``batch_size=None``), so a worker always hands over full batches of its own contiguous piece and
 every rank runs exactly `steps_per_epoch` steps. Which samples a rank and worker read, and in
 which order, is decided by the pure functions in `train/data/plan.py` (property-tested); the reading
-is `train/data/stream.py`'s (no torch): merged ranged reads at index.json's offsets (local disk or s3://), the
+is `train/data/stream.py`'s (no torch): merged ranged reads at index.json's offsets (local disk or object storage), the
 tar members parsed in place (`pipeline.formats.tarstream`). This module decodes them through the codec
 (`pipeline.formats.sample`) one image at a time straight into the batch tensor, normalized there with
 the index's mean and std; inside a worker that tensor lives in shared memory, so the batch
@@ -68,7 +68,7 @@ class ShardReader(SampleReader, IterableDataset):
                  fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
                  image_size: int | None = None, mean=None, std=None, tokenize=None,
                  cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None):
-        """``shard_dir``: a local folder or ``s3://bucket/prefix``; ``cache_dir``/``cache_max_bytes``:
+        """``shard_dir``: a local folder or a URL (`pipeline.storage`); ``cache_dir``/``cache_max_bytes``:
         a local cache of whole shards (`train.data.stream.SampleReader`).
         ``image_size``: the side images are decoded at, e.g. the model's input size; at most
         the stored size (enlarging adds nothing). None: the stored size (index.json's).

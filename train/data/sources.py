@@ -8,8 +8,9 @@ merged read may grow) and a prefetch depth (``ahead``: reads in flight on thread
 * `LocalSource`: a folder on disk. Large ranges are mapped from the page cache, small ones read
   (`read_range`); one read may be large (64 MiB) and nothing is prefetched: the kernel's
   read-ahead already overlaps the disk with the decoding.
-* `train.data.s3.S3Source` (imported only for an ``s3://`` folder, so a local run never imports
-  boto3): ranged GETs, merged to 8 MiB, 4 in flight.
+* `train.data.remote.FolderSource`: any other `pipeline.storage.Folder` (object storage: its
+  client is imported only when such a folder is opened, so a local run never imports it):
+  ranged reads, merged to 8 MiB, 4 in flight.
 * `CachedSource`: whole shards kept in a local folder under a size cap, least recently used
   evicted, for sources that are slow or billed per read.
 
@@ -36,21 +37,21 @@ _CAN_MAP = hasattr(mmap, "MAP_SHARED")  # POSIX
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: read and map every page at once
 
 
-def is_remote(location: str | os.PathLike) -> bool:
-    return isinstance(location, str) and location.startswith("s3://")
-
-
 def open_source(location: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                 cache_max_bytes: int | None = None, shards: dict[str, tuple[int, str]] | None = None):
-    """The source for a shard folder: ``s3://bucket/prefix`` or a local path; with ``cache_dir``,
-    wrapped in a `CachedSource` (``shards``: rel -> (size, sha256) from index.json)."""
-    source: LocalSource | object
-    if is_remote(location):
-        from train.data.s3 import S3Source
+    """The source for a shard folder (a local path or a URL, `pipeline.storage`): a folder on this
+    machine is read as files, any other through its Folder; with ``cache_dir``, wrapped in a
+    `CachedSource` (``shards``: rel -> (size, sha256) from index.json)."""
+    from pipeline.storage import open_folder
 
-        source = S3Source(str(location))
+    folder = open_folder(location)
+    source: LocalSource | object
+    if folder.local_path is not None:
+        source = LocalSource(folder.local_path)
     else:
-        source = LocalSource(Path(location))
+        from train.data.remote import FolderSource
+
+        source = FolderSource(folder)
     if cache_dir is None:
         return source
     return CachedSource(source, Path(cache_dir), cache_max_bytes, shards or {})

@@ -8,7 +8,7 @@ disk) without paying for torch's import. `train/data/reader.py`'s `ShardReader` 
 A worker reads its piece of the epoch (from the plan) block by block. The samples it needs, each
 a byte range at index.json's offsets, are merged into a few large reads (`train.data.ranges`:
 adjacent samples of a shard in one read, up to the source's cap, never a whole shard for a few
-samples), fetched from the folder's source (`train.data.sources`: local disk, ``s3://``, a local
+samples), fetched from the folder's source (`train.data.sources`: local disk, object storage, a local
 cache) a few ahead where the source is remote, retried while a failure looks transient. The tar
 members are then parsed in place (`parse_samples`), each member's bytes a view into its read, and
 each block is emitted in its seeded shuffle order.
@@ -47,7 +47,7 @@ class Part:
 class SampleReader:
     """One rank's view of a split of a shard folder, as undecoded samples (see the module docstring).
 
-    ``shard_dir``: a local folder or ``s3://bucket/prefix``; index.json is read from it.
+    ``shard_dir``: a local folder or a URL (`pipeline.storage`); index.json is read from it.
     ``cache_dir``/``cache_max_bytes``: keep whole shards in a local folder, least recently used
     evicted past the cap (`train.data.sources.CachedSource`). ``source``: read the shards from
     this object instead (anything with `train.data.sources.LocalSource`'s methods).
@@ -61,7 +61,9 @@ class SampleReader:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        self.shard_dir: str | Path = str(shard_dir) if sources.is_remote(shard_dir) else Path(shard_dir)
+        from pipeline.storage import location
+
+        self.shard_dir: str | Path = location(shard_dir if isinstance(shard_dir, Path) else os.fspath(shard_dir))
         self.index, raw = sources.read_index(self.shard_dir)
         self.fingerprint = hashlib.sha256(raw).hexdigest()
         self.split, self.rank, self.world_size = split, rank, world_size

@@ -2,7 +2,6 @@
 
 from pipeline.clean.config import CleanConfig
 from pipeline.core.config import parse_byte_size
-from pipeline.distribute.parts import PART_FILES
 from pipeline.media.text.clean import MAX_TEXT_BYTES
 
 
@@ -10,4 +9,3 @@ def test_defaults_agree_with_the_layers_they_configure():
     # the command line's "16MiB" and the text judge's own default are one limit
     default = CleanConfig.__dataclass_fields__["max_text_bytes"].default
     assert parse_byte_size(default, "--max-text-bytes") == MAX_TEXT_BYTES
-    assert CleanConfig.__dataclass_fields__["part_files"].default == PART_FILES

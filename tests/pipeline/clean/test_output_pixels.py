@@ -1,8 +1,7 @@
 """pipe clean records, for each kept image, its output's size and exact pixel sums as a reader
 decodes the written file (after a lossy encode too), so pipe shard need not decode it again; a
-journal written by an older pipe (without those numbers) is redone rather than trusted."""
+part's results written by an older pipe (without those numbers) are redone rather than trusted."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -52,17 +51,20 @@ def test_kept_images_carry_the_sums_of_their_decoded_output(raw, tmp_path, fmt):
 
 
 def test_a_journal_line_of_an_older_pipe_is_redone_not_trusted(raw, tmp_path):
+    """(The journal became the parts' results files: a result without the numbers is redone.)"""
+    import pyarrow as pa
+
     out = tmp_path / "clean"
     run(raw, out)
     first = rows(out)
-    journal = out / ".pipe" / "journal.jsonl"
-    old_lines = []
-    for line in journal.read_text().splitlines():
-        rec = json.loads(line)
-        for f in NEW_FIELDS:
-            del rec[f]  # what a pipe before these fields wrote
-        old_lines.append(json.dumps(rec))
-    journal.write_text("".join(line + "\n" for line in old_lines))
+    for part in (out / ".pipe" / "parts").iterdir():
+        with pa.ipc.open_file(part) as f:
+            table = f.read_all()
+        for name in NEW_FIELDS:  # what a pipe before these fields recorded
+            i = table.schema.get_field_index(name)
+            table = table.set_column(i, table.schema.field(i), pa.nulls(table.num_rows, table.schema.field(i).type))
+        with pa.ipc.new_file(part, table.schema) as w:
+            w.write_table(table)
     report = run(raw, out)
     images_written = sum(r["kind"] == "image" and r["status"] in ("kept", "duplicate") for r in first.values())
     assert report["reused"] == report["files"] - images_written  # the texts' lines still serve

@@ -155,19 +155,20 @@ def test_json_output_is_the_report(raw, tmp_path, cli):
 def test_workers_0_starts_one_worker_per_core_the_cpu_quota_allows(raw, tmp_path, monkeypatch):
     """Under `docker --cpus=2` on a 64-core host, `pipe clean --workers 0` starts 2 workers, not 64."""
     from pipeline.core import cores
+    from pipeline.executors import local as executor  # where the local executor makes its pools
 
     (tmp_path / "cgroup").mkdir()
     (tmp_path / "cgroup" / "cpu.max").write_text("200000 100000\n")
     monkeypatch.setattr(cores, "CGROUP_ROOT", str(tmp_path / "cgroup"))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
     started = []
-    real_pool = clean.OrderedPool
+    real_pool = executor.OrderedPool
 
     def pool(fn, workers, **kw):
         started.append(workers)
         return real_pool(fn, workers, **kw)
 
-    monkeypatch.setattr(clean, "OrderedPool", pool)
+    monkeypatch.setattr(executor, "OrderedPool", pool)
     run(raw, tmp_path / "clean", workers=0)
     assert started == [2]
 

@@ -95,7 +95,7 @@ def test_an_index_off_its_schema_is_not_loaded_but_parsed(tmp_path):
 
 # Modules that write index.json (pipe shard: the file is its commit); everything else reads
 # it only through pipeline.formats.index.
-WRITERS = {"pipeline/shard/stage.py", "pipeline/shard/remote.py"}
+WRITERS = {"pipeline/shard/stage.py"}
 
 
 def test_no_module_outside_formats_opens_index_json():

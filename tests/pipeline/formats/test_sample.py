@@ -97,6 +97,7 @@ def test_every_reader_groups_members_as_webdataset_does(tmp_path, samples):
     from webdataset.tariterators import group_by_keys, tar_file_iterator
 
     from pipeline.check import shard_dir, tarscan
+    from pipeline.storage import open_folder
     from pipeline.report import shard as report_shard
     from train import labels
     from train.data import stream
@@ -116,16 +117,17 @@ def test_every_reader_groups_members_as_webdataset_does(tmp_path, samples):
     assert [(s.key, set(s.fields)) for s in read] == want
     assert [s.webdataset_sample()["__key__"] for s in read] == [s["__key__"] for s in stock]
 
-    scan = tarscan.scan_shard((path, path.name, tarscan.ScanSettings(False, None, "RGB", ("c",))))
+    folder = open_folder(tmp_path)
+    scan = tarscan.scan_shard((folder, path.name, tarscan.ScanSettings(False, None, "RGB", ("c",))))
     assert scan.keys == [k for k, _ in want] and scan.offsets == offsets
 
     ends = [*offsets[1:], end]
-    assert [set(shard_dir._members(path, a, b)) for a, b in zip(offsets, ends)] == [m for _, m in want]
+    assert [set(shard_dir._members(folder, path.name, a, b)) for a, b in zip(offsets, ends)] == [m for _, m in want]
 
     assert labels.sources(tmp_path, {"shards": [entry]}, {k for k, _ in want}) == {k: k for k, _ in want}
 
     found: dict = {"c": []}
-    report_shard._scan(path, ["c"], found, budget=1000)
+    report_shard._scan(folder, path.name, ["c"], found, budget=1000)
     firsts = [k for k, _ in want][: report_shard.PER_CLASS]
     assert [item.source for item in found["c"]] == firsts
 

@@ -212,3 +212,18 @@ def test_moto_two_cleans_into_one_s3_output_exactly_one_commits(moto_conditional
     loser = next(err for code, err in results if code == 1)
     assert len(loser.strip().splitlines()) == 1 and "committed by another run" in loser, loser
     assert open_folder(url).exists("manifest.parquet")
+
+
+def test_report_reads_s3_folders_as_it_reads_local_ones(runs, s3_server, tmp_path):
+    """pipe report through the same Folder road: the same sections and previews from the bucket."""
+    pages = {}
+    for side, dirs in (("s3", [f"{runs['bucket']}/clean", f"{runs['bucket']}/shards"]),
+                       ("local", [runs["root"] / "clean", runs["root"] / "shards"])):
+        out = tmp_path / f"{side}.html"
+        p = _pipe(s3_server, "report", *dirs, "-o", out)
+        assert p.returncode == 0, p.stderr
+        pages[side] = out.read_text(encoding="utf-8")
+    assert "s3://stages/clean" in pages["s3"] and "s3://stages/shards" in pages["s3"]
+    for side in pages:
+        assert pages[side].count("data:image/jpeg;base64,") > 3, side
+    assert pages["s3"].count("data:image/jpeg;base64,") == pages["local"].count("data:image/jpeg;base64,")

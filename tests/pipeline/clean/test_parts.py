@@ -8,32 +8,14 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.clean import parts
 from pipeline.clean.discover import Candidate
 from pipeline.clean.records import FileResult
-from pipeline.distribute import parts
 from pipeline.formats.vocabulary import Kind, Reason
 
 
 def _cands(n: int, tag: str = "") -> list[Candidate]:
     return [Candidate(f"c/{i:05d}{tag}.jpg", f"/raw/c/{i:05d}.jpg", Kind.IMAGE, "jpeg", key=f"k{i}") for i in range(n)]
-
-
-@given(st.integers(0, 500), st.integers(1, 60))
-def test_cut_covers_every_item_once_in_order(n, max_files):
-    ranges = parts.cut(n, max_files)
-    flat = [i for b, e in ranges for i in range(b, e)]
-    assert flat == list(range(n))
-    assert all(0 < e - b <= max_files for b, e in ranges)
-    assert ranges == parts.cut(n, max_files)  # deterministic
-
-
-@given(st.lists(st.integers(0, 1000), max_size=300), st.integers(1, 50), st.integers(1, 3000))
-def test_cut_by_bytes_keeps_parts_under_the_limit_unless_one_item_is_larger(sizes, max_files, max_bytes):
-    ranges = parts.cut(len(sizes), max_files, sizes, max_bytes)
-    assert [i for b, e in ranges for i in range(b, e)] == list(range(len(sizes)))
-    for b, e in ranges:
-        assert e - b <= max_files
-        assert sum(sizes[b:e]) <= max_bytes or e - b == 1
 
 
 @given(st.integers(0, 300), st.integers(1, 40))
@@ -108,7 +90,7 @@ def test_sweep_removes_only_results_of_other_plans(tmp_path: Path):
 
 
 def test_progress_across_the_cluster_says_parts_done_files_per_second_and_time_left(capsys):
-    from pipeline.distribute.clean import PartsLine
+    from pipeline.executors.ray import PartsLine  # (Ray itself is not imported)
 
     line = PartsLine(parts=3, files=30, enabled=True)
     line.EVERY_S = 0.0  # a line for every part here, to see each

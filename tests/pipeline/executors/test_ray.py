@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.distribute.parts import SUFFIX
+from pipeline.executors.parts import SUFFIX
 from tests.conftest import REPO as REPO_ROOT
 from tests.conftest import pipe_env
 from tests.factories import photo, write
@@ -281,6 +281,19 @@ def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished
     assert parts["reused"] == finished
     assert parts["redone_parts"] == PARTS - len(finished) == len(parts["runs"])
     _same_clean(out, local / "clean")
+
+
+def test_the_ray_executor_runs_a_fake_stages_parts(cluster):
+    """The same stage as tests/pipeline/executors/test_executors.py runs locally: Ray knows it
+    only by the functions it is given, and its results equal the local executor's."""
+    code = ("import json, sys; from pipeline.executors import get; from tests import fake_stage; "
+            "print(json.dumps(fake_stage.run(get('ray', address=sys.argv[1]))))")
+    p = cluster.ns.run([sys.executable, "-c", code, cluster.address], env=cluster.env, cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    from tests import fake_stage
+
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == fake_stage.EXPECTED
 
 
 # a driver of its own holding the CPU of the node at IP argv[2] with one task, until it is killed

@@ -3,6 +3,7 @@ is refused (that local runs never import Ray: tests/pipeline/cli/test_app.py).""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -41,3 +42,25 @@ def test_the_toml_config_sets_the_executor_and_its_schema_refuses_others(pipe_pr
     bad.write_text('[shard]\nexecutor = "spark"\n')
     p = pipe_proc("shard", tmp_path / "clean", "-o", tmp_path / "shards", "--config", bad)
     assert p.returncode == 2 and "executor" in p.stderr, p.stderr
+
+
+# -- the registry, and any stage's parts on any executor ----------------------------------------
+
+
+def test_executor_choices_and_help_come_from_the_registry(cli):
+    from pipeline import executors
+
+    assert tuple(executors.EXECUTORS) == ("local", "ray")
+    for command in ("clean", "shard"):
+        r = cli(command, "--help")
+        text = "".join(re.sub(r"[│╭╮╰╯─]", " ", r.stdout).split())  # the words, as wrapped in rich's boxes
+        assert "".join(executors.HELP.split()) in text, r.stdout
+
+
+def test_the_local_executor_runs_a_fake_stages_parts():
+    """A stage it has never heard of: items squared in worker processes (one crashing its worker,
+    pinned on that item alone), each part finished where it ran, whole parts with a later step."""
+    from pipeline.executors import get
+    from tests import fake_stage
+
+    assert fake_stage.run(get("local", workers=2)) == fake_stage.EXPECTED
