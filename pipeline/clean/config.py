@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.core.settings import setting
 from pipeline.distribute.executors import EXECUTORS
+from pipeline.media.image.window import PATTERN as WINDOW
 
 RESIZE_MODES = ("pad", "crop", "stretch")
 FORMATS = ("jpg", "png", "webp")
@@ -37,6 +38,12 @@ class CleanConfig:
     min_size: int = setting(32, "Quarantine images whose short side is below this (px) as too_small, never blown up.",
                             minimum=1)
     max_pixels: int = setting(178_956_970, "Decompression-bomb limit in pixels, from the header, before decoding.", minimum=1)
+    window: str = setting(
+        "auto", "How images of more than 8 bits a sample (16-bit PNG and TIFF, 32-bit, float) become 8-bit: auto (from "
+                "the range the file declares, PNG sBIT or the TIFF's sample tags, else from the image's maximum "
+                "rounded up to whole bits: 12-bit content in a 16-bit file keeps its 256 levels), full (from the "
+                "sample type's whole range, 0-65535 for 16 bits: one fixed scale) or P1,P2 (each image from its own "
+                "P1-th to P2-th percentile, e.g. 0.5,99.5). The row's detail says what was done.", pattern=WINDOW)
     background: str = setting(
         "white", "Colour under transparency and padding: white, black, grey or #rrggbb. Artwork it would erase "
                  "(white on transparency under white) goes on the contrasting colour instead.")
@@ -70,7 +77,7 @@ class CleanConfig:
 
     # settings that change what a worker writes for a file; a resumed run must match them
     OUTPUT_SETTINGS = ("size", "resize_mode", "format", "quality", "min_size", "max_pixels", "background",
-                       "max_text_bytes")
+                       "max_text_bytes", "window")
 
     def fingerprint(self) -> dict:
         return {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}

@@ -39,6 +39,7 @@ from pipeline.core.settings import check as check_settings
 from pipeline.distribute.executors import require
 from pipeline.formats.vocabulary import Kind, Reason, Status
 from pipeline.media.image.clean import BACKGROUNDS, ImageSettings
+from pipeline.media.image.window import parse_window
 from pipeline.media.text.clean import TextSettings
 from pipeline.storage import is_remote, open_folder
 
@@ -83,6 +84,10 @@ def validate(cfg: CleanConfig) -> CleanConfig:
     check_settings(cfg)  # the declared ranges and choices (clean/config.py)
     require(cfg.executor)
     parse_colour(cfg.background)
+    try:
+        cfg.window = str(parse_window(cfg.window))  # one spelling of each window ("0.5, 99.5" -> "0.5,99.5")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     cfg.max_text_bytes = parse_byte_size(cfg.max_text_bytes, "--max-text-bytes")
     if cfg.labels is not None and not cfg.labels.is_file():
         raise UsageError(f"labels file not found: {cfg.labels}")
@@ -354,7 +359,7 @@ def _worker_settings(cfg: CleanConfig) -> WorkerSettings:
     return WorkerSettings(
         output=str(cfg.output),
         image=ImageSettings(cfg.size, cfg.resize_mode, cfg.format, cfg.quality, cfg.min_size, cfg.max_pixels,
-                            parse_colour(cfg.background)),
+                            parse_colour(cfg.background), parse_window(cfg.window)),
         text=TextSettings(max_bytes=cfg.text_limit()),
         input_url=open_folder(str(cfg.input)).url if is_remote(cfg.input) else "",
     )
