@@ -41,7 +41,7 @@ class CleanConfig:
     window: str = setting(
         "auto", "How images of more than 8 bits a sample (16-bit PNG and TIFF, 32-bit, float) become 8-bit: auto (from "
                 "the range the file declares, PNG sBIT or the TIFF's sample tags, else from the image's maximum "
-                "rounded up to whole bits: 12-bit content in a 16-bit file keeps its 256 levels), full (from the "
+                "rounded up to whole bits: 12-bit content in a 16-bit file gets all 256 levels, not 16), full (from the "
                 "sample type's whole range, 0-65535 for 16 bits: one fixed scale) or P1,P2 (each image from its own "
                 "P1-th to P2-th percentile, e.g. 0.5,99.5). The row's detail says what was done.", pattern=WINDOW)
     background: str = setting(
