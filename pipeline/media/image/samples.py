@@ -53,7 +53,11 @@ def reduce(im: Image.Image, facts: Facts, window: Window, notes: list[str],
     if wide is None:
         return im, None
     declared = _declared(im, facts)
-    values, alpha = _sixteen_bits(im, facts, wide, load)
+    try:
+        values, alpha = _sixteen_bits(im, facts, wide, load)
+    except Exception as e:  # noqa: BLE001 - the file decoded once: our second pass, not the file, failed
+        notes.append(f"16-bit colour kept at Pillow's 8 bits (its low bytes could not be read: {type(e).__name__}: {e})")
+        return im, None
     what = f"{declared.bits or 16}-bit {'grey' if values.ndim == 2 else 'RGB'}"
     out, scaled = depth.to_8bit(values, declared, window, what, notes)
     key = im.info.get("transparency")
@@ -108,7 +112,8 @@ def _wide_colour(im: Image.Image, facts: Facts) -> str | None:
     tags = getattr(im, "tag_v2", None)
     if facts.fmt == "TIFF" and tags is not None and _first(tags.get(284)) == 2:
         bits, compression = tags.get(258) or (), _first(tags.get(259)) or 1
-        return PLANES if set(bits) == {16} and compression not in _JPEG else None
+        classic = facts.data[2:4] in (b"*\0", b"\0*")  # tiff_plane writes classic TIFF, not BigTIFF
+        return PLANES if set(bits) == {16} and compression not in _JPEG and classic else None
     raw = facts.raw
     if raw == "LA;16B" or raw[:-1] in _PAIRS and raw[-1:] in ("L", "B", "N"):
         return raw

@@ -90,3 +90,18 @@ def test_tiff_plane_is_a_grey_tiff_of_its_own():
     for k in range(3):
         im = Image.open(io.BytesIO(samples.tiff_plane(data, k)))
         assert im.mode.startswith("I;16") and np.array_equal(np.asarray(im), RGB12[..., k])
+
+
+def test_rgb_with_an_extra_sample_of_no_stated_meaning():
+    out = rgb_of(tiff(np.dstack([RGB12, np.full_like(R12, 7)])))
+    assert len(np.unique(out[..., 0])) == 256 and (out[..., 2] == 128).all()
+
+
+def test_a_failing_second_pass_keeps_pillows_8_bits_and_says_so(monkeypatch):
+    def broken(*a):
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(samples, "_sixteen_bits", broken)
+    d = decode(nasty.png(RGB12 << 4, 2, 16), Target(size=4096, min_size=1))
+    assert d.depth is None and any("kept at Pillow's 8 bits" in n for n in d.notes)
+    assert np.asarray(d.image)[0, -1, 0] == 255
