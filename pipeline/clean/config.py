@@ -13,6 +13,8 @@ from pipeline.core.settings import check as check_settings
 from pipeline.core.settings import setting
 from pipeline.executors import EXECUTORS, HELP, require
 from pipeline.media.image.clean import BACKGROUNDS
+from pipeline.media.image.window import PATTERN as WINDOW
+from pipeline.media.image.window import parse_window
 from pipeline.storage import EXAMPLE_URL, Location, open_folder
 
 RESIZE_MODES = ("pad", "crop", "stretch")
@@ -43,6 +45,12 @@ class CleanConfig:
     min_size: int = setting(32, "Quarantine images whose short side is below this (px) as too_small, never blown up.",
                             minimum=1)
     max_pixels: int = setting(178_956_970, "Decompression-bomb limit in pixels, from the header, before decoding.", minimum=1)
+    window: str = setting(
+        "auto", "How images of more than 8 bits a sample (16-bit PNG and TIFF, 32-bit, float) become 8-bit: auto (from "
+                "the range the file declares, PNG sBIT or the TIFF's sample tags, else from the image's maximum "
+                "rounded up to whole bits: 12-bit content in a 16-bit file gets all 256 levels, not 16), full (from the "
+                "sample type's whole range, 0-65535 for 16 bits: one fixed scale) or P1,P2 (each image from its own "
+                "P1-th to P2-th percentile, e.g. 0.5,99.5). The row's detail says what was done.", pattern=WINDOW)
     background: str = setting(
         "white", "Colour under transparency and padding: white, black, grey or #rrggbb. Artwork it would erase "
                  "(white on transparency under white) goes on the contrasting colour instead.")
@@ -76,7 +84,7 @@ class CleanConfig:
 
     # settings that change what a worker writes for a file; a resumed run must match them
     OUTPUT_SETTINGS = ("size", "resize_mode", "format", "quality", "min_size", "max_pixels", "background",
-                       "max_text_bytes")
+                       "max_text_bytes", "window")
 
     def fingerprint(self) -> dict:
         return {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}
@@ -117,6 +125,10 @@ def validate(cfg: CleanConfig) -> CleanConfig:
     check_settings(cfg)  # the declared ranges and choices
     require(cfg.executor)
     parse_colour(cfg.background)
+    try:
+        cfg.window = str(parse_window(cfg.window))  # one spelling of each window ("0.5, 99.5" -> "0.5,99.5")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     cfg.max_text_bytes = parse_byte_size(cfg.max_text_bytes, "--max-text-bytes")
     if cfg.labels is not None and not cfg.labels.is_file():
         raise UsageError(f"labels file not found: {cfg.labels}")

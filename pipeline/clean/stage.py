@@ -41,6 +41,7 @@ from pipeline.clean.process import WorkerSettings, crashed, init_worker, process
 from pipeline.core.errors import StageFailed
 from pipeline.executors import Executor, Items
 from pipeline.media.image.clean import ImageSettings
+from pipeline.media.image.window import parse_window
 from pipeline.media.text.clean import TextSettings
 from pipeline.storage import open_folder
 from pipeline.storage.output import committed_by_another_run, refuse_foreign
@@ -173,7 +174,7 @@ def worker_settings(cfg: CleanConfig) -> WorkerSettings:
     return WorkerSettings(
         output=open_folder(cfg.output),
         image=ImageSettings(cfg.size, cfg.resize_mode, cfg.format, cfg.quality, cfg.min_size, cfg.max_pixels,
-                            parse_colour(cfg.background)),
+                            parse_colour(cfg.background), parse_window(cfg.window)),
         text=TextSettings(max_bytes=cfg.text_limit()),
         input=open_folder(cfg.input),
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.vocabulary import Reason
+from pipeline.media.image.window import AUTO, Window
 
 BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0), "grey": (128, 128, 128), "gray": (128, 128, 128)}
 
@@ -34,6 +35,7 @@ class ImageSettings:
     min_size: int = 32
     max_pixels: int = 178_956_970
     background: tuple[int, int, int] = (255, 255, 255)
+    window: Window = AUTO  # --window: how more than 8 bits a sample become 8
 
 
 @dataclass
@@ -71,7 +73,7 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     out = ImageOutcome()
     d = Decoded()
     try:
-        decode(data, Target(s.size, s.resize_mode, s.min_size, s.max_pixels, s.background), d)
+        decode(data, Target(s.size, s.resize_mode, s.min_size, s.max_pixels, s.background, s.window), d)
     except Reject as r:
         out.reason, out.detail = r.reason, r.detail
     except MemoryError:
@@ -87,7 +89,7 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
         raise AssertionError("the decoder returned without an image or a reason")
     out.content_hash = pixel_hash(rgb, d.pixels)
     final, picture = fit_and_picture(rgb, s.size, s.resize_mode, s.background)
-    blank = _blank(picture if picture is not None else final)
+    blank = _blank(picture if picture is not None else final, d.depth)
     if blank:
         out.reason, out.detail = Reason.BLANK_IMAGE, blank
         return out
@@ -153,13 +155,15 @@ def measure_jpeg(data: bytes) -> ImagePixels:
     return ImagePixels(width, height, sums, squares)
 
 
-def _blank(picture) -> str:
+def _blank(picture, depth=None) -> str:
     """Why the picture as output (before padding) has (almost) no information, or "".
 
     A flat image teaches a model nothing, and every flat image of one colour is an exact
     duplicate of every other, under whatever label: quarantined, never kept. Transparency has had
     its chance first (`colour.to_rgb` puts artwork the background would erase on a contrasting
-    colour), so what is flat here is flat on any background."""
+    colour), so what is flat here is flat on any background. ``depth`` (`depth.Scaled`): how a
+    source of more than 8 bits a sample was made 8-bit, so the detail says whether the source
+    itself is flat or only its scaled copy."""
     from PIL import ImageStat
 
     from pipeline.media.image.colour import FLAT_STD, flat
@@ -168,6 +172,10 @@ def _blank(picture) -> str:
         return ""
     st = ImageStat.Stat(picture)
     colour = "#" + "".join(f"{round(v):02x}" for v in st.mean)
+    if depth is not None:
+        from pipeline.media.image.depth import blank_detail
+
+        return blank_detail(depth, colour, FLAT_STD)
     return (f"the cleaned image is one flat colour ({colour}, no channel varies by {FLAT_STD:g} level or more): "
             "nothing to learn from it")
 

@@ -8,9 +8,9 @@
   drawn in the transparency in a colour the background would erase (white artwork on
   transparency under ``--background white``), it goes on the contrasting colour (black) instead,
   with a note: a blank square is nobody's intent.
-* High bit depths are scaled, not clipped: 16-bit values are divided by 257 (so a ramp stays a
-  ramp); 32-bit integer and float images are scaled from their nominal range (0-65535, 0-1)
-  or, when they leave it, from their own minimum and maximum.
+* More than 8 bits a sample (16-bit, 32-bit integer and float grey) are scaled from the range
+  the samples use, never clipped: `depth` says how (`decode` does it first, with what the file
+  declares and ``--window``; an image handed here directly gets ``--window auto``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ _MAX_TRANSFORMS = 16
 
 def to_rgb(im: Image.Image, background: tuple[int, int, int], icc: bytes | None, notes: list[str]) -> Image.Image:
     """Return ``im`` as 8-bit RGB in sRGB, alpha composited on ``background``."""
+    if im.mode.startswith("I;16") or im.mode in ("I", "F"):
+        from pipeline.media.image.samples import Facts, reduce
+        from pipeline.media.image.window import AUTO
+
+        im = reduce(im, Facts(), AUTO, notes)[0]
     mode = im.mode
     if mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info:
         return _composite(im, background, icc, notes)
@@ -36,20 +41,13 @@ def to_rgb(im: Image.Image, background: tuple[int, int, int], icc: bytes | None,
         return _convert_with_profile(im, icc, notes)
     if mode == "LAB":
         return _from_lab(im)
-    if mode.startswith("I;16") or mode in ("I", "F"):
-        return _high_depth(im, notes).convert("RGB")
     # 1, L, P, YCbCr, HSV, RGBX: Pillow's conversions are exact. (A grey ICC profile is close
     # enough to sRGB's grey that it is not worth a transform.)
     return im.convert("RGB")
 
 
 def _composite(im: Image.Image, background, icc: bytes | None, notes: list[str]) -> Image.Image:
-    if im.mode.startswith("I;16") or im.mode in ("I", "F"):  # a 16-bit grey with a tRNS key
-        alpha = Image.fromarray(np.where(np.asarray(im) == im.info["transparency"], 0, 255).astype(np.uint8), "L")
-        rgba = _high_depth(im, notes).convert("RGB")
-        rgba.putalpha(alpha)
-    else:
-        rgba = im.convert("RGBA")  # palettes, transparency keys and premultiplied modes included
+    rgba = im.convert("RGBA")  # palettes, transparency keys and premultiplied modes included
     if icc and im.mode in ("RGB", "RGBA", "RGBa"):
         rgb = _convert_with_profile(rgba.convert("RGB"), icc, notes)
         rgba = Image.merge("RGBA", (*rgb.split(), rgba.getchannel("A")))
@@ -105,27 +103,6 @@ def _contrasting(rgba: Image.Image, alpha: Image.Image) -> tuple[int, int, int]:
 
 def _hex(rgb) -> str:
     return "#" + "".join(f"{int(v):02x}" for v in rgb)
-
-
-def _high_depth(im: Image.Image, notes: list[str]) -> Image.Image:
-    """16-bit, 32-bit integer and float grey -> 8-bit "L", scaled, never clipped."""
-    a = np.asarray(im)
-    if im.mode.startswith("I;16"):
-        scaled = a.astype(np.float32) / 257.0
-    else:
-        a = a.astype(np.float64)
-        if not np.isfinite(a).all():
-            notes.append("NaN or infinite pixel values set to 0")
-            a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
-        lo, hi = float(a.min()), float(a.max())
-        if im.mode == "F" and lo >= 0.0 and hi <= 1.0:
-            scaled = a * 255.0
-        elif lo >= 0.0 and hi <= 65535.0:
-            scaled = a / 257.0
-        else:
-            notes.append(f"{im.mode} values from {lo:g} to {hi:g} stretched to 0-255")
-            scaled = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
-    return Image.fromarray(np.rint(scaled).clip(0, 255).astype(np.uint8), "L")
 
 
 def _from_lab(im: Image.Image) -> Image.Image:

@@ -9,7 +9,9 @@ decides what decoders are lax about:
 * a critical PNG chunk with a bad CRC, an IHDR with impossible values, a PNG with no IDAT, a
   damaged signature (a PNG sent through a text-mode transfer) is ``corrupt``;
 * harmless oddities are kept and noted: bytes after the end of the image, an ancillary PNG
-  chunk with a bad CRC (dropped from the copy that is decoded, as libpng does).
+  chunk with a bad CRC or compressed by an unknown method (dropped from the copy that is
+  decoded, as libpng does), a TIFF whose strips are absent where no pixel needs them, or whose
+  uncompressed strip's byte count is larger than the file while the pixels it holds are all there.
 
 Returns the bytes to decode (the input, or a repaired copy) and the notes.
 """
@@ -38,6 +40,7 @@ class Checked:
     frames: int | None = None  # when the container says (GIF, APNG): the first one is used
     png_depth: int = 0  # PNG bit depth and colour type, from IHDR
     png_color_type: int = -1
+    png_sbit: bytes = b""  # PNG sBIT: significant bits of each channel, when the file says
 
 
 def identify(data: bytes) -> str:
@@ -142,6 +145,11 @@ def _png(data: bytes) -> Checked:
                 raise Reject(Reason.CORRUPT, f"bad CRC in the PNG chunk {name}: its data is damaged")
             c.notes.append(f"bad CRC in the ancillary PNG chunk {name} (chunk ignored)")
             drop.append((pos, end))
+        elif ctype in _COMPRESSED and _png_unknown_method(data[pos + 8 : end - 4]):
+            c.notes.append(f"the ancillary PNG chunk {name} is compressed by an unknown method (chunk ignored)")
+            drop.append((pos, end))
+        elif ctype == b"sBIT":
+            c.png_sbit = data[pos + 8 : end - 4]
         if first and ctype == b"CgBI":
             raise Reject(Reason.UNSUPPORTED_FORMAT, "Apple-optimised PNG (CgBI chunk, from an iOS app bundle): "
                          "not a standard PNG; convert it with a CgBI-aware tool")
@@ -169,6 +177,18 @@ def _png(data: bytes) -> Checked:
         parts.append(data[at:])
         c.data = b"".join(parts)
     return c
+
+
+# ancillary chunks whose data is "keyword, NUL, compression method, zlib data": a method other
+# than 0 (deflate, the only one PNG defines) cannot be read, and Pillow refuses the whole file for
+# it; libpng ignores the chunk (a benign error), and so do we: it holds a colour profile or text,
+# never pixels
+_COMPRESSED = (b"iCCP", b"zTXt")
+
+
+def _png_unknown_method(chunk: bytes) -> bool:
+    nul = chunk.find(b"\0")
+    return 0 <= nul < len(chunk) - 1 and chunk[nul + 1] != 0
 
 
 def _png_ihdr(ihdr: bytes) -> tuple[int, int]:
@@ -279,17 +299,68 @@ def _tiff(data: bytes) -> Checked:
     for i in range(count):
         at = ifd + 2 + 12 * i
         tag, typ, cnt = struct.unpack(e + "HHI", data[at : at + 8])
-        if tag in (259, 273, 279, 324, 325):  # Compression, Strip/Tile Offsets and ByteCounts
+        if tag in _TIFF_LAYOUT:
             tags[tag] = _tiff_values(data, e, typ, cnt, at + 8)
-    deflate = tags.get(259, [1])[:1] in ([8], [32946])
+    compression = tags.get(259, [1])[:1]
     for offs, sizes in ((273, 279), (324, 325)):
         if offs in tags and sizes in tags:
+            unused = _tiff_unused_planes(tags, len(tags[offs]))
             for i, (o, s) in enumerate(zip(tags[offs], tags[sizes])):
+                if s == 0 and i in unused:  # an extra sample's plane left out: no pixel of the image needs it
+                    continue
+                if s == 0:
+                    raise Reject(Reason.CORRUPT, f"TIFF strip/tile {i} has no bytes (a sparse file, or a writer that "
+                                                 "stopped): the pixels it holds cannot be read")
+                if o + s > n:
+                    s = _tiff_overlong(tags, i, o, s, n, c) if offs == 273 and compression == [1] else s
                 if o + s > n:
                     raise Reject(Reason.TRUNCATED, f"the file ends {o + s - n} bytes before the TIFF image data does")
-                if deflate:
+                if compression in ([8], [32946]):
                     _inflate_whole(data[o : o + s], f"TIFF strip/tile {i}")
     return c
+
+
+# Compression, Strip/Tile Offsets and ByteCounts; the size of a strip: width, length, bits a
+# sample, samples a pixel, rows a strip, planar configuration; the samples' meaning: photometric
+# interpretation, extra samples
+_TIFF_LAYOUT = (259, 273, 279, 324, 325, 256, 257, 258, 277, 278, 284, 262, 338)
+_TIFF_COLOURS = {2: 3, 5: 4, 6: 3, 8: 3, 9: 3, 10: 3}  # photometric -> colour samples (else 1: grey, palette)
+
+
+def _tiff_unused_planes(tags: dict, strips: int) -> range:
+    """Strips of a planar TIFF that hold samples no reader shows: extra samples of unspecified
+    meaning (ExtraSamples 0) after the colours and any alpha. Chunky TIFFs: none."""
+    spp = (tags.get(277) or [1])[0]
+    if (tags.get(284) or [1])[0] != 2 or spp <= 1 or strips % spp:
+        return range(0)
+    used = _TIFF_COLOURS.get((tags.get(262) or [1])[0], 1)
+    for kind in tags.get(338, []):
+        if kind not in (1, 2):  # not an alpha
+            break
+        used += 1
+    return range(strips // spp * min(used, spp), strips)
+
+
+def _tiff_overlong(tags: dict, i: int, offset: int, count: int, n: int, c: Checked) -> int:
+    """The bytes an uncompressed strip really needs when its byte count runs past the end of the
+    file: some writers put a wrong count there (the whole image's, or garbage), and readers
+    (libtiff, Pillow) read only the rows the image has. A strip whose rows are all in the file
+    is whole: noted, not truncated."""
+    width, length = tags.get(256, [0])[:1], tags.get(257, [0])[:1]
+    bits, spp = tags.get(258, [1]), (tags.get(277) or [1])[0]
+    rows = min((tags.get(278) or [length[0] if length else 0])[0], length[0] if length else 0)
+    if not (width and length and bits and rows):
+        return count
+    planar = (tags.get(284) or [1])[0] == 2
+    row_bytes = (width[0] * bits[0] * (1 if planar else spp) + 7) // 8
+    strips_per_plane = -(-length[0] // rows)
+    own = min(rows, length[0] - (i % strips_per_plane) * rows)
+    need = own * row_bytes
+    if offset + need <= n < offset + count:
+        c.notes.append(f"TIFF strip {i} says {count} bytes, more than the file holds; the {need} bytes its "
+                       f"{own} rows take are all there")
+        return need
+    return count
 
 
 def _inflate_whole(stream: bytes, what: str) -> None:

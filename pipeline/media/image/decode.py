@@ -10,7 +10,8 @@ The order is what makes the verdicts right and the work cheap:
 4. A full decode: JPEGs strictly by libjpeg-turbo, shrunk in the DCT domain when the output
    allows it (`resize.dct_scale`); everything else by Pillow, first frame only. Any exception a
    decoder raises becomes a reason here; none escapes.
-5. Colour (`colour.to_rgb`) and EXIF orientation (`resize.orient`).
+5. More than 8 bits a sample made 8 from the range the samples use (`samples`, `depth`:
+   ``--window``), then colour (`colour.to_rgb`) and EXIF orientation (`resize.orient`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageFile
 
 from pipeline.formats.vocabulary import Reason
-from pipeline.media.image import colour, containers, jpeg
+from pipeline.media.image import colour, containers, jpeg, samples
+from pipeline.media.image.depth import Scaled
 from pipeline.media.image.resize import dct_scale, orient, scaled_size
+from pipeline.media.image.window import AUTO, Window
 from pipeline.media.reject import Reject
 
 Image.MAX_IMAGE_PIXELS = None  # --max-pixels is checked here, from the header, before decoding
@@ -51,6 +54,7 @@ class Target:
     min_size: int = 32
     max_pixels: int = 178_956_970
     background: tuple[int, int, int] = (255, 255, 255)
+    window: Window = AUTO  # how more than 8 bits a sample become 8 (`depth`)
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Decoded:
     image: Image.Image | None = None  # upright RGB; smaller than width x height after a DCT shrink
     pixels: object = None  # the same pixels as an (H, W, 3) uint8 array, when the decoder gave one
     notes: list[str] = field(default_factory=list)
+    depth: Scaled | None = None  # how a source of more than 8 bits a sample was made 8-bit
 
 
 def decode(data: bytes, t: Target, d: Decoded | None = None) -> Decoded:
@@ -147,6 +152,7 @@ def _decode_pillow(checked: containers.Checked, fmt: str, t: Target, d: Decoded)
         d.width, d.height = im.size
         d.format = fmt or (im.format or "")
         _check_size(d, t)
+        raw = samples.raw_mode(im)
         try:
             if fmt in ("TIFF", "BigTIFF"):
                 _load_tiff(im, d.notes)
@@ -157,10 +163,13 @@ def _decode_pillow(checked: containers.Checked, fmt: str, t: Target, d: Decoded)
         except Exception as e:  # noqa: BLE001 - every decoder failure is a verdict
             raise Reject(*_classify(e, fmt or im.format or "")) from None
         orientation = _pil_orientation(im, d.notes)
-        if fmt == "PNG" and "transparency" in im.info:
-            _fix_png_transparency_key(im, checked, d.notes)
         icc = im.info.get("icc_profile")
-        rgb = colour.to_rgb(im, t.background, icc, d.notes)
+        facts = samples.Facts(PIL_FORMATS.get(fmt, fmt), checked.data, raw, checked.png_depth, checked.png_color_type,
+                              checked.png_sbit)
+        im8, d.depth = samples.reduce(im, facts, t.window, d.notes, load=_load_again)
+        if im8 is im and fmt == "PNG" and "transparency" in im.info:
+            _fix_png_transparency_key(im, checked)
+        rgb = colour.to_rgb(im8, t.background, icc, d.notes)
     for w in caught:
         d.notes.append(f"decoder warning: {w.message}")
     d.image = orient(rgb, orientation)
@@ -187,16 +196,23 @@ def _load_tiff(im: Image.Image, notes: list[str]) -> None:
             raise Reject(Reason.CORRUPT, f"damaged image data (TIFF, libtiff: {line})")
 
 
-def _fix_png_transparency_key(im: Image.Image, checked: containers.Checked, notes: list[str]) -> None:
+def _load_again(im: Image.Image) -> None:
+    """`samples.reduce`'s second decode of a file already decoded once: libtiff's messages, said
+    the first time, are muted."""
+    if im.format == "TIFF":
+        _load_tiff(im, [])
+    else:
+        im.load()
+
+
+def _fix_png_transparency_key(im: Image.Image, checked: containers.Checked) -> None:
     """Pillow keeps a PNG's tRNS colour key at the file's bit depth while it scales the pixels:
-    a 2-bit grey key of 3 must match pixel 255, a 16-bit RGB key must match 8-bit pixels."""
+    a 2-bit grey key of 3 must match pixel 255. (16-bit keys are matched on all 16 bits, by
+    `samples.reduce`.)"""
     key = im.info["transparency"]
     depth, ctype = checked.png_depth, checked.png_color_type
     if ctype == 0 and depth < 8 and isinstance(key, int):
         im.info["transparency"] = key * 255 // (2**depth - 1)
-    elif ctype == 2 and depth == 16 and isinstance(key, tuple):
-        im.info["transparency"] = tuple(v >> 8 for v in key)
-        notes.append("16-bit transparency key matched on the 8-bit colours")
 
 
 def _open(data: bytes, fmt: str) -> Image.Image:

@@ -285,3 +285,33 @@ def test_an_empty_caption_leaves_its_image_kept_without_a_caption(tmp_path):
     got = {s: (r["status"], r["reason"]) for s, r in rows(tmp_path / "out").items()}
     assert got == {"cats/a.jpg": ("kept", None), "cats/a.txt": ("quarantined", "empty_text"),
                    "cats/b.jpg": ("kept", None), "cats/b.txt": ("quarantined", "zero_bytes")}
+
+
+def test_16_bit_scientific_images_keep_their_content_and_say_how(tmp_path, cli):
+    """10- and 12-bit content in 16-bit files was scaled as if it used 0-65535: 12 bits came out
+    in 16 grey levels, 10 bits as one flat colour quarantined as blank_image."""
+    from tests import nasty
+    from tests.tiffs import tiff
+
+    rng = np.random.default_rng(4)
+    src = tmp_path / "raw"
+    for bits, name in ((10, "xray.png"), (12, "cells.tif"), (14, "stars.tif")):
+        px = rng.integers(0, 2**bits, (96, 96)).astype(np.uint16)
+        write(src / "scans" / name, nasty.png(px, 0, 16) if name.endswith(".png") else tiff(px))
+    write(src / "scans" / "flat.png", nasty.png(np.full((96, 96), 700, np.uint16), 0, 16))
+    r = cli("clean", src, "-o", tmp_path / "out", "--workers", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    got = rows(tmp_path / "out")
+    for name, bits in (("xray.png", 10), ("cells.tif", 12), ("stars.tif", 14)):
+        row = got[f"scans/{name}"]
+        assert row["status"] == "kept" and f"rounded up to {bits} bits" in row["detail"], row
+    assert got["scans/flat.png"]["reason"] == "blank_image"
+    assert "every pixel of the 16-bit grey source has the same value 700" in got["scans/flat.png"]["detail"]
+    assert json.loads(r.stdout)["settings"]["window"] == "auto"
+    r = cli("clean", src, "-o", tmp_path / "out2", "--workers", "1", "--window", "0.5, 99.5", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["settings"]["window"] == "0.5,99.5"
+    assert "0.5th to 99.5th percentile" in rows(tmp_path / "out2")["scans/cells.tif"]["detail"]
+    r = cli("clean", src, "-o", tmp_path / "out3", "--window", "99,1")
+    assert r.exit_code == 2 and "--window '99,1' is not a window" in r.stderr
+    bad = write(tmp_path / "bad.toml", '[clean]\nwindow = "p1,p99"\n')
+    assert cli("clean", src, "-o", tmp_path / "out4", "--config", bad).exit_code == 2

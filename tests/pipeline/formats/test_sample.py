@@ -97,8 +97,8 @@ def test_every_reader_groups_members_as_webdataset_does(tmp_path, samples):
     from webdataset.tariterators import group_by_keys, tar_file_iterator
 
     from pipeline.check import shard_dir, tarscan
-    from pipeline.storage import open_folder
     from pipeline.report import shard as report_shard
+    from pipeline.storage import open_folder
     from train import labels
     from train.data import stream
 

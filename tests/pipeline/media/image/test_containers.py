@@ -12,6 +12,7 @@ from PIL import Image
 from pipeline.media.image.clean import ImageSettings, clean_image
 from tests import nasty
 from tests.factories import noise_rgb
+from tests.tiffs import tiff
 
 RGB = noise_rgb(96, 64, seed=5)
 GOOD_PNG = nasty.png(RGB, 2)
@@ -78,6 +79,21 @@ def test_ancillary_chunk_with_bad_crc_and_trailing_bytes_are_noted_not_rejected(
     assert reason is None, o.detail
     assert any("ancillary PNG chunk tEXt" in n for n in o.notes)
     assert any("after the PNG's IEND" in n for n in o.notes)
+
+
+@pytest.mark.parametrize("chunk", [b"zTXt", b"iCCP"])
+@pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.parametrize("crc", ["valid", "bad"])
+def test_an_ancillary_chunk_compressed_by_an_unknown_method_is_ignored_not_corrupt(chunk, where, crc):
+    # Pillow refuses the whole file for it (SyntaxError); libpng ignores the chunk: it holds a
+    # colour profile or text, never pixels. Its pixels are the image's: the same key as without it
+    body = (b"ICC Profile" if chunk == b"iCCP" else b"Comment") + b"\x00\x01" + zlib.compress(b"whatever")
+    bad = nasty.png_chunk(chunk, body, crc=1 if crc == "bad" else None)
+    data = nasty.png(RGB, 2, **{"extra" if where == "before" else "after": [bad]})
+    reason, o = verdict(data)
+    assert reason is None, o.detail
+    assert o.content_hash == verdict(GOOD_PNG)[1].content_hash
+    assert any(f"ancillary PNG chunk {chunk.decode()}" in n and "ignored" in n for n in o.notes), o.notes
 
 
 @pytest.mark.parametrize("chunk", [b"zTXt", b"iCCP"])
@@ -153,6 +169,47 @@ def test_tiff_damaged_deflate_data_is_corrupt():
     data[200:260] = bytes(60)
     reason, o = verdict(bytes(data))
     assert reason == "corrupt", o.detail
+
+
+GREY = np.tile(np.arange(256, dtype=np.uint8), (64, 1))
+
+
+def test_tiff_extra_sample_plane_left_out_is_not_damage():
+    # a planar grey TIFF with an extra sample of no stated meaning, whose plane the writer left
+    # out (offset 0, 0 bytes: GDAL's sparse files): no reader shows that plane, the grey is whole.
+    # (Deflated: Pillow's own reader of uncompressed planar grey with an extra sample fails.)
+    data = tiff(np.dstack([GREY, GREY[:, ::-1]]), planar=2, deflate=True, rows_per_strip=16,
+                strips=lambda o, c: (o[:4] + [0] * 4, c[:4] + [0] * 4))
+    reason, o = verdict(data, size=64, min_size=1)
+    assert reason is None, o.detail
+    assert o.content_hash == verdict(tiff(GREY), size=64, min_size=1)[1].content_hash
+
+
+@pytest.mark.parametrize("deflate", [False, True])
+@pytest.mark.parametrize("planar", [1, 2])
+def test_tiff_strip_the_pixels_need_left_out_is_corrupt(deflate, planar):
+    # the same absence in a plane the image shows: Pillow would read raw pixels from offset 0
+    # (the header) in silence, libtiff fails
+    data = tiff(np.dstack([GREY, GREY[:, ::-1], GREY]), planar=planar, deflate=deflate, rows_per_strip=16,
+                strips=lambda o, c: (o[:1] + [0] + o[2:], c[:1] + [0] + c[2:]))
+    reason, o = verdict(data, size=64, min_size=1)
+    assert reason == "corrupt" and "strip/tile 1 has no bytes" in o.detail, o.detail
+
+
+@pytest.mark.parametrize("spp", [1, 3, 4])
+def test_tiff_uncompressed_strip_with_a_byte_count_past_the_end_is_whole_when_its_rows_are(spp):
+    # some writers put a wrong StripByteCounts (the image's, or garbage) on an uncompressed strip;
+    # readers take only the rows the image has, and so do we: noted, not truncated
+    px = np.dstack([noise_rgb(52, 53, seed=2)] + ([GREY[:53, :52]] if spp == 4 else []))[..., :spp]
+    good = tiff(px, extra_samples=(2,) if spp == 4 else None)
+    lying = tiff(px, extra_samples=(2,) if spp == 4 else None, strips=lambda o, c: (o, [35711440]))
+    reason, o = verdict(lying, size=64, min_size=1)
+    assert reason is None, o.detail
+    assert o.content_hash == verdict(good, size=64, min_size=1)[1].content_hash
+    assert any("more than the file holds" in n and "are all there" in n for n in o.notes), o.notes
+    # the same count on a file that really lost rows stays truncated
+    reason, o = verdict(lying[: 8 + 52 * 40 * spp] + lying[-200:], size=64, min_size=1)
+    assert reason == "truncated", o.detail
 
 
 def test_bmp_truncated():
