@@ -112,7 +112,8 @@ class TrainConfig(LaunchConfig):
                          panel=MODEL)
     resolution: int = setting(64, "Side, in pixels, the built-in image model works at (larger inputs are area-resized "
                                   "down to it).", minimum=8, panel=MODEL)
-    init_from: Path | None = setting(None, "Start from these weights: a pipe train checkpoint, a state dict (.pt/.pth), a "
+    init_from: Path | None = setting(None, "Start from these weights: a pipe train checkpoint (last.pt, or a last.dcp folder "
+                                           "of --strategy fsdp), a folder pipe export wrote, a state dict (.pt/.pth), a "
                                            ".safetensors file or a Hugging Face folder.", panel=MODEL)
     freeze: float = setting(0.0, "Fraction of the model's blocks, counted from the input, frozen at start (0.7 = the "
                                  "first 70%).", minimum=0, maximum=1, panel=MODEL)
@@ -354,9 +355,9 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
         if not Path(cfg.init_from).is_dir():
             raise UsageError(f"--init-from {cfg.init_from}: no such file")
-        if not (Path(cfg.init_from) / "config.json").is_file():
-            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a Hugging Face model "
-                             "folder (no config.json)")
+        if not (Path(cfg.init_from) / "config.json").is_file() and not (Path(cfg.init_from) / ".metadata").is_file():
+            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a checkpoint folder of "
+                             "--strategy fsdp (no .metadata) nor a Hugging Face or pipe export folder (no config.json)")
     schedule = parse_unfreeze_at(cfg.unfreeze_at)
     if schedule is not None and schedule[1] >= cfg.freeze:
         raise UsageError(f"--unfreeze-at {cfg.unfreeze_at} would leave {schedule[1]:.0%} frozen, "

@@ -38,7 +38,7 @@ from torch import nn
 from pipeline.core.errors import StageFailed
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
-from train.components import micro_batch, resume, wrapping
+from train.components import micro_batch, resume, start, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
@@ -125,8 +125,12 @@ class Trainer:
         built = getattr(self.model, "init_report", None)  # the weights an hf: folder brought
         if built is not None and resume_from is None:
             self.out.init_report(built)
+        loaded = [built] if built is not None else []
         if cfg.init_from is not None and resume_from is None:
-            self.out.init_report(load_init(self.model, cfg.init_from))
+            loaded.append(load_init(self.model, cfg.init_from))
+            self.out.init_report(loaded[-1])
+        if d.is_main and resume_from is None:  # where the weights started: what pipe export --wise rebuilds
+            start.record(self.run_dir, cfg.as_dict(), self.model, self.index["classes"], start.fresh(self.model, loaded))
         if cfg.sync_bn and d.is_distributed:  # before the Freezer: the layers become new modules
             self.out.say(f"sync-bn: {sync_batch_norm(self.model)} BatchNorm layers normalise over the global batch")
         unfreeze = parse_unfreeze_at(cfg.unfreeze_at)

@@ -10,7 +10,9 @@ built-in run never imports torchvision, timm or transformers, and this module im
 * ``check(arg)``: before any rank starts, a wrong name, folder or missing package as one line (exit 2);
 * ``inputs(arg)``: the batch fields the model reads, when known before it is built (the command
   refuses a model whose input the shards lack);
-* ``load`` and ``export``: for ``pipe eval`` and ``pipe export`` (the next wave), unset so far.
+* ``load``: for ``pipe eval`` (the next wave), unset so far;
+* ``export(arg, job, folder)``: for ``pipe export``, write the model (`train.models.exported.Job`: the
+  weights and what the run knew) into ``folder`` as its library loads it; the names written.
 
 Everything that asks which family a ``--model`` is (its help, the checks before launch, the
 model built in every rank, what the loop and ``--data-only`` do differently for the built-ins)
@@ -62,7 +64,8 @@ class Family:
     load: str | None = None
     """``module:function`` for pipe eval: a saved model of this family. Unset until that command."""
     export: str | None = None
-    """``module:function`` for pipe export: write a model of this family as its library loads it."""
+    """``module:function`` for pipe export: ``export(arg, job, folder)`` writes a model of this family
+    as its library loads it."""
 
     def parse(self, spec: str) -> str | None:
         """ARG when ``spec`` names a model of this family, else None."""
@@ -78,18 +81,22 @@ class Family:
 
 BUILTIN_INPUTS = {"image": ("image",), "text": ("text",), "image-text": ("image", "text")}
 
+EXPORT_STATE = "train.models.exported:export_builtin"  # model.safetensors + config.json, pipe's names
+EXPORT_LIBRARY = "train.models.exported:export_library"  # the same, the library's own names
+
 BUILTIN = Family("built-in", ", ".join(BUILTIN_INPUTS), "small, trained from scratch, no download",
                  "train.models.builtin:build_named", names=tuple(BUILTIN_INPUTS),
-                 inputs="train.models.families:builtin_inputs", own_modules=True)
+                 inputs="train.models.families:builtin_inputs", own_modules=True, export=EXPORT_STATE)
 FACTORY = Family("factory", "package.module:factory", "your own: called as factory(num_classes=N)",
-                 "train.models.builtin:build_from_factory")
+                 "train.models.builtin:build_from_factory", export=EXPORT_STATE)
 TORCHVISION = Family("torchvision", "torchvision:NAME", "its classifiers, built without weights: --init-from brings them",
                      "train.models.vision:build_torchvision", prefix="torchvision:",
-                     check="train.models.vision:check_torchvision")
+                     check="train.models.vision:check_torchvision", export=EXPORT_LIBRARY)
 TIMM = Family("timm", "timm:NAME", "its models, likewise without weights", "train.models.vision:build_timm", prefix="timm:",
-              check="train.models.vision:check_timm")
+              check="train.models.vision:check_timm", export=EXPORT_LIBRARY)
 HF = Family("hf", "hf:PATH", "a local Hugging Face folder", "train.models.hf:build_hf", prefix="hf:",
-            check="train.models.hf_files:check_folder", inputs="train.models.hf_files:folder_inputs")
+            check="train.models.hf_files:check_folder", inputs="train.models.hf_files:folder_inputs",
+            export="train.models.hf_export:export_hf")
 
 FAMILIES: tuple[Family, ...] = (BUILTIN, FACTORY, TORCHVISION, TIMM, HF)
 """In the order help lists them; `resolve` tries the catch-all last."""

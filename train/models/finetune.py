@@ -2,7 +2,9 @@
 
 Loading is safe and honest: the file is read on the CPU (``.pt``/``.pth`` with ``weights_only=True``,
 so no pickled code runs; ``.safetensors`` holds nothing but tensors; a Hugging Face folder's
-weights are either), names are compared without the prefixes wrappers add (`WRAPPER_PREFIXES`),
+weights, or a folder `pipe export` wrote, are either; a --strategy fsdp checkpoint folder is put
+together by `train.components.weights.read_dcp_model`, which unpickles nothing but its metadata's
+types), names are compared without the prefixes wrappers add (`WRAPPER_PREFIXES`),
 each tensor is kept only where both its name and its shape match the model, and a
 report lists what was loaded, skipped for shape and missing. A classification head trained for
 another number of classes is re-initialised rather than half-loaded.
@@ -123,6 +125,9 @@ def _read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     from train.models.hf_files import WEIGHTS, weights_file
 
     name = weights_file(folder)
+    if name is None and any((folder / f).exists() for f in ("last.pt", "last.dcp", "best.pt", "best.dcp")):
+        raise UsageError(f"--init-from {folder}: a RUN_DIR of pipe train; name its checkpoint ({folder}/best.pt, or "
+                         "best.dcp under --strategy fsdp) or a folder pipe export wrote")
     if name is None:
         raise UsageError(f"--init-from {folder}: a folder, but no Hugging Face weights in it (looked for "
                          f"{', '.join(WEIGHTS)})")
@@ -142,6 +147,10 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     what kind it was; refuses files that hold code."""
     path = Path(path)
     if path.is_dir():
+        from train.components import weights
+
+        if weights.is_dcp_folder(path):  # --strategy fsdp's last.dcp / best.dcp: the model's shards put together
+            return _strip_prefixes(weights.read_dcp_model(path)), "pipe train checkpoint (--strategy fsdp, DCP)"
         return _read_hf_folder(path)
     if path.suffix == ".safetensors":
         return _strip_prefixes(_read_safetensors(path)), "safetensors"
