@@ -117,7 +117,7 @@ class TrainConfig(LaunchConfig):
                                       "only the text tower learns (LiT).", flags=("--lock-image",), panel=MODEL)
     zeroshot_prompt: list[str] | None = setting(
         None, "With --objective contrastive: a template for zero-shot accuracy, {} standing for the class name; "
-              "repeatable, text embeddings averaged over them (default: 'a photo of a {}.' and '{}').",
+              "repeatable, text embeddings averaged over them (default: 'a photo of a {}.', CLIP's).",
         flags=("--zeroshot-prompt",), schema={"type": "array", "items": {"type": "string", "pattern": "[{][}]"}},
         panel=MODEL)
     model: str = setting("image", families.model_help(), panel=MODEL)  # each family checks its own syntax (resolve)

@@ -34,7 +34,7 @@ from train.distributed import group as distributed
 from train.distributed.group import Dist
 from train.models.clip import encode_text, inputs_of, text_batch
 
-DEFAULT_TEMPLATES = ("a photo of a {}.", "{}")
+DEFAULT_TEMPLATES = ("a photo of a {}.",)
 CHUNK = 1024  # query rows whose similarities are computed at once
 RECALL_AT = (1, 5)
 
@@ -100,14 +100,14 @@ def _scale_and_bias(model: nn.Module, out: dict) -> tuple[float, float | None]:
 
 def _gather_rows(x: torch.Tensor, d: Dist) -> torch.Tensor:
     """Every rank's rows of ``x`` in rank order (the ranks may hold different counts)."""
-    if d.world_size == 1:
+    if not d.is_distributed:
         return x
     counts = [int(n) for n in distributed.all_gather_tensor(torch.tensor([x.shape[0]], device=d.device), d).view(-1).tolist()]
     most = max(counts)
     padded = torch.zeros((most, *x.shape[1:]), dtype=x.dtype, device=x.device)
     padded[: x.shape[0]] = x
-    every = distributed.all_gather_tensor(padded, d)  # [world * most, ...]
-    return torch.cat([every[r * most : r * most + n] for r, n in enumerate(counts)])
+    every = distributed.all_gather_tensor(padded, d)  # [world, most, ...]
+    return torch.cat([every[r, :n] for r, n in enumerate(counts)])
 
 
 @torch.no_grad()

@@ -27,9 +27,9 @@ for Hugging Face CLIP and SigLIP folders):
 
 `ClipModel`, the built-in: the built-in image encoder (a residual CNN with GroupNorm,
 `train.models.builtin.ImageEncoder`) and byte-level text encoder (any script, no tokenizer file:
-`TextEncoder`), each followed by a linear projection to a shared embedding of ``4 x width``;
-``logit_scale`` starts at log(1/0.07) for clip (CLIP's) and log(10) with a bias of -10 for siglip
-(SigLIP's).
+`CaptionEncoder`, the built-in `TextEncoder` pooled by mean and max), each followed by a linear
+projection to a shared embedding of ``4 x width``; ``logit_scale`` starts at log(1/0.07) for
+clip (CLIP's) and log(10) with a bias of -10 for siglip (SigLIP's).
 """
 
 from __future__ import annotations
@@ -55,6 +55,30 @@ def scale(logit_scale: torch.Tensor) -> torch.Tensor:
     return logit_scale.clamp(max=MAX_SCALE).exp()
 
 
+class CaptionEncoder(TextEncoder):
+    """The built-in byte-level text encoder, pooled by mean *and* max over the caption: a caption's
+    class often sits in one word among many shared ones ("rot: Heute war das Wetter..."); averaged
+    over every byte its signal is a few percent of the vector, while a feature that detects it peaks
+    wherever the word sits (a text classifier of such captions learned ~3x faster in steps)."""
+
+    def __init__(self, width: int = 32, max_text_len: int = 256):
+        super().__init__(width, max_text_len)
+        self.out_dim = 2 * self.out_dim
+
+    def forward(self, text: torch.Tensor, text_len: torch.Tensor) -> torch.Tensor:
+        text = text[:, : self.max_text_len]
+        positions = torch.arange(text.shape[1], device=text.device)
+        present = positions[None, :] < text_len[:, None]
+        mask = present.unsqueeze(-1).to(self.embed.weight.dtype)
+        x = self.embed(text) * mask
+        for block in self.blocks:
+            x = block(x, mask)
+        mean = (x * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        peak = x.masked_fill(~present.unsqueeze(-1), torch.finfo(x.dtype).min).amax(1)
+        peak = torch.where(present.any(1, keepdim=True), peak, torch.zeros_like(peak))  # an empty caption: zeros
+        return torch.cat([mean, peak], dim=1)
+
+
 class _Tower(nn.Module):
     """An encoder and its projection to the shared embedding."""
 
@@ -77,7 +101,7 @@ class ClipModel(nn.Module):
     def __init__(self, width: int = 32, resolution: int = 64, max_text_len: int = 256, loss: str = "clip"):
         super().__init__()
         embed = 4 * width
-        image, text = ImageEncoder(width, resolution), TextEncoder(width, max_text_len)
+        image, text = ImageEncoder(width, resolution), CaptionEncoder(width, max_text_len)
         self.image_tower = _Tower(image, image.out_dim, embed)
         self.text_tower = _Tower(text, text.out_dim, embed)
         siglip = loss == "siglip"
