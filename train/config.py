@@ -23,6 +23,8 @@ from pipeline.storage import FOLDER_HELP
 from train.models import families
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+OBJECTIVES = ("classify", "contrastive")  # what each is: `train.objectives`
+LOSSES = ("clip", "siglip")
 STRATEGIES = ("ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -107,6 +109,18 @@ class TrainConfig(LaunchConfig):
                                      flags=("--auto-micro-batch",), panel=OPTIM)
 
     # -- model and fine-tuning -----------------------------------------------------------------
+    objective: str = setting("classify", "classify (a head over the classes, cross-entropy) or contrastive (images and "
+                                         "captions matched over the global batch: --model clip, or an hf: CLIP or SigLIP "
+                                         "folder).", choices=OBJECTIVES, panel=MODEL)
+    loss: str = setting("clip", "With --objective contrastive: clip (symmetric InfoNCE, learnable temperature) or siglip "
+                                "(sigmoid, learnable bias).", choices=LOSSES, panel=MODEL)
+    lock_image: bool = setting(False, "With --objective contrastive: the image tower frozen, its norm layers in eval mode; "
+                                      "only the text tower learns (LiT).", flags=("--lock-image",), panel=MODEL)
+    zeroshot_prompt: list[str] | None = setting(
+        None, "With --objective contrastive: a template for zero-shot accuracy, {} standing for the class name; "
+              "repeatable, text embeddings averaged over them (default: 'a photo of a {}.', CLIP's).",
+        flags=("--zeroshot-prompt",), schema={"type": "array", "items": {"type": "string", "pattern": "[{][}]"}},
+        panel=MODEL)
     model: str = setting("image", families.model_help(), panel=MODEL)  # each family checks its own syntax (resolve)
     width: int = setting(32, "Channels of the built-in models' first stage (later stages double it).", minimum=4,
                          panel=MODEL)
@@ -171,14 +185,14 @@ class TrainConfig(LaunchConfig):
     # (--batch-size, --accum, ranks) may change, the reader restarts a mid-epoch position then.
     RESUME_SETTINGS = ("epochs", "max_steps", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
                        "grad_clip", "precision", "strategy", "model", "width", "resolution", "init_from", "freeze",
-                       "unfreeze_at", "sync_bn", "max_text_len", "seed")
+                       "unfreeze_at", "sync_bn", "max_text_len", "seed", "objective", "loss", "lock_image")
     # Everything else may change on --resume: where files are, how ranks are launched, how the
     # batch is split and read (workers, shuffle buffer: a changed layout restarts the epoch in
     # progress, see `ShardReader.load_state_dict`), memory-saving recomputation, logging, checkpoints.
     RESUME_FREE = ("shard_dir", "output", "data_only", "record_keys", "verify", "batch_size", "accum", "grad_checkpoint",
                    "auto_micro_batch", "workers", "shuffle_buffer", "checkpoint_every", "resume", "log_every",
                    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
-                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb")
+                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb", "zeroshot_prompt")
 
     def fingerprint(self) -> str:
         """Hash of the settings every rank must share; the preflight compares it across ranks."""
@@ -352,6 +366,7 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         if not ok:
             raise UsageError(message)
     families.resolve(cfg.model)  # a family it names; whether it can be built: train.command (families.check)
+    _check_objective(cfg)
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
         if not Path(cfg.init_from).is_dir():
             raise UsageError(f"--init-from {cfg.init_from}: no such file")
@@ -366,3 +381,18 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     if world_size is not None:
         resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world_size)
     return cfg
+
+
+def _check_objective(cfg: TrainConfig) -> None:
+    """The model serves --objective, and the settings of one objective are not given to the other."""
+    families.check_objective(cfg.model, cfg.objective)
+    if cfg.objective == "contrastive":
+        for template in cfg.zeroshot_prompt or ():
+            if "{}" not in template:
+                raise UsageError(f"--zeroshot-prompt {template!r} has no {{}} for the class name, e.g. 'a photo of a {{}}.'")
+        return
+    given = [flag for flag, on in (("--lock-image", cfg.lock_image), (f"--loss {cfg.loss}", cfg.loss != "clip"),
+                                   ("--zeroshot-prompt", bool(cfg.zeroshot_prompt))) if on]
+    if given:
+        raise UsageError(f"{given[0]} is a setting of --objective contrastive (image-caption models); this run is "
+                         f"--objective {cfg.objective}")

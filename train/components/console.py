@@ -68,8 +68,12 @@ class RunConsole:
         """``epoch`` counts from 0; ``state`` is `train.models.finetune.FreezeState`."""
         self.say(f"epoch {epoch + 1}: {state.describe()}")
 
-    def validation(self, epoch: int, loss: float, acc: float, samples: int) -> None:
-        self.say(f"epoch {epoch + 1}: val loss {loss:.4f} acc {acc:.1%} ({samples} samples, all ranks)")
+    def validation(self, epoch: int, loss: float, acc: float, samples: int, metrics: dict | None = None) -> None:
+        if not metrics:
+            self.say(f"epoch {epoch + 1}: val loss {loss:.4f} acc {acc:.1%} ({samples} samples, all ranks)")
+            return
+        more = " ".join(f"{k.replace('_acc', '')} {v:.1%}" for k, v in metrics.items())
+        self.say(f"epoch {epoch + 1}: val loss {loss:.4f} {more} ({samples} samples, all ranks)")
 
     def epoch_restarts(self, why: str, epoch: int) -> None:
         """A mid-epoch position that the new layout cannot continue (``epoch`` counts from 0)."""

@@ -261,14 +261,21 @@ class Monitor:
         if self.bar is None and self.console is not None:
             self.console.print(self._line(row, epochs), highlight=False)
 
-    def validation(self, step: int, epoch: int, loss: float, acc: float, samples: int) -> None:
+    def validation(self, step: int, epoch: int, loss: float, acc: float, samples: int,
+                   metrics: dict[str, float] | None = None) -> None:
+        """``metrics``: the objective's other numbers (zero-shot accuracy, recall@K), written as
+        ``val_<name>`` and as TensorBoard's ``<name before _>/<rest>`` (``recall/i2t@1``)."""
         if not self.d.is_main:
             return
+        more = metrics or {}
         self._write({"kind": "val", "step": step, "epoch": epoch + 1, "val_loss": loss, "val_acc": acc,
-                     "val_samples": samples, "time": time.time()})
+                     "val_samples": samples, **{f"val_{k}": v for k, v in more.items()}, "time": time.time()})
         tb = self._tensorboard()
         tb.add_scalar("loss/val", loss, step)
         tb.add_scalar("accuracy/val", acc, step)
+        for name, value in more.items():
+            group, _, rest = name.partition("_")
+            tb.add_scalar(f"{group}/{rest or 'val'}", value, step)
 
     def event(self, **row) -> None:
         if self.d.is_main:

@@ -44,11 +44,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
 from pipeline.media.image.resize import dct_scale, fit, scaled_size
+from train.data.pairs import pair_ids
 from train.data.stream import SampleDecodeError, SampleReader, read_samples
 
 __all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
 
-FIELDS = ("image", "text")
+FIELDS = ("image", "text", "pairs")  # pairs: caption and group ids for a contrastive loss (`train.data.pairs`)
 
 
 class ShardReader(SampleReader, IterableDataset):
@@ -60,7 +61,8 @@ class ShardReader(SampleReader, IterableDataset):
     0 = padding, L = ``max_text_len``) and ``text_len`` int64 [B] when "text" is (with a
     ``tokenize``: what it returns, e.g. ``input_ids`` and ``attention_mask``); always
     ``label`` int64 [B], ``valid`` bool [B] (False only for the repeats that top up the last
-    validation batches) and ``key`` list[str].
+    validation batches) and ``key`` list[str]. With "pairs" in ``fields``: ``caption_id`` and
+    ``group_id`` int64 [B] (`train.data.pairs`), and ``label`` -1 for a pair without a class.
     """
 
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
@@ -176,10 +178,15 @@ class ShardReader(SampleReader, IterableDataset):
             batch.update(self.tokenize([_text(s) for _, s in chunk]))
         elif "text" in self.fields:
             batch["text"], batch["text_len"] = self._texts([s for _, s in chunk])
+        if "pairs" in self.fields:
+            captions, groups = pair_ids([s.fields for _, s in chunk])
+            batch["caption_id"], batch["group_id"] = torch.tensor(captions), torch.tensor(groups)
         return batch
 
     def _label(self, s: RawSample) -> int:
         if "cls" not in s.fields:
+            if "pairs" in self.fields:  # an image-caption pair without a class (pipe shard writes no .cls)
+                return -1
             raise _error(s, "has no .cls member")
         try:
             label = decode_class(s.fields["cls"])

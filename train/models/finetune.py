@@ -286,8 +286,9 @@ class Freezer:
     it would call ``model.train()``.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, locked: list[nn.Module] | None = None):
         self.model = model
+        self.locked = list(locked or [])  # --lock-image's tower: frozen (by `lock_image`) and always in eval mode
         self.groups = block_groups(model)
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
         loose = getattr(model, "input_params", None)
@@ -319,8 +320,21 @@ class Freezer:
     def train_mode(self, mode: bool = True) -> None:
         """``model.train(mode)``, with the frozen blocks' BatchNorm layers left in eval mode."""
         self.model.train(mode)
-        for m in self.frozen_bn:
+        for m in [*self.frozen_bn, *self.locked]:
             m.eval()
+
+
+def lock_image(model: nn.Module) -> list[nn.Module]:
+    """--lock-image (LiT, Zhai et al. 2022): every parameter of the model's ``image_tower`` (the
+    image encoder and its projection, `train.models.clip`) stops training, whatever --freeze and
+    --unfreeze-at say; returns the tower for the `Freezer`, which keeps it in eval mode (its norm
+    layers' statistics and any dropout as pretrained). Call before the Freezer is made."""
+    tower = getattr(model, "image_tower", None)
+    if not isinstance(tower, nn.Module):
+        raise UsageError(f"--lock-image: {type(model).__name__} has no image_tower to lock (an image-caption model has one)")
+    for p in tower.parameters():
+        p.requires_grad_(False)
+    return [tower]
 
 
 @dataclass(frozen=True)
