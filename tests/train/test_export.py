@@ -243,3 +243,43 @@ def test_an_hf_classifier_exports_a_folder_transformers_loads_alone(tmp_path, vi
     with torch.no_grad():
         ours = model.eval()(x)
     torch.testing.assert_close(torch.tensor(alone["logits"]), ours, rtol=1e-4, atol=1e-5)
+
+
+# -- image-caption models ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair_shards(tmp_path_factory) -> Path:
+    from tests.train_shards import make_shards
+
+    return make_shards(tmp_path_factory.mktemp("pairs"), n=60, classes=3, size=32)
+
+
+def test_a_builtin_clip_run_exports_what_pipe_eval_measures_alike(pair_shards, tmp_path):
+    """--model clip with --loss siglip (its logit bias in the export too): pipe eval of the export
+    gives the numbers pipe eval gives of the run, and --wise 0 is the seeded start."""
+    from train.evaluate import evaluate
+    from train.models.loading import load_model
+
+    run = tmp_path / "run"
+    cfg = TrainConfig(shard_dir=pair_shards, output=run, objective="contrastive", model="clip", loss="siglip", width=8,
+                      resolution=16, max_text_len=32, epochs=1, batch_size=8, workers=0, log_every=2, lr=3e-3, seed=4)
+    loop.run(cfg, console=Console(file=io.StringIO(), width=300))
+    done = export.run(run, tmp_path / "out", which="last")
+    conf = json.loads((tmp_path / "out" / exported.CONFIG).read_text())
+    assert conf["family"] == "clip" and conf["objective"] == "contrastive" and conf["loss"] == "siglip"
+    assert sorted(done.files) == ["config.json", "model.safetensors"]
+
+    model, _ = load_model(str(tmp_path / "out"))
+    saved = ckpt.load(run / ckpt.LAST)["model"]
+    assert "logit_bias" in saved and all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+    of_run = evaluate(str(run), pair_shards, which="last")["metrics"]
+    of_export = evaluate(str(tmp_path / "out"), pair_shards)["metrics"]
+    assert of_export == of_run
+
+    export.run(run, tmp_path / "start", wise=0.0)
+    torch.manual_seed(4)
+    began = build_model("clip", 0, width=8, resolution=16, max_text_len=32, objective="contrastive",
+                        loss="siglip").state_dict()
+    again = load_model(str(tmp_path / "start"))[0].state_dict()
+    assert all(torch.equal(again[k], v) for k, v in began.items())

@@ -22,8 +22,6 @@ image-caption models.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +109,7 @@ def _weights(folder: Path, which: str) -> tuple[dict[str, torch.Tensor], str]:
 
 
 def _checkpoint_model(path: Path, ckpt: Any) -> dict[str, torch.Tensor]:
-    if not ckpt.is_sharded(path):
-        return dict(ckpt.load(path)["model"])
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from train.components import weights
 
-    folder = os.path.realpath(path)
-    with tempfile.TemporaryDirectory(prefix="pipe-eval-") as tmp:
-        out = Path(tmp) / "gathered.pt"
-        dcp_to_torch_save(folder, out)  # every rank's shards into one file, no process group
-        whole = torch.load(out, map_location="cpu", weights_only=True)
-    return dict(whole["model"])
+    # a DCP folder's shards put together without a process group, and without unpickling its metadata freely
+    return weights.read_dcp_model(path) if ckpt.is_sharded(path) else dict(ckpt.load(path)["model"])
