@@ -283,3 +283,64 @@ def test_a_builtin_clip_run_exports_what_pipe_eval_measures_alike(pair_shards, t
                         loss="siglip").state_dict()
     again = load_model(str(tmp_path / "start"))[0].state_dict()
     assert all(torch.equal(again[k], v) for k, v in began.items())
+
+
+EMBED_ALONE = """
+import json, sys
+import numpy as np, torch
+from PIL import Image
+from transformers import AutoModel, AutoProcessor
+folder, pixels, texts = sys.argv[1], np.load(sys.argv[2]), json.loads(sys.argv[3])
+model = AutoModel.from_pretrained(folder).eval()
+processor = AutoProcessor.from_pretrained(folder)
+inputs = processor(text=texts, images=[Image.fromarray(p) for p in pixels], return_tensors="pt", padding="max_length",
+                   max_length=32)
+with torch.no_grad():
+    out = model(**inputs)
+assert not any(m == "pipeline" or m.startswith(("pipeline.", "train.")) for m in sys.modules)
+print(json.dumps({"image": out.image_embeds.tolist(), "text": out.text_embeds.tolist(),
+                  "logits": out.logits_per_image.tolist()}))
+"""
+
+
+@pytest.mark.slow
+def test_an_hf_clip_exports_a_folder_that_embeds_in_transformers_as_pipe_did(tmp_path):
+    """A CLIP folder's weights moved (a stand-in for fine-tuning), exported; transformers alone, in a
+    fresh interpreter, with the exported processor, gives pipe's normalised embeddings and logits."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from tests.hf_clip import save_clip
+    from train.models import norm
+    from train.models.clip import scale
+
+    folder = save_clip(tmp_path / "clip")
+    settings = {"model": f"hf:{folder}", "objective": "contrastive", "loss": "clip", "max_text_len": 256}
+    torch.manual_seed(0)
+    model = build_model(f"hf:{folder}", 0, objective="contrastive", loss="clip")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    run = _fake_run(tmp_path / "run", model, settings, classes=[])
+    done = export.run(run, tmp_path / "out")
+    assert {"config.json", "model.safetensors", "preprocessor_config.json", "tokenizer.json"} <= set(done.files)
+
+    pixels = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    texts = ["a photo of a red.", "ein Foto, grün", "φωτογραφία μπλε"]
+    np.save(tmp_path / "pixels.npy", pixels)
+    p = subprocess.run([sys.executable, "-c", EMBED_ALONE, str(tmp_path / "out"), str(tmp_path / "pixels.npy"),
+                        json.dumps(texts)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    alone = {k: torch.tensor(v) for k, v in json.loads(p.stdout.splitlines()[-1]).items()}
+
+    n = norm.resolve(model, {})
+    x = (torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255 - torch.tensor(n.mean)[:, None, None]) \
+        / torch.tensor(n.std)[:, None, None]
+    model.eval()
+    with torch.no_grad():
+        image = F.normalize(model.encode_image(x), dim=-1)
+        text = F.normalize(model.encode_text(**model.tokenize(texts)), dim=-1)
+        logits = scale(model.logit_scale) * image @ text.T
+    torch.testing.assert_close(alone["image"], image, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(alone["text"], text, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(alone["logits"], logits, rtol=1e-4, atol=1e-4)

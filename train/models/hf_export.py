@@ -55,11 +55,11 @@ def save_preprocessing(source: Path, folder: Path) -> list[str]:
     transformers = _offline()
     text, image = has_tokenizer(source), (source / PREPROCESSOR).is_file()
     before = set(p.name for p in folder.iterdir())
-    if text and image:
+    if text and image:  # transformers 5 writes the two as processor_config.json ...
         transformers.AutoProcessor.from_pretrained(source, **LOADING).save_pretrained(folder)
     elif text:
         transformers.AutoTokenizer.from_pretrained(source, **LOADING).save_pretrained(folder)
-    elif image:
+    if image:  # ... and the image processor alone as preprocessor_config.json, which older ones and hf: read
         transformers.AutoImageProcessor.from_pretrained(source, **LOADING).save_pretrained(folder)
     return sorted(set(p.name for p in folder.iterdir()) - before)
 
