@@ -344,3 +344,77 @@ def test_an_hf_clip_exports_a_folder_that_embeds_in_transformers_as_pipe_did(tmp
     torch.testing.assert_close(alone["image"], image, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(alone["text"], text, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(alone["logits"], logits, rtol=1e-4, atol=1e-4)
+
+
+ZERO_SHOT_ALONE = """
+import io, json, sys, tarfile
+import torch
+from PIL import Image
+from transformers import AutoModel, AutoProcessor
+folder, shards, template = sys.argv[1], sys.argv[2], sys.argv[3]
+index = json.load(open(f"{shards}/index.json"))
+images, labels = [], []
+for shard in index["shards"]:
+    if shard["split"] != "val":
+        continue
+    samples = {}
+    with tarfile.open(f"{shards}/{shard['name']}") as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                key, _, ext = member.name.partition(".")
+                samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    for parts in samples.values():
+        if "cls" in parts:
+            picture = parts.get("png") or parts.get("jpg")
+            images.append(Image.open(io.BytesIO(picture)).convert("RGB"))
+            labels.append(int(parts["cls"]))
+model = AutoModel.from_pretrained(folder).eval()
+processor = AutoProcessor.from_pretrained(folder)
+prompts = [template.replace("{}", name) for name in index["classes"]]
+with torch.no_grad():
+    out = model(**processor(text=prompts, images=images, return_tensors="pt", padding=True))
+predicted = (out.image_embeds @ out.text_embeds.T).argmax(dim=1)
+assert not any(m == "pipeline" or m.startswith(("pipeline.", "train.")) for m in sys.modules)
+print(json.dumps({"zeroshot_acc": float((predicted == torch.tensor(labels)).double().mean()), "samples": len(labels)}))
+"""
+
+
+def _pipe(*args, timeout: float = 900) -> subprocess.CompletedProcess:
+    from tests.conftest import REPO, pipe_env
+
+    p = subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], capture_output=True, text=True,
+                       env=pipe_env(), cwd=REPO, timeout=timeout)
+    assert p.returncode == 0, f"pipe {args[0]}: {p.stderr[-3000:]}"
+    return p
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_tiny_hf_clip_fine_tuned_on_2_ranks_exports_and_transformers_alone_scores_what_pipe_eval_reports(tmp_path):
+    """Issue 22's "Done when" for hf: the README's walkthrough, command by command: pipe eval before,
+    pipe train on 2 CPU ranks (the 10-class captioned dataset: several languages and legacy
+    encodings, many captions repeated), pipe eval after, pipe export, and the export's zero-shot
+    accuracy computed by transformers alone in a fresh interpreter equals what pipe eval reports."""
+    from tests.captioned import make_shards
+    from tests.hf_clip import save_clip
+
+    shards, _ = make_shards(tmp_path / "data", per_class=16, val_fraction=0.25)
+    clip = save_clip(tmp_path / "my-clip")
+    before = json.loads(_pipe("eval", f"hf:{clip}", shards, "--json").stdout)["metrics"]
+    _pipe("train", shards, "-o", tmp_path / "run", "--objective", "contrastive", "--model", f"hf:{clip}",
+          "--nproc-per-node", "2", "--epochs", "3", "--batch-size", "16", "--workers", "0", "--lr", "1e-3")
+    after = json.loads(_pipe("eval", tmp_path / "run", shards, "--json").stdout)["metrics"]
+    assert after != before
+    _pipe("export", tmp_path / "run", "-o", tmp_path / "exported")
+    of_export = json.loads(_pipe("eval", tmp_path / "exported", shards, "--json").stdout)["metrics"]
+    for key in ("zeroshot_acc", "recall_i2t@1", "recall_t2i@1", "recall_i2t@5"):
+        assert of_export[key] == pytest.approx(after[key], abs=1e-9), key
+    p = subprocess.run([sys.executable, "-c", ZERO_SHOT_ALONE, str(tmp_path / "exported"), str(shards),
+                        "a photo of a {}."], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    alone = json.loads(p.stdout.splitlines()[-1])
+    index = json.loads((shards / "index.json").read_text())
+    assert alone["samples"] == sum(index["counts"]["val"]["per_class"].values())
+    assert alone["zeroshot_acc"] == pytest.approx(after["zeroshot_acc"], abs=1e-9)
+    print(f"zero-shot val accuracy: before {before['zeroshot_acc']:.3f}, after {after['zeroshot_acc']:.3f}, "
+          f"export in transformers alone {alone['zeroshot_acc']:.3f} ({alone['samples']} val samples)")
