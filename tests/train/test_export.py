@@ -17,6 +17,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from pipeline.core import schemas
 from pipeline.core.errors import UsageError
 from tests.fake_data import CLASSES, fake_source, write_index
 from train import export, loop
@@ -70,7 +71,9 @@ def test_a_builtin_run_exports_weights_and_config_that_load_back_to_the_same_log
     assert conf["input"]["mean"] == [0.5] * 3  # the dataset's normalisation travels with the weights
     assert conf["exported_from"]["checkpoint"] == "best.pt" and conf["wise"] is None
     assert sorted(done.files) == ["config.json", "model.safetensors"]
-    assert json.loads((tmp_path / "out" / ".pipe" / "state.json").read_text())["tool"] == "pipe export"
+    marker = json.loads((tmp_path / "out" / ".pipe" / "state.json").read_text())
+    assert marker["tool"] == "pipe export" and schemas.errors(marker, "state") == []
+    assert schemas.errors(conf, "export") == []
 
     torch.manual_seed(99)
     trained = build_model("image-text", 3, width=8)
@@ -103,6 +106,7 @@ def test_wise_interpolates_from_the_start_the_run_recorded(tmp_path):
             torch.testing.assert_close(mixed[name], want, rtol=0, atol=1e-6)
         conf = json.loads((tmp_path / f"wise{alpha}" / exported.CONFIG).read_text())
         assert conf["wise"]["alpha"] == alpha and conf["wise"]["start"] == f"--init-from {pretrained}"
+        assert schemas.errors(conf, "export") == []
 
     torch.manual_seed(12)  # the init file changed since the run: the start cannot be rebuilt, said so
     torch.save(build_model("image-text", 3, width=8).state_dict(), pretrained)
@@ -175,6 +179,7 @@ def test_torchvision_and_timm_models_export_under_their_own_names(tmp_path, spec
         assert torch.equal(bare.eval()(x), model.eval()(x))
     conf = json.loads((tmp_path / "out" / exported.CONFIG).read_text())
     assert conf["family"] == library and conf["model"] == spec and conf["num_classes"] == 3
+    assert schemas.errors(conf, "export") == []
     again = exported.load(tmp_path / "out")
     with torch.no_grad():
         assert torch.equal(again(x), model(x))
@@ -268,6 +273,7 @@ def test_a_builtin_clip_run_exports_what_pipe_eval_measures_alike(pair_shards, t
     done = export.run(run, tmp_path / "out", which="last")
     conf = json.loads((tmp_path / "out" / exported.CONFIG).read_text())
     assert conf["family"] == "clip" and conf["objective"] == "contrastive" and conf["loss"] == "siglip"
+    assert schemas.errors(conf, "export") == []
     assert sorted(done.files) == ["config.json", "model.safetensors"]
 
     model, _ = load_model(str(tmp_path / "out"))
