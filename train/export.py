@@ -106,17 +106,18 @@ def run(run_dir: Path, output: Path, which: str = "best", wise: float | None = N
         raise UsageError(f"pipe export cannot write --model {spec} models ({s.family.name})")
     state = checkpoint.model_state()
     classes = _classes(run_dir, settings)
+    index = _index(settings, classes)
     provenance: dict = {"exported_from": {"run": str(run_dir.resolve()), "checkpoint": checkpoint.path.name,
                                           "epoch": checkpoint.plain.get("epoch"), "step": checkpoint.plain.get("step")},
                         "wise": None}
     origin, fresh = None, 0
     if wise is not None:
         record = start.read(run_dir)
-        began = start.rebuild(record, _index(settings, classes)).state_dict()
+        began = start.rebuild(record, index).state_dict()
         state = interpolate(began, state, wise)
         origin, fresh = str(record.get("from")), len(record.get("fresh") or [])
         provenance["wise"] = {"alpha": wise, "start": origin, "start_sha256": record.get("weights_sha256")}
-    job = Job(spec, s.arg, state, settings, classes, _index(settings, classes), provenance)
+    job = Job(spec, s.arg, state, settings, classes, index, provenance)
     files = _write(output, run_dir, which, wise, lambda folder: families.call(s.family.export, s.arg, job, folder))
     return Exported(output, files, checkpoint.describe(), note, wise, origin, fresh)
 

@@ -125,8 +125,7 @@ def load(folder: Path) -> nn.Module:
     conf = read_config(folder)
     classes = list(conf.get("classes") or [])
     sizes = {k: conf[k] for k in SIZE_KEYS if k in conf}
-    contrastive = conf.get("objective", "classify") != "classify"
-    extra = {k: conf[k] for k in ("objective", "loss") if k in conf} if contrastive else {}
+    extra = {k: conf[k] for k in ("objective", "loss") if k in conf}
     torch.manual_seed(0)
     model = build_model(str(conf["model"]), len(classes), index={"classes": classes}, **sizes, **extra)
     report = load_init(model, folder / WEIGHTS)

@@ -35,8 +35,7 @@ def rebuilt(job: Job) -> Any:
     from train.models.builtin import build_model
     from train.models.exported import SIZE_KEYS
 
-    contrastive = job.settings.get("objective", "classify") != "classify"
-    extra = {k: job.settings[k] for k in ("objective", "loss") if k in job.settings} if contrastive else {}
+    extra = {k: job.settings[k] for k in ("objective", "loss") if k in job.settings}
     sizes = {k: job.settings[k] for k in SIZE_KEYS if k in job.settings}
     torch.manual_seed(int(job.settings.get("seed", 0)))
     model = build_model(job.spec, len(job.classes), index=job.index, **sizes, **extra)
