@@ -1,6 +1,8 @@
 """Facts about a RUN_DIR for the page: metrics.jsonl as written by train/components/monitor.py
-(``train`` windows with per-rank loss and data-wait share, ``val`` rows, ``drift`` warnings),
-and the label-issue candidates when `pipe labels` left ``label_issues.parquet`` there."""
+(``train`` windows with per-rank loss and data-wait share, ``val`` rows, with zero-shot accuracy
+and recall for --objective contrastive, ``drift`` warnings), and the label-issue candidates (or,
+for a contrastive run, the mismatched image-caption pairs) when `pipe labels` left
+``label_issues.parquet`` there."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class RunFacts:
     windows: int = 0
     label_issues: list[dict] | None = None
     label_issues_total: int = 0
+    objective: str = "classify"  # config.json's: a contrastive run's label_issues are mismatched pairs
 
 
 def gather(root: Path) -> RunFacts:
@@ -39,7 +42,16 @@ def gather(root: Path) -> RunFacts:
     f.drift_total, f.drift = len(drift), drift[:MAX_DRIFT]
     f.ranks = max((len(r.get("loss_per_rank") or []) for r in train), default=0)
     _label_issues(f, root / "label_issues.parquet")
+    f.objective = _objective(root / "config.json")
     return f
+
+
+def _objective(path: Path) -> str:
+    try:
+        conf = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "classify"
+    return str(conf.get("objective") or "classify") if isinstance(conf, dict) else "classify"
 
 
 def _read(path: Path, problems: list[str]) -> list[dict]:
