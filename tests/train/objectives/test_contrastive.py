@@ -186,6 +186,18 @@ def test_classify_refuses_pairs_without_labels_in_one_line_and_contrastive_takes
     assert summary["steps"] > 0 and summary["val_acc"] is not None
 
 
+def test_contrastive_refuses_train_samples_that_are_no_pairs_in_one_line(tmp_path):
+    from pipeline.shard import stage
+    from tests.clean_dirs import Spec, make_clean_dir
+
+    specs = [Spec(key=f"s{i}", label=f"c{i % 2}", seed=i, text=f"caption {i}" if i % 3 else None) for i in range(24)]
+    stage.run(stage.ShardConfig(make_clean_dir(tmp_path / "clean", specs), tmp_path / "shards"), show_progress=False)
+    p = _pipe("train", tmp_path / "shards", "-o", tmp_path / "run", "--objective", "contrastive", "--model", "clip",
+              timeout=300)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "are an image or a text alone" in lines[0], p.stderr
+
+
 def test_pipe_eval_refuses_a_classifier_run_and_a_folder_that_is_no_model(shards, tmp_path):
     from tests.fake_data import fake_source, write_index
 
