@@ -19,6 +19,7 @@ labels` must find); their keys are returned.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -71,10 +72,11 @@ def caption(label: str, k: int) -> tuple[bytes, str]:
     return f"{word} ({label}): {sentence}".encode(encoding), encoding
 
 
-def make_raw(root: Path, per_class: int = 40, mismatched: float = 0.0, seed: int = 0) -> tuple[Path, set[str]]:
-    """Class folders of captioned pictures under ``root``; returns it and the stems whose caption
-    is another class's (``mismatched`` of the samples, spread over the classes)."""
-    names = sorted(COLOURS)
+def make_raw(root: Path, per_class: int = 40, mismatched: float = 0.0, seed: int = 0,
+             classes: Sequence[str] | None = None) -> tuple[Path, set[str]]:
+    """Class folders of captioned pictures under ``root`` (``classes``: some of COLOURS, default
+    all); returns it and the stems whose caption is another class's (``mismatched`` of the samples)."""
+    names = sorted(classes or COLOURS)
     rng = np.random.default_rng(seed)
     n = per_class * len(names)
     wrong = set(rng.choice(n, size=int(round(mismatched * n)), replace=False).tolist()) if mismatched else set()
@@ -94,12 +96,12 @@ def make_raw(root: Path, per_class: int = 40, mismatched: float = 0.0, seed: int
 
 
 def make_shards(root: Path, per_class: int = 40, mismatched: float = 0.0, seed: int = 0, size: int = 32,
-                val_fraction: float = 0.1) -> tuple[Path, set[str]]:
+                val_fraction: float = 0.1, classes: Sequence[str] | None = None) -> tuple[Path, set[str]]:
     """raw -> pipe clean -> pipe shard under ``root``: the SHARD_DIR and the mismatched stems."""
     from pipeline.clean import stage as clean
     from pipeline.shard import stage as shard
 
-    raw, swapped = make_raw(root / "raw", per_class, mismatched, seed)
+    raw, swapped = make_raw(root / "raw", per_class, mismatched, seed, classes)
     clean.run(clean.CleanConfig(raw, root / "clean", workers=1, size=size, min_size=16), show_progress=False)
     shard.run(shard.ShardConfig(root / "clean", root / "shards", val_fraction=val_fraction, seed=seed, workers=1),
               show_progress=False)

@@ -142,7 +142,8 @@ class Trainer:
         self.precision, self.channels_last, self.sharded = placed.precision, placed.channels_last, placed.sharded
         self.freezer = Freezer(self.model, locked)  # after sharding: it keeps the parameters the model trains
         if cfg.auto_micro_batch:
-            self.plan = micro_batch.probe(self.model, self.index, cfg, self.plan, d, self.precision, self.out.say)
+            self.plan = micro_batch.probe(self.model, self.index, cfg, self.plan, d, self.precision, self.out.say,
+                                          self.objective)
 
         # 3. data, optimizer, schedule
         reader_input: dict[str, Any] = {}  # the model's own normalisation and tokenizer, when it has them

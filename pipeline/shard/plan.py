@@ -181,14 +181,17 @@ def group_prefix_sizes(samples) -> np.ndarray:
 def _with_groups(samples, idx: np.ndarray, meta):
     """The .json members of samples ``idx`` with ``"group":"KEY"`` first where `_grouped` says."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     mask = _grouped(samples, idx)
     if not mask.any():
         return meta
-    first = samples.key.take(pa.array(np.where(mask, samples.group[idx], 0))).cast(pa.binary())
-    prefixed = pc.binary_join_element_wise(b"{" + GROUP_FIELD.encode(), first, b'",', pc.binary_slice(meta, 1), b"")
-    return pc.if_else(pa.array(mask, pa.bool_()), prefixed, meta)
+    at = np.flatnonzero(mask)
+    firsts = samples.key.take(pa.array(samples.group[idx[at]])).to_pylist()
+    # the few samples that record a group, one by one (Arrow's binary_slice failed on taken arrays)
+    values = meta.to_pylist()
+    for i, first in zip(at.tolist(), firsts):
+        values[i] = b"{" + GROUP_FIELD.encode() + first.encode() + b'",' + values[i][1:]
+    return pa.array(values, pa.binary())
 
 
 def entry(samples, span: Span) -> ShardPlan:

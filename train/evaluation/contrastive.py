@@ -156,18 +156,15 @@ def recall(e: Embedded, at: Sequence[int] = RECALL_AT) -> dict[str, float]:
 
 def pair_margins(e: Embedded) -> torch.Tensor:
     """[N] each caption's cosine similarity with its own image minus that with the best other image
-    of the split (the same caption or group left out): below 0, it fits another image better."""
-    from train.objectives.losses import same_pairs
+    of the split (near copies of its own left out, `train.objectives.losses.caption_margins`): below
+    0, it fits another image better."""
+    from train.objectives.losses import caption_margins, same_group
 
     out = []
     for i in range(0, len(e), CHUNK):
         rows = slice(i, min(i + CHUNK, len(e)))
         sims = e.text[rows] @ e.image.T
-        own = sims[torch.arange(rows.stop - rows.start), torch.arange(rows.start, rows.stop)]
-        sims = sims.masked_fill(same_pairs(e.caption, e.group, rows), float("-inf"))
-        sims[torch.arange(rows.stop - rows.start), torch.arange(rows.start, rows.stop)] = float("-inf")
-        best = sims.max(dim=1).values if sims.shape[1] > 1 else own
-        out.append(own - torch.where(torch.isfinite(best), best, own))
+        out.append(caption_margins(sims, torch.arange(rows.start, rows.stop), same_group(e.group, rows)))
     return torch.cat(out) if out else torch.zeros(0)
 
 

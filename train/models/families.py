@@ -110,7 +110,7 @@ HF = Family("hf", "hf:PATH", "a local Hugging Face folder (a CLIP or SigLIP one 
             inputs="train.models.hf_files:folder_inputs", load="train.models.hf_clip:load_hf",
             export="train.models.hf_export:export_hf", objectives=("classify", "contrastive"))
 
-FAMILIES: tuple[Family, ...] = (BUILTIN, CLIP, FACTORY, TORCHVISION, TIMM, HF)
+FAMILIES: tuple[Family, ...] = (BUILTIN, FACTORY, TORCHVISION, TIMM, HF, CLIP)
 """In the order help lists them; `resolve` tries the catch-all last."""
 
 

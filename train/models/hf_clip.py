@@ -52,12 +52,14 @@ class HFContrastive(nn.Module):
     model: Any  # a transformers PreTrainedModel (typed loosely: transformers is optional)
     fsdp_forward_methods = FSDP_FORWARD_METHODS
 
-    def __init__(self, model: nn.Module, tokenize: Tokenize, input_norm: InputNorm | None, siglip: bool):
+    def __init__(self, model: nn.Module, tokenize: Tokenize, input_norm: InputNorm | None, siglip: bool,
+                 use_bias: bool | None = None):
         super().__init__()
         self.model = model
         self.tokenize = tokenize
         self.input_norm = input_norm
         self.siglip = siglip
+        self.use_bias = siglip if use_bias is None else use_bias
         self.text_inputs = ("input_ids",) if siglip else ("input_ids", "attention_mask")
         self.inputs = ("image", *self.text_inputs)
         self.max_text_len = tokenize.max_len
@@ -74,7 +76,7 @@ class HFContrastive(nn.Module):
 
     @property
     def logit_bias(self) -> nn.Parameter | None:
-        return getattr(self.model, "logit_bias", None) if self.siglip else None
+        return getattr(self.model, "logit_bias", None) if self.use_bias else None
 
     @property
     def image_tower(self) -> nn.ModuleList:
@@ -148,13 +150,20 @@ def build_contrastive(path: str, options: families.Options) -> HFContrastive:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     limit = int(getattr(model.config.text_config, "max_position_embeddings", 0) or options.max_text_len)
     tokens = limit if siglip else min(options.max_text_len, limit)
-    wrapped = HFContrastive(model, Tokenize(tokenizer, tokens, label), read_input_norm(folder, label), siglip)
+    bias = getattr(model, "logit_bias", None)
+    use_bias = isinstance(bias, nn.Parameter) and options.loss != "clip"
+    if isinstance(bias, nn.Parameter) and not use_bias:
+        # --loss clip on a SigLIP model: its bias takes no part in the loss (and DDP refuses a
+        # trainable parameter without a gradient): kept as it is
+        bias.requires_grad_(False)
+    wrapped = HFContrastive(model, Tokenize(tokenizer, tokens, label), read_input_norm(folder, label), siglip, use_bias)
     wrapped.init_report = _report(label, folder, model, info)
     return wrapped
 
 
 def load_hf(path: str, options: families.Options) -> HFContrastive:
     """The hf family's ``load`` for pipe eval: the folder's model as it is, in eval mode."""
-    model = build_contrastive(path, families.Options(objective="contrastive", max_text_len=options.max_text_len))
+    model = build_contrastive(path, families.Options(objective="contrastive", max_text_len=options.max_text_len,
+                                                     loss="auto"))  # its bias, where it has one
     model.eval()
     return model

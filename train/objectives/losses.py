@@ -105,8 +105,8 @@ class LossOut:
     loss: torch.Tensor
     """Mean over this rank's rows (its share of the global loss: average over ranks for the whole)."""
     caption_margin: torch.Tensor
-    """[B] cosine similarity of each caption with its own image minus its best other image's (masked
-    pairs left out): below 0, the caption fits another image of the batch better than its own."""
+    """[B] cosine similarity of each caption with its own image minus its best other image's (near
+    copies left out, `caption_margins`): below 0, the caption fits another image of the batch better."""
 
 
 def contrastive_loss(kind: str, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
@@ -134,13 +134,26 @@ def contrastive_loss(kind: str, image: torch.Tensor, text: torch.Tensor, scale: 
         loss = -(F.logsigmoid(labels * logits).masked_fill(mask, 0.0)).sum() / b
     else:
         raise ValueError(f"unknown contrastive loss {kind!r}")
-    return LossOut(loss, _margins(text_to_image.detach(), targets, mask))
+    copies = same_group(gather_ids(group), rows)
+    return LossOut(loss, caption_margins(text_to_image.detach(), targets, copies))
 
 
-def _margins(text_to_image: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def same_group(group: torch.Tensor, rows: slice) -> torch.Tensor:
+    """[len(rows), N] bool: pairs (i in ``rows``, j) in one near-duplicate group (-1: in none), i != j."""
+    same = (group[rows, None] == group[None, :]) & (group[rows, None] >= 0)
+    own = torch.arange(rows.start, rows.stop, device=group.device)
+    same[torch.arange(len(own), device=group.device), own] = False
+    return same
+
+
+def caption_margins(text_to_image: torch.Tensor, targets: torch.Tensor, copies: torch.Tensor) -> torch.Tensor:
+    """Each caption's similarity with its own image minus that with the best other image, near
+    copies of its own image (``copies``) left out. Images with the same caption are *not* left out,
+    unlike in the loss: a caption that fits the images it sits on elsewhere better than this one is
+    what a mismatched pair looks like ("a photo of a dog." on a cat, next to ten dogs with it)."""
     rows = torch.arange(len(targets), device=targets.device)
     own = text_to_image[rows, targets]
-    others = text_to_image.masked_fill(mask, float("-inf"))
+    others = text_to_image.masked_fill(copies, float("-inf"))
     others[rows, targets] = float("-inf")
     best = others.max(dim=1).values
     return own - torch.where(torch.isfinite(best), best, own)  # no other image at all: 0

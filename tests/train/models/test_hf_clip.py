@@ -141,3 +141,16 @@ def test_a_folder_that_is_no_image_text_model_is_refused(tmp_path):
                          intermediate_size=32)).save_pretrained(tmp_path)
     with pytest.raises(UsageError, match="not an image-text model"):
         build_contrastive(str(tmp_path), families.Options(objective="contrastive"))
+
+
+def test_a_siglip_folder_trained_with_the_clip_loss_keeps_its_bias_out_of_training(tmp_path):
+    """--loss clip on a SigLIP folder: the bias takes no part in the loss, so it does not train (DDP
+    refuses a trainable parameter that gets no gradient); pipe eval uses the bias the folder has."""
+    from train.models import families
+    from train.models.hf_clip import build_contrastive, load_hf
+
+    path = save_siglip(tmp_path / "siglip")
+    trained = build_contrastive(str(path), families.Options(objective="contrastive", loss="clip"))
+    assert trained.logit_bias is None and not trained.model.logit_bias.requires_grad
+    assert build_contrastive(str(path), families.Options(objective="contrastive", loss="siglip")).logit_bias is not None
+    assert load_hf(str(path), families.Options()).logit_bias is not None

@@ -113,6 +113,23 @@ def test_lock_image_keeps_the_image_tower_as_it_was(shards, tmp_path):
     assert any(not torch.equal(start[k], after[k]) for k in text)
 
 
+def test_freeze_counts_the_blocks_of_each_tower_from_its_input_side(shards, tmp_path):
+    """--freeze 0.5: the first floor(0.5 x 6) image blocks (stem and two residual blocks) and
+    floor(0.5 x 5) text blocks (embedding and one block) stay as built; the rest train."""
+    from train.models.clip import ClipModel
+
+    _, printed = _run(_cfg(shards, tmp_path / "run", freeze=0.5, epochs=1, precision="bf16"))
+    assert "frozen 5 of 11 blocks (50% asked)" in printed and "precision bf16" in printed
+    torch.manual_seed(0)
+    start = ClipModel(8, 16, 32).state_dict()
+    after = ckpt.load(tmp_path / "run" / "last.pt")["model"]
+    frozen = ("image_tower.encoder.stem.", "image_tower.encoder.blocks.0.", "image_tower.encoder.blocks.1.",
+              "text_tower.encoder.embed.", "text_tower.encoder.blocks.0.")
+    trained = ("image_tower.encoder.blocks.2.", "text_tower.encoder.blocks.1.", "image_tower.proj.", "text_tower.proj.")
+    assert all(torch.equal(start[k], after[k]) for k in start if k.startswith(frozen))
+    assert all(not torch.equal(start[k], after[k]) for k in start if k.startswith(trained) and k.endswith("weight"))
+
+
 def test_resume_mid_epoch_ends_bit_identical(shards, tmp_path, monkeypatch):
     whole = _cfg(shards, tmp_path / "whole", checkpoint_every=2, accum=2, batch_size=4)
     _run(whole)
@@ -169,6 +186,18 @@ def test_classify_refuses_pairs_without_labels_in_one_line_and_contrastive_takes
     assert summary["steps"] > 0 and summary["val_acc"] is not None
 
 
+def test_contrastive_refuses_train_samples_that_are_no_pairs_in_one_line(tmp_path):
+    from pipeline.shard import stage
+    from tests.clean_dirs import Spec, make_clean_dir
+
+    specs = [Spec(key=f"s{i}", label=f"c{i % 2}", seed=i, text=f"caption {i}" if i % 3 else None) for i in range(24)]
+    stage.run(stage.ShardConfig(make_clean_dir(tmp_path / "clean", specs), tmp_path / "shards"), show_progress=False)
+    p = _pipe("train", tmp_path / "shards", "-o", tmp_path / "run", "--objective", "contrastive", "--model", "clip",
+              timeout=300)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "are an image or a text alone" in lines[0], p.stderr
+
+
 def test_pipe_eval_refuses_a_classifier_run_and_a_folder_that_is_no_model(shards, tmp_path):
     from tests.fake_data import fake_source, write_index
 
@@ -180,3 +209,72 @@ def test_pipe_eval_refuses_a_classifier_run_and_a_folder_that_is_no_model(shards
         p = _pipe("eval", model, shards, timeout=300)
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         assert p.returncode == 2 and len(lines) == 1 and message in lines[0], p.stderr
+
+
+# -- two ranks: FSDP (every block of both towers a unit) trains what DDP trains -----------------------
+
+WORLD_RUN = dict(objective="contrastive", model="clip", width=8, resolution=16, max_text_len=32, epochs=2, batch_size=4,
+                 accum=2, workers=0, lr=3e-3, log_every=2, checkpoint_every=0, grad_checkpoint=True)
+
+
+def _rank_shards(workdir: Path) -> Path:
+    """Each rank's own byte-identical copy (the preflight compares the index hashes)."""
+    import os
+
+    from tests.train_shards import make_shards
+
+    return make_shards(workdir / f"data-rank{os.environ['RANK']}", n=60, classes=3, size=32)
+
+
+def ddp_contrastive_scenario(workdir):
+    loop.run(TrainConfig(shard_dir=_rank_shards(workdir), output=workdir / "ddp", **WORLD_RUN),
+             console=Console(file=io.StringIO()))
+    return str(workdir / "ddp")
+
+
+def fsdp_contrastive_scenario(workdir):
+    from train.distributed import fsdp
+
+    units = []
+    real = fsdp.units
+
+    def spy(model):
+        found = real(model)
+        units.append(len(found))
+        return found
+
+    fsdp.units = spy
+    try:
+        loop.run(TrainConfig(shard_dir=_rank_shards(workdir), output=workdir / "fsdp", strategy="fsdp", **WORLD_RUN),
+                 console=Console(file=io.StringIO()))
+    finally:
+        fsdp.units = real
+    return {"run": str(workdir / "fsdp"), "units": units}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_fsdp_shards_both_towers_and_trains_what_ddp_trains(tmp_path):
+    """--strategy fsdp with --grad-checkpoint and --accum 2: every block of both towers (6 image, 5 text)
+    is a unit, the weights end within float32 reordering of DDP's (as tests/train/distributed/
+    test_fsdp.py measures for classifiers), the DCP checkpoint loads in one process for pipe eval."""
+    import tempfile
+
+    from tests.gloo import run_world
+    from train.models.loading import load_model
+
+    workdir = Path(tempfile.mkdtemp(prefix="pipe-clip-fsdp-"))
+    specs = [f"{__name__}:ddp_contrastive_scenario", f"{__name__}:fsdp_contrastive_scenario"]
+    ranks = run_world(specs, set(specs), workdir, timeout=600.0)
+    fsdp_result = ranks[0][specs[1]]
+    assert fsdp_result["units"] == [11]
+    ddp_run, fsdp_run = Path(ranks[0][specs[0]]), Path(fsdp_result["run"])
+    ddp_model, _ = load_model(str(ddp_run), which="last")
+    fsdp_model, described = load_model(str(fsdp_run), which="last")
+    assert "last.dcp" in described
+    ddp_state, fsdp_state = ddp_model.state_dict(), fsdp_model.state_dict()
+    assert set(ddp_state) == set(fsdp_state)
+    for name, value in ddp_state.items():
+        torch.testing.assert_close(fsdp_state[name], value, rtol=0, atol=5e-4, msg=name)
+    ddp_val, fsdp_val = _val_rows(ddp_run)[-1], _val_rows(fsdp_run)[-1]
+    assert fsdp_val["val_samples"] == ddp_val["val_samples"] and "val_recall_t2i@5" in fsdp_val
