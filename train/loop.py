@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from pipeline.core.errors import StageFailed
+from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
 from train.components import micro_batch, resume, wrapping
@@ -59,8 +59,9 @@ from train.models.finetune import Freezer, FreezeSchedule, load_init, sync_batch
 if TYPE_CHECKING:
     from rich.console import Console
 
-# Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
-# optimizer step STEP, once per RUN_DIR (a marker file stops a restarted run from dying again).
+# Fault injection for drills and tests: "STEP[,STEP...][:RANK]" SIGKILLs that rank (default 0) right
+# after optimizer step STEP, once per step per RUN_DIR (a marker file, one line per kill, stops a
+# restarted run from dying there again): "3,7:1" kills rank 1 after step 3 and, resumed, after step 7.
 FAULT_ENV = "PIPE_FAULT_KILL_AT_STEP"
 
 
@@ -78,8 +79,13 @@ def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
         return
     at, _, rank = spec.partition(":")
     marker = run_dir / ".fault-injected"
-    if step == int(at) and d.rank == int(rank or 0) and not marker.exists():
-        marker.write_text(f"SIGKILL rank {d.rank} after step {step}\n")
+    line = f"SIGKILL rank {d.rank} after step {step}\n"
+    if step in {int(a) for a in at.split(",")} and d.rank == int(rank or 0) and (
+            not marker.exists() or line not in marker.read_text()):
+        with open(marker, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -309,14 +315,11 @@ class Trainer:
         s = ckpt.restore(saved, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                          scaler=self.scaler, rank=self.d.rank, world_size=self.d.world_size)
         if s.step_in_epoch:
-            try:
-                self.data.train.load_state_dict(saved["reader"])  # checks world size, batch, workers, seed, ...
-            except ValueError as e:
-                # the position is "samples each rank consumed" in the old layout; in a new one it means
-                # other samples, so the epoch restarts rather than skipping samples silently
-                self.out.epoch_restarts(str(e), s.epoch)
-                s.step -= s.step_in_epoch
-                s.step_in_epoch = 0
+            try:  # the same layout continues where it was; another one reads the epoch's unread samples
+                self.data.train.load_state_dict(saved["reader"])
+            except ValueError as e:  # a position that cannot be continued exactly: refused before any step
+                raise UsageError(f"--resume: {e}") from None
+            self.out.layout_changed(saved["reader"], self.data.train, s.epoch)
         self.out.resumed(self.run_dir / (ckpt.LAST_DCP if ckpt.SHARDED_FROM in saved else ckpt.LAST), s.epoch, s.step)
         return s
 

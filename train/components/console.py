@@ -71,10 +71,19 @@ class RunConsole:
     def validation(self, epoch: int, loss: float, acc: float, samples: int) -> None:
         self.say(f"epoch {epoch + 1}: val loss {loss:.4f} acc {acc:.1%} ({samples} samples, all ranks)")
 
-    def epoch_restarts(self, why: str, epoch: int) -> None:
-        """A mid-epoch position that the new layout cannot continue (``epoch`` counts from 0)."""
-        self.say(f"resume: {why}; epoch {epoch + 1} starts again from its beginning (no sample "
-                 "skipped; the ones already seen this epoch are seen twice)")
+    def layout_changed(self, saved: dict, reader, epoch: int) -> None:
+        """A mid-epoch position continued on another layout (``saved``: the checkpoint's reader
+        position; ``reader``: the train reader now; ``epoch`` counts from 0). Silent when the
+        layout is the saved one, or the reader keeps no layouts (a stand-in)."""
+        history = getattr(reader, "history", None)
+        if history is None or len(history(epoch)) <= len(saved.get("history") or ()):
+            return
+        was = f"{saved['world_size']} ranks x batch {saved['batch_size']}, {saved['num_workers']} workers"
+        now = f"{reader.world_size} ranks x batch {reader.batch_size}, {max(1, reader.num_workers)} workers"
+        left = reader.plan(epoch).steps * reader.batch_size * reader.world_size
+        self.say(f"resume: epoch {epoch + 1} continues on another layout ({was} -> {now}): the {left} samples it has "
+                 "not trained on yet, each once, in a new order (the same samples as the uninterrupted run, other "
+                 "batches: weights agree closely, not bit for bit)")
 
     def resumed(self, last: Path, epoch: int, step: int) -> None:
         self.say(f"resumed from {last}: epoch {epoch + 1}, step {step}")

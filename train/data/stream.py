@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline.formats import tarstream
 from pipeline.formats.sample import RawSample, split_name
 from train.data import sources
-from train.data.plan import Block, EpochPlan, batches_done, epoch_plan, worker_blocks, worker_spans
+from train.data.plan import Block, EpochPlan, Generation, batches_done, block_key, epoch_plan, worker_blocks, worker_spans
 from train.data.ranges import DEFAULT_RETRY, Retry, SampleDecodeError, ShardReadError, Want, plan_reads, prefetched
 from train.data.sources import read_range
 
@@ -50,13 +50,14 @@ class SampleReader:
     ``shard_dir``: a local folder or ``s3://bucket/prefix``; index.json is read from it.
     ``cache_dir``/``cache_max_bytes``: keep whole shards in a local folder, least recently used
     evicted past the cap (`train.data.sources.CachedSource`). ``source``: read the shards from
-    this object instead (anything with `train.data.sources.LocalSource`'s methods).
+    this object instead (anything with `train.data.sources.LocalSource`'s methods). ``accum``:
+    batches per optimizer step (the epoch is cut in whole global batches, `train.data.plan`).
     """
 
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
                  cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, source=None,
-                 retry: Retry = DEFAULT_RETRY):
+                 retry: Retry = DEFAULT_RETRY, accum: int = 1):
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if not 0 <= rank < world_size:
@@ -65,7 +66,7 @@ class SampleReader:
         self.index, raw = sources.read_index(self.shard_dir)
         self.fingerprint = hashlib.sha256(raw).hexdigest()
         self.split, self.rank, self.world_size = split, rank, world_size
-        self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
+        self.batch_size, self.seed, self.shuffle_buffer, self.accum = batch_size, seed, shuffle_buffer, accum
         self.shards = [s for s in self.index["shards"] if s["split"] == split]
         self.counts = [s["count"] for s in self.shards]
         self.retry = retry
@@ -73,7 +74,13 @@ class SampleReader:
             self.shard_dir, cache_dir, cache_max_bytes, {s["name"]: (s["bytes"], s["sha256"]) for s in self.index["shards"]})
 
     def plan(self, epoch: int) -> EpochPlan:
-        return epoch_plan(self.counts, self.world_size, self.batch_size, self.seed, epoch, train=self.split == "train")
+        """``epoch``'s plan for this layout: after the layouts it already ran in, if any (`history`)."""
+        return epoch_plan(self.counts, self.world_size, self.batch_size, self.seed, epoch, train=self.split == "train",
+                          accum=self.accum, history=self.history(epoch))
+
+    def history(self, epoch: int) -> tuple[Generation, ...]:
+        """The layouts ``epoch`` was read in before this one (a resume on another layout); none here."""
+        return ()
 
     def samples(self, epoch: int, consumed: int = 0, worker: int = 0, workers: int = 1) -> Iterator[tuple[bool, RawSample]]:
         """(valid, undecoded sample) that dataloader worker ``worker`` of ``workers`` reads in
@@ -99,7 +106,7 @@ class SampleReader:
         piece = worker_spans(plan.spans[self.rank], plan.steps, self.batch_size, workers)[logical]
         skip = batches_done(steps_done, logical, workers) * self.batch_size
         block = self.shuffle_buffer if self.split == "train" else 0
-        blocks = worker_blocks(piece, block, (self.seed, epoch, self.rank, logical), skip)
+        blocks = worker_blocks(piece, block, (*block_key(self.seed, epoch, self.rank, plan.generation), logical), skip)
         try:
             yield from self._assemble(blocks)
         finally:

@@ -11,7 +11,7 @@ import torch
 from pipeline.formats.sample import decode_image
 from pipeline.shard import stage
 from tests.clean_dirs import Spec, make_clean_dir, simple_specs
-from train.data.plan import rank_stream
+from train.data.plan import block_key, rank_stream
 from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -43,7 +43,9 @@ def keys_by_position(shard_dir, split):
 def expected_keys(reader, epoch, workers, consumed=0, split="train"):
     names = keys_by_position(reader.shard_dir, split)
     block = reader.shuffle_buffer if split == "train" else 0
-    stream = rank_stream(reader.plan(epoch), reader.rank, workers, block, (reader.seed, epoch, reader.rank), consumed)
+    plan = reader.plan(epoch)
+    key = block_key(reader.seed, epoch, reader.rank, plan.generation)
+    stream = rank_stream(plan, reader.rank, workers, block, key, consumed - reader._earlier(reader.history(epoch)))
     return [names[(s, i)] for s, i, _ in stream]
 
 
@@ -294,3 +296,31 @@ def test_undecodable_sample_at_a_smaller_size_names_shard_and_key(big_shards, tm
     key = victim.name.split(".")[0]
     with pytest.raises(SampleDecodeError, match=rf"^{tar_path.name}: sample {key} .*does not decode"):
         list(make_loader(ShardReader(shards, batch_size=2, image_size=24), 0))
+
+
+@pytest.mark.parametrize("world,batch,workers,buffer", [(3, 2, 1, 5), (1, 6, 3, 0), (6, 1, 0, 7)])
+def test_a_mid_epoch_position_continues_on_another_layout_with_every_sample_once(shards, world, batch, workers, buffer):
+    """2 ranks x batch 3 (global batch 6), 2 workers, read 3 batches each into epoch 1; then the
+    rest of the epoch on another world size, per-rank batch, worker count and shuffle buffer with
+    the global batch kept: the two parts together are the epoch's samples, each once, and every
+    new rank reads the same number of batches; the next epoch is the new layout's own."""
+    before = [ShardReader(shards, "train", r, 2, batch_size=3, seed=2, shuffle_buffer=4) for r in range(2)]
+    loaders = [make_loader(r, 2) for r in before]
+    for r in before:
+        r.set_epoch(1)
+    first = [loader_keys(ld)[: 3 * 3] for ld in loaders]
+    state = before[0].state_dict(steps_done=3)
+    after = [ShardReader(shards, "train", r, world, batch_size=batch, seed=2, shuffle_buffer=buffer) for r in range(world)]
+    rest = []
+    for r in after:
+        loader = make_loader(r, workers)
+        r.load_state_dict(state)
+        assert r.epoch == 1 and len(r.history(1)) == 1
+        rest.append(loader_keys(loader))
+        assert rest[-1] == expected_keys(r, 1, workers, consumed=9 * 2 // world)  # the plan's later generation
+    assert len({len(k) for k in rest}) == 1
+    trained = [k for keys in first + rest for k in keys]
+    whole = [k for r in before for k in expected_keys(r, 1, 2)]
+    assert len(trained) == len(set(trained)) and set(trained) == set(whole)
+    after[0].set_epoch(2)  # the next epoch: planned for the new layout alone
+    assert after[0].history(2) == () and after[0].plan(2).generation == 0
