@@ -38,7 +38,7 @@ from torch import nn
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
-from train.components import micro_batch, resume, wrapping
+from train.components import keys, micro_batch, resume, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
@@ -165,6 +165,10 @@ class Trainer:
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
         self.margins = MarginRecorder(self.run_dir, d.rank, d.world_size, start_step=self.state.step)  # for pipe labels
+        resumed = keys.Records.of(resume_from)  # --record-keys: what the continued checkpoint had trained on
+        if d.is_main:
+            keys.prepare(self.run_dir, resumed)
+        self.keys = keys.KeyRecorder(self.run_dir, d.rank, keys.attempt_of(resumed), cfg.record_keys)
         self._say_setup(warmup)
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             self.out.say(TORCHRUN_STORE_WARNING)
@@ -209,7 +213,7 @@ class Trainer:
         cfg, d, plan, state = self.cfg, self.d, self.plan, self.state
         # the reader continues mid-epoch: samples this rank already consumed in this epoch
         self.data.train.set_epoch(epoch, consumed=state.step_in_epoch * plan.accum * plan.batch_size)
-        batches = self._batches(self.data.train, f"epoch {epoch + 1}")
+        batches = self._recorded(self._batches(self.data.train, f"epoch {epoch + 1}"), epoch)
         self.freezer.train_mode()  # frozen BatchNorm layers stay in eval mode
         try:
             while state.step_in_epoch < self.steps_per_epoch:
@@ -244,6 +248,16 @@ class Trainer:
             except self.data.errors as e:
                 raise StageFailed(f"rank {self.d.rank}, {where}: {e}") from None
             yield batch
+
+    def _recorded(self, batches: Generator[dict, None, None], epoch: int) -> Generator[dict, None, None]:
+        """The train batches, each one's keys recorded as the step takes it (--record-keys)."""
+        try:
+            for batch in batches:
+                if batch.get("key") is not None:
+                    self.keys.trained(epoch, batch["key"])
+                yield batch
+        finally:
+            batches.close()
 
     def _wrapped(self) -> nn.Module:
         if self.wrapped is None:  # wrapped at each epoch's start, before any step
@@ -289,7 +303,10 @@ class Trainer:
     def _save(self, best: bool = False, val: tuple | None = None) -> None:
         """Every rank calls this (the RNG states are gathered); rank 0 writes."""
         self.margins.flush(self.state.step)  # before the gather: every rank's records precede last.pt
-        rngs = distributed.all_gather_object(ckpt.rng_state(), self.d)
+        # every rank's RNG states and the key files it appended to (--record-keys), in one gather
+        gathered = distributed.all_gather_object((ckpt.rng_state(), self.keys.flush()), self.d)
+        rngs = [rng for rng, _ in gathered]
+        records = keys.Records(self.keys.attempt, {n: size for _, files in gathered for n, size in files.items()})
         if best and val is not None:  # a best checkpoint always comes with its validation
             self.state.best_val_loss, self.state.best_val_acc = val[0], val[1]
         # the train reader's position: the epoch in progress and the samples this rank consumed
@@ -299,13 +316,14 @@ class Trainer:
             token = distributed.broadcast_object(uuid.uuid4().hex[:8], self.d)
             ckpt.save_sharded(self.run_dir, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                               scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
-                              fingerprint=self.fingerprint, best=best, token=token, is_main=self.d.is_main)
+                              fingerprint=self.fingerprint, best=best, token=token, is_main=self.d.is_main,
+                              records=records.as_dict())
             return
         if not self.d.is_main:
             return
         ckpt.save(self.run_dir, model=unwrap(self.model), optimizer=self.optimizer, scheduler=self.scheduler,
                   scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
-                  fingerprint=self.fingerprint, best=best)
+                  fingerprint=self.fingerprint, best=best, records=records.as_dict())
 
     def _restore(self, saved: dict) -> TrainState:
         """The weights, optimizer, schedule, scaler and RNG states of ``saved``, and the reader where
