@@ -50,6 +50,7 @@ def check(cfg):
     from train.config import validate as validate_train
     from train.data import sources
     from train.data.plan import epoch_plan
+    from train.data.skips import parse_limit
     from train.distributed.launch import validate, world_size
 
     validate(cfg.launch_config())
@@ -65,6 +66,7 @@ def check(cfg):
     if not cfg.data_only:
         _check_model(cfg, index)
     plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world)
+    parse_limit(cfg.max_skipped, index["counts"]["train"]["samples"])  # --max-skipped 150%: one line, exit 2
     cfg = dataclasses.replace(cfg, batch_size=plan.batch_size, accum=plan.accum, global_batch=plan.global_batch)
     counts = [s["count"] for s in index["shards"] if s["split"] == "train"]
     try:

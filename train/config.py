@@ -68,6 +68,10 @@ class TrainConfig(LaunchConfig):
                                        "(--data-only).", flags=("--record-keys",), panel=DATA)
     verify: bool = setting(False, "Before training, check every shard's size and sha256 against index.json; a mismatch "
                                   "stops the run naming the shard, exit 1.", flags=("--verify",), panel=DATA)
+    max_skipped: str = setting("0.1%", "Samples that do not read or decode are skipped (named in the log and "
+                                       "RUN_DIR/skipped.jsonl); past this many distinct ones, N or P% of the train split "
+                                       "(at least 1), the run stops, exit 1.", pattern=r"^([0-9]+|[0-9]*\.?[0-9]+%)$",
+                               panel=DATA)
 
     # -- schedule ---------------------------------------------------------------------------
     epochs: int = setting(3, "Passes over the train split.", minimum=1, panel=OPTIM)
@@ -173,7 +177,7 @@ class TrainConfig(LaunchConfig):
     # Everything else may change on --resume: where files are, how ranks are launched, how the
     # batch is split and read (workers, shuffle buffer: a changed layout restarts the epoch in
     # progress, see `ShardReader.load_state_dict`), memory-saving recomputation, logging, checkpoints.
-    RESUME_FREE = ("shard_dir", "output", "data_only", "record_keys", "verify", "batch_size", "accum", "grad_checkpoint",
+    RESUME_FREE = ("shard_dir", "output", "data_only", "record_keys", "verify", "max_skipped", "batch_size", "accum", "grad_checkpoint",
                    "auto_micro_batch", "workers", "shuffle_buffer", "checkpoint_every", "resume", "log_every",
                    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
                    "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb")

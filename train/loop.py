@@ -38,7 +38,7 @@ from torch import nn
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
-from train.components import keys, micro_batch, resume, wrapping
+from train.components import keys, micro_batch, resume, skipping, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
@@ -49,6 +49,7 @@ from train.components.step import Step, step_seed
 from train.components.validation import validate
 from train.config import TrainConfig, check_epoch_fits, parse_unfreeze_at, resolve_batch
 from train.data.loaders import DataSource, open_shards, read_index
+from train.data.skips import parse_limit
 from train.distributed import group as distributed
 from train.distributed import preflight
 from train.distributed.group import Dist, unwrap
@@ -169,6 +170,9 @@ class Trainer:
         if d.is_main:
             keys.prepare(self.run_dir, resumed)
         self.keys = keys.KeyRecorder(self.run_dir, d.rank, keys.attempt_of(resumed), cfg.record_keys)
+        limit = parse_limit(cfg.max_skipped, self.index["counts"]["train"]["samples"])
+        self.skips = skipping.SkipTracker(self.run_dir, d, limit, cfg.max_skipped, self.console,
+                                          ((resume_from or {}).get("records") or {}).get("skipped"))
         self._say_setup(warmup)
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             self.out.say(TORCHRUN_STORE_WARNING)
@@ -202,7 +206,7 @@ class Trainer:
             "val_loss": last_val[0] if last_val else None, "val_acc": last_val[1] if last_val else None,
             "best_val_loss": None if math.isinf(self.state.best_val_loss) else self.state.best_val_loss,
             "best_val_acc": self.state.best_val_acc, "seconds": elapsed, "run_dir": str(self.run_dir),
-            "val_majority": _majority_share(self.index),
+            "val_majority": _majority_share(self.index), "skipped": self.skips.total,
         }
         best = self.run_dir / (ckpt.BEST_DCP if self.sharded else ckpt.BEST)
         self.out.summary(self.run_dir, summary, has_best=best.exists(), sharded=self.sharded)
@@ -225,6 +229,7 @@ class Trainer:
                                                                   self.monitor, self.margins)
                 state.step += 1
                 state.step_in_epoch += 1
+                self.skips.exchange(count=True)  # every rank learns every skip; past --max-skipped all stop
                 self.monitor.step_done(loss_sum, samples, wait, time.perf_counter() - t0)
                 self.monitor.advance_bar(state.step, epoch, cfg.epochs)
                 epoch_end = state.step_in_epoch == self.steps_per_epoch
@@ -253,11 +258,19 @@ class Trainer:
         """The train batches, each one's keys recorded as the step takes it (--record-keys)."""
         try:
             for batch in batches:
+                if batch.get("skipped"):  # samples the reader could not read or decode (bad data)
+                    self.skips.seen("train", epoch, self.state.step + 1, batch["skipped"])
                 if batch.get("key") is not None:
-                    self.keys.trained(epoch, batch["key"])
+                    self.keys.trained(epoch, batch["key"], skipping.skipped_slots(batch))
                 yield batch
         finally:
             batches.close()
+
+    def _val_batches(self) -> Generator[dict, None, None]:
+        for batch in self._batches(self.data.val, "validation"):
+            if batch.get("skipped"):
+                self.skips.seen("val", self.state.epoch, self.state.step, batch["skipped"])
+            yield batch
 
     def _wrapped(self) -> nn.Module:
         if self.wrapped is None:  # wrapped at each epoch's start, before any step
@@ -269,8 +282,9 @@ class Trainer:
         if self.data.val is None:
             return None
         self.data.val.set_epoch(0)
-        val = validate(self.model, self._batches(self.data.val, "validation"), self.d, self.precision,
+        val = validate(self.model, self._val_batches(), self.d, self.precision,
                        self.channels_last, lambda batch, logits: self.margins.val(self.state.epoch, batch, logits))
+        self.skips.exchange(count=False)  # validation's skips: named and recorded, not counted
         self.freezer.train_mode()
         if val is None:
             return None
@@ -306,7 +320,8 @@ class Trainer:
         # every rank's RNG states and the key files it appended to (--record-keys), in one gather
         gathered = distributed.all_gather_object((ckpt.rng_state(), self.keys.flush()), self.d)
         rngs = [rng for rng, _ in gathered]
-        records = keys.Records(self.keys.attempt, {n: size for _, files in gathered for n, size in files.items()})
+        records = {**keys.Records(self.keys.attempt, {n: size for _, files in gathered for n, size in files.items()}).as_dict(),
+                   "skipped": self.skips.state()}
         if best and val is not None:  # a best checkpoint always comes with its validation
             self.state.best_val_loss, self.state.best_val_acc = val[0], val[1]
         # the train reader's position: the epoch in progress and the samples this rank consumed
@@ -317,13 +332,13 @@ class Trainer:
             ckpt.save_sharded(self.run_dir, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                               scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
                               fingerprint=self.fingerprint, best=best, token=token, is_main=self.d.is_main,
-                              records=records.as_dict())
+                              records=records)
             return
         if not self.d.is_main:
             return
         ckpt.save(self.run_dir, model=unwrap(self.model), optimizer=self.optimizer, scheduler=self.scheduler,
                   scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
-                  fingerprint=self.fingerprint, best=best, records=records.as_dict())
+                  fingerprint=self.fingerprint, best=best, records=records)
 
     def _restore(self, saved: dict) -> TrainState:
         """The weights, optimizer, schedule, scaler and RNG states of ``saved``, and the reader where

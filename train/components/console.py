@@ -105,6 +105,8 @@ class RunConsole:
             if s["val_majority"] is not None:  # what always answering the commonest class would score
                 rows.append(("val majority class", f"{s['val_majority']:.1%}"))
             rows.append(("best val loss", f"{s['best_val_loss']:.4f}"))
+        if s.get("skipped"):
+            rows.append(("samples skipped", f"{s['skipped']} (skipped.jsonl)"))
         rows += [("time", f"{s['seconds']:.1f} s"), ("checkpoints", ("last.dcp" + (", best.dcp" if has_best else "") if sharded
                                                            else "last.pt" + (", best.pt" if has_best else ""))),
                  ("metrics", "metrics.jsonl, tb/")]

@@ -72,7 +72,7 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
                            seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, max_text_len=cfg.max_text_len,
                            image_size=image_size, mean=mean, std=std, tokenize=tokenize,
                            cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes,
-                           accum=plan.accum if split == "train" else 1)
+                           accum=plan.accum if split == "train" else 1, skip_bad=True)
 
     has_val = any(s.get("split") == "val" and s.get("count", 0) > 0 for s in index.get("shards", []))
     readers = [reader("train")] + ([reader("val")] if has_val else [])

@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
 from pipeline.media.image.resize import dct_scale, fit, scaled_size
 from train.data.plan import Generation, epoch_plan
+from train.data.skips import BadSample, donors, text_problem
 from train.data.stream import SampleDecodeError, SampleReader, read_samples
 
 __all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
@@ -69,10 +70,13 @@ class ShardReader(SampleReader, IterableDataset):
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
                  fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
                  image_size: int | None = None, mean=None, std=None, tokenize=None,
-                 cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, accum: int = 1):
+                 cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, accum: int = 1,
+                 skip_bad: bool = False):
         """``shard_dir``: a local folder or ``s3://bucket/prefix``; ``cache_dir``/``cache_max_bytes``:
         a local cache of whole shards (`train.data.stream.SampleReader`); ``accum``: batches per
-        optimizer step (epochs are cut in whole global batches).
+        optimizer step (epochs are cut in whole global batches). ``skip_bad``: a sample that cannot
+        be read or decoded is skipped (`train.data.skips`: its slot masked, named in ``skipped``)
+        instead of ending the epoch with `SampleDecodeError`.
         ``image_size``: the side images are decoded at, e.g. the model's input size; at most
         the stored size (enlarging adds nothing). None: the stored size (index.json's).
         ``mean``/``std``: the normalisation the model was trained with (`train.models.norm`);
@@ -83,7 +87,7 @@ class ShardReader(SampleReader, IterableDataset):
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
         SampleReader.__init__(self, shard_dir, split, rank, world_size, batch_size, seed, shuffle_buffer,
-                              cache_dir=cache_dir, cache_max_bytes=cache_max_bytes, accum=accum)
+                              cache_dir=cache_dir, cache_max_bytes=cache_max_bytes, accum=accum, skip_bad=skip_bad)
         self.fields, self.max_text_len = tuple(fields), max_text_len
         self.num_classes = len(self.index["classes"])
         self.stored_size = self.index["image_size"]  # the side of every image in the shards
@@ -239,16 +243,49 @@ class ShardReader(SampleReader, IterableDataset):
         return self.samples(epoch, consumed, worker, workers)
 
     def collate(self, chunk: list[tuple[bool, RawSample]]) -> dict:
-        batch: dict = {"key": [s.key for _, s in chunk],
-                       "valid": torch.tensor([v for v, _ in chunk], dtype=torch.bool),
-                       "label": torch.tensor([self._label(s) for _, s in chunk], dtype=torch.int64)}
-        if "image" in self.fields:
-            batch["image"], batch["has_image"] = self._images([s for _, s in chunk])
+        samples = [s for _, s in chunk]
+        bad: dict[int, str] = {}  # slot -> why it cannot be fed (with skip_bad; otherwise it raised)
+        labels = [self._checked(i, s, bad) for i, s in enumerate(samples)]
+        images = self._images(samples, bad) if "image" in self.fields else None
+        # a bad slot carries a good sample of the same batch (`train.data.skips.donors`), masked
+        fill = donors(len(samples), set(bad))
+        fed = [s if i not in bad else samples[d] if (d := fill[i]) is not None else RawSample(s.key)
+               for i, s in enumerate(samples)]
+        batch: dict = {"key": [s.key for s in samples],
+                       "valid": torch.tensor([v and i not in bad for i, (v, _) in enumerate(chunk)], dtype=torch.bool),
+                       "label": torch.tensor([y if i not in bad else labels[d] if (d := fill[i]) is not None else 0
+                                              for i, y in enumerate(labels)], dtype=torch.int64)}
+        if images is not None:
+            for i, d in fill.items():
+                images[0][i] = images[0][d] if d is not None else 0
+                images[1][i] = bool(images[1][d]) if d is not None else False
+            batch["image"], batch["has_image"] = images
         if "text" in self.fields and self.tokenize is not None:
-            batch.update(self.tokenize([_text(s) for _, s in chunk]))
+            batch.update(self.tokenize([_text(s) for s in fed]))
         elif "text" in self.fields:
-            batch["text"], batch["text_len"] = self._texts([s for _, s in chunk])
+            batch["text"], batch["text_len"] = self._texts(fed)
+        if bad:
+            batch["skipped"] = [(i, samples[i].shard, samples[i].key, samples[i].offset, why) for i, why in sorted(bad.items())]
         return batch
+
+    def _checked(self, i: int, s: RawSample, bad: dict[int, str]) -> int:
+        """The sample's class; a sample that cannot be fed (unreadable, no class, with skip_bad a
+        caption that is not UTF-8) raises, or with skip_bad goes into ``bad``."""
+        try:
+            if isinstance(s, BadSample):
+                raise _error(s, s.reason)
+            label = self._label(s)
+            if self.skip_bad and "text" in self.fields and (problem := text_problem(s.fields.get("txt"))):
+                raise _error(s, problem)
+            return label
+        except SampleDecodeError as e:
+            self._bad(bad, i, s, e)
+            return 0
+
+    def _bad(self, bad: dict[int, str], i: int, s: RawSample, e: SampleDecodeError) -> None:
+        if not self.skip_bad:
+            raise e
+        bad[i] = str(e).removeprefix(f"{s.shard}: sample {s.key} (byte offset {s.offset}): ")
 
     def _label(self, s: RawSample) -> int:
         if "cls" not in s.fields:
@@ -261,7 +298,7 @@ class ShardReader(SampleReader, IterableDataset):
             raise _error(s, f"class {label} is outside the index's {self.num_classes} classes")
         return label
 
-    def _images(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _images(self, samples: list[RawSample], bad: dict[int, str]) -> tuple[torch.Tensor, torch.Tensor]:
         size = self.image_size
         out = _batch_tensor((len(samples), 3, size, size))
         has = torch.zeros(len(samples), dtype=torch.bool)
@@ -269,13 +306,15 @@ class ShardReader(SampleReader, IterableDataset):
         pixels = np.empty((size, size, 3), dtype=np.uint8)
         for i, s in enumerate(samples):
             ext = s.image_ext
-            if ext is None:
+            if ext is None or i in bad:
                 out[i].zero_()  # no image: the mean colour, i.e. zeros after normalization
                 continue
             try:
                 arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=pixels)
             except DecodeError as e:
-                raise _error(s, str(e)) from None
+                self._bad(bad, i, s, _error(s, str(e)))
+                out[i].zero_()
+                continue
             # HWC uint8 -> CHW float in one strided copy, then normalize in place: the image stays
             # in cache (a whole-batch permute + normalize is several times slower)
             x = out[i]

@@ -324,3 +324,97 @@ def test_a_mid_epoch_position_continues_on_another_layout_with_every_sample_once
     assert len(trained) == len(set(trained)) and set(trained) == set(whole)
     after[0].set_epoch(2)  # the next epoch: planned for the new layout alone
     assert after[0].history(2) == () and after[0].plan(2).generation == 0
+
+
+# -- bad samples mid-stream, skipped (skip_bad): named, masked, the batch kept whole ----------------
+
+
+def _damaged_copy(shards, tmp_path, damage):
+    """A copy of ``shards`` with ``damage(data: bytearray, members) -> key`` applied to the first
+    train shard (members: its tarfile members); returns (copy, shard name, the damaged key)."""
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    target = sorted(copy.glob("train-*.tar"))[0]
+    with tarfile.open(target) as tf:
+        members = tf.getmembers()
+    data = bytearray(target.read_bytes())
+    key = damage(data, members)
+    target.write_bytes(bytes(data))
+    return copy, target.name, key
+
+
+def _zero_image(data, members):
+    victim = next(m for m in members if m.name.endswith(".jpg"))
+    data[victim.offset_data : victim.offset_data + victim.size] = bytes(victim.size)  # same size, not a JPEG
+    return victim.name.split(".")[0]
+
+
+def _bad_caption(data, members):
+    victim = next(m for m in members if m.name.endswith(".txt") and m.size >= 2)
+    data[victim.offset_data : victim.offset_data + 2] = b"\xff\xfe"
+    return victim.name.split(".")[0]
+
+
+def _garbled_header(data, members):
+    victim = next(m for m in members if m.name.endswith(".cls"))
+    data[victim.offset : victim.offset + 512] = bytes(range(256)) * 2  # not a tar header any more
+    return victim.name.split(".")[0]
+
+
+def _all_batches(reader, workers):
+    loader = make_loader(reader, workers)
+    try:
+        return list(loader)
+    finally:
+        close_loader(loader)
+
+
+@pytest.mark.parametrize("damage,why", [(_zero_image, "jpg image does not decode"),
+                                        (_bad_caption, "its caption is not UTF-8"),
+                                        (_garbled_header, "damaged at samples")])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_sample_is_skipped_named_and_masked_and_the_batches_stay_whole(shards, tmp_path, damage, why, workers):
+    copy, shard, key = _damaged_copy(shards, tmp_path, damage)
+    good = ShardReader(shards, "train", 0, 1, batch_size=4, seed=1, shuffle_buffer=6)
+    good.set_epoch(0)
+    reader = ShardReader(copy, "train", 0, 1, batch_size=4, seed=1, shuffle_buffer=6, skip_bad=True)
+    reader.set_epoch(0)
+    batches = _all_batches(reader, workers)
+    assert len(batches) == good.steps_per_epoch and all(len(b["key"]) == 4 for b in batches)
+    skipped = [(b, entry) for b in batches for entry in b.get("skipped", [])]
+    assert len(skipped) == 1
+    batch, (slot, where, name, offset, reason) = skipped[0]
+    assert (where, name) == (shard, key) and why in reason and offset >= 0
+    assert batch["key"][slot] == key and not batch["valid"][slot] and int(batch["valid"].sum()) == 3
+    donor = next(i for i in range(4) if i != slot)
+    if "image" in batch:  # the slot carries a good sample of the batch: no blank image in BatchNorm's statistics
+        assert any(torch.equal(batch["image"][slot], batch["image"][i]) for i in range(4) if i != slot)
+    assert batch["label"][slot] in batch["label"][[i for i in range(4) if i != slot]] or donor is None
+    assert [k for b in batches for k in b["key"]] == expected_keys(good, 0, workers)  # the same samples, in order
+    strict = ShardReader(copy, "train", 0, 1, batch_size=4, seed=1, shuffle_buffer=6)
+    if damage is _bad_caption:  # without skip_bad the bytes are fed as they are, as they always were
+        assert len(_all_batches(strict, workers)) == len(batches)
+        return
+    with pytest.raises(SampleDecodeError, match=rf"^{shard}: "):  # without skip_bad: the one-line failure
+        _all_batches(strict, workers)
+
+
+def test_a_shard_cut_short_skips_the_samples_past_its_end(shards, tmp_path):
+    import json
+
+    def cut(data, members):
+        del data[len(data) // 2:]
+        return ""
+
+    copy, shard, _ = _damaged_copy(shards, tmp_path, cut)
+    entry = next(s for s in json.loads((copy / "index.json").read_text())["shards"] if s["name"] == shard)
+    lost = sum(1 for o in entry["offsets"] if o + 512 > entry["bytes"] // 2)  # samples not wholly before the cut
+    reader = ShardReader(copy, "train", 0, 1, batch_size=4, seed=1, shuffle_buffer=0, skip_bad=True)
+    reader.set_epoch(0)
+    batches = _all_batches(reader, 0)
+    skipped = [e for b in batches for e in b.get("skipped", [])]
+    assert {e[1] for e in skipped} == {shard} and lost <= len(skipped) <= lost + 1
+    assert all("cut short" in e[4] or "damaged" in e[4] for e in skipped)
+    assert sum(int((~b["valid"]).sum()) for b in batches) == len(skipped)
