@@ -46,9 +46,9 @@ from train.components.margins import MarginRecorder
 from train.components.monitor import Monitor
 from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
 from train.components.step import Step, step_seed
-from train.components.validation import validate
+from train.components.validation import together, validate
 from train.config import TrainConfig, check_epoch_fits, parse_unfreeze_at, resolve_batch
-from train.data.loaders import DataSource, open_shards, read_index
+from train.data.loaders import DataSource, open_shards, read_dataset
 from train.data.skips import parse_limit
 from train.distributed import group as distributed
 from train.distributed import preflight
@@ -116,7 +116,7 @@ class Trainer:
 
         # 1. what, where, with which batch arithmetic; every rank agrees or nobody starts
         self.plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, d.world_size)
-        self.index, self.fingerprint = read_index(cfg.shard_dir)
+        self.index, self.fingerprint = read_dataset(cfg)  # several SHARD_DIRs: merged (`train.data.mix`)
 
         # 2. the model, identical on every rank (same seed; DDP also broadcasts rank 0's weights);
         # built before the preflight, which compares the input it is fed (`train.models.norm`)
@@ -266,8 +266,8 @@ class Trainer:
         finally:
             batches.close()
 
-    def _val_batches(self) -> Generator[dict, None, None]:
-        for batch in self._batches(self.data.val, "validation"):
+    def _val_batches(self, reader: Any) -> Generator[dict, None, None]:
+        for batch in self._batches(reader, "validation"):
             if batch.get("skipped"):
                 self.skips.seen("val", self.state.epoch, self.state.step, batch["skipped"])
             yield batch
@@ -278,18 +278,23 @@ class Trainer:
         return self.wrapped
 
     def _validate(self) -> tuple[float, float, int] | None:
-        """Loss and accuracy over the val split, exact across ranks (`train.components.validation`)."""
-        if self.data.val is None:
-            return None
-        self.data.val.set_epoch(0)
-        val = validate(self.model, self._val_batches(), self.d, self.precision,
-                       self.channels_last, lambda batch, logits: self.margins.val(self.state.epoch, batch, logits))
+        """Loss and accuracy over the val split, exact across ranks (`train.components.validation`);
+        with several SHARD_DIRs mixed, over each one's val split apart and over all of them."""
+        readers = self.data.val_parts or ({"": self.data.val} if self.data.val is not None else {})
+        found = {}
+        for name, reader in readers.items():
+            reader.set_epoch(0)
+            found[name] = validate(self.model, self._val_batches(reader), self.d, self.precision, self.channels_last,
+                                   lambda batch, logits: self.margins.val(self.state.epoch, batch, logits))
         self.skips.exchange(count=False)  # validation's skips: named and recorded, not counted
         self.freezer.train_mode()
-        if val is None:
+        parts = {name: v for name, v in found.items() if v is not None}
+        if not parts:
             return None
-        self.monitor.validation(self.state.step, self.state.epoch, *val)
-        self.out.validation(self.state.epoch, *val)
+        val = parts[""] if "" in parts else together(list(parts.values()))
+        apart = None if "" in parts else parts
+        self.monitor.validation(self.state.step, self.state.epoch, *val, parts=apart)
+        self.out.validation(self.state.epoch, *val, parts=apart)
         return val
 
     # -- freezing --------------------------------------------------------------------------------

@@ -68,8 +68,11 @@ class RunConsole:
         """``epoch`` counts from 0; ``state`` is `train.models.finetune.FreezeState`."""
         self.say(f"epoch {epoch + 1}: {state.describe()}")
 
-    def validation(self, epoch: int, loss: float, acc: float, samples: int) -> None:
+    def validation(self, epoch: int, loss: float, acc: float, samples: int,
+                   parts: dict[str, tuple[float, float, int]] | None = None) -> None:
         self.say(f"epoch {epoch + 1}: val loss {loss:.4f} acc {acc:.1%} ({samples} samples, all ranks)")
+        for name, (lo, ac, n) in (parts or {}).items():
+            self.say(f"epoch {epoch + 1}:   {name}: val loss {lo:.4f} acc {ac:.1%} ({n} samples)")
 
     def layout_changed(self, saved: dict, reader, epoch: int) -> None:
         """A mid-epoch position continued on another layout (``saved``: the checkpoint's reader

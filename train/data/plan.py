@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -156,11 +157,19 @@ def cut(segments: list[Segment], lengths: list[int]) -> list[tuple[Segment, ...]
     return out
 
 
+class Mixed(Protocol):
+    """Several sources in one epoch (`train.data.mix.Mix`): what the epoch reads, in order."""
+
+    def epoch_size(self, counts: list[int], per_step: int) -> int: ...
+    def sequence(self, counts: list[int], per_step: int, seed: int, epoch: int) -> list[Segment]: ...
+
+
 def epoch_plan(counts: list[int], world: int, batch: int, seed: int, epoch: int, train: bool = True,
-               accum: int = 1, history: tuple[Generation, ...] = ()) -> EpochPlan:
+               accum: int = 1, history: tuple[Generation, ...] = (), mix: Mixed | None = None) -> EpochPlan:
     """The whole epoch's assignment of samples to ranks (see the module docstring); with
     ``history`` (the layouts this epoch already ran in, `Generation`), the assignment of the
-    samples those left unread, to this layout."""
+    samples those left unread, to this layout. With ``mix`` the epoch's sequence is the mix's
+    (several sources by weight, nothing left out: `train.data.mix`), cut the same way."""
     if world < 1 or batch < 1 or accum < 1:
         raise ValueError(f"world size, batch size and accumulation must be at least 1, got {world}, {batch} and {accum}")
     counts = [int(c) for c in counts]
@@ -169,14 +178,19 @@ def epoch_plan(counts: list[int], world: int, batch: int, seed: int, epoch: int,
     if not train:
         return _eval_plan(counts, world, batch, epoch, total)
     per_step = world * batch * accum
-    if total < per_step:
+    size = mix.epoch_size(counts, per_step) if mix is not None else total
+    if size < per_step or total == 0:
         step = f"{world} ranks x batch {batch}" + (f" x accumulation {accum}" if accum > 1 else "")
-        raise ValueError(f"{total} train samples cannot fill one step of {step}; use a smaller --batch-size or fewer ranks")
-    kept, dropped = _epoch_sequence(counts, cum, per_step, seed, epoch)
+        what = "train samples" if mix is None else "samples per epoch of the mix"
+        raise ValueError(f"{size} {what} cannot fill one step of {step}; "
+                         "use a smaller --batch-size or fewer ranks")
+    if mix is not None:
+        return layout(mix.sequence(counts, per_step, seed, epoch), (), world, batch, seed, epoch, history)
+    kept, dropped = epoch_sequence(counts, cum, per_step, seed, epoch)
     return layout(kept, dropped, world, batch, seed, epoch, history)
 
 
-def _epoch_sequence(counts: list[int], cum: list[int], per_step: int, seed: int,
+def epoch_sequence(counts: list[int], cum: list[int], per_step: int, seed: int,
                     epoch: int) -> tuple[list[Segment], tuple[tuple[int, int], ...]]:
     """The epoch's train samples in reading order, a whole number of global batches
     (``per_step`` samples, at least one), and the (shard, index) of those left out."""

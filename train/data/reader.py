@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
 from pipeline.media.image.resize import dct_scale, fit, scaled_size
+from train.data.mix import Sources
 from train.data.plan import Generation, epoch_plan
 from train.data.skips import BadSample, donors, text_problem
 from train.data.stream import SampleDecodeError, SampleReader, read_samples
@@ -71,12 +72,14 @@ class ShardReader(SampleReader, IterableDataset):
                  fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
                  image_size: int | None = None, mean=None, std=None, tokenize=None,
                  cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, accum: int = 1,
-                 skip_bad: bool = False):
+                 skip_bad: bool = False, dataset: Sources | None = None, only: int | None = None):
         """``shard_dir``: a local folder or ``s3://bucket/prefix``; ``cache_dir``/``cache_max_bytes``:
         a local cache of whole shards (`train.data.stream.SampleReader`); ``accum``: batches per
         optimizer step (epochs are cut in whole global batches). ``skip_bad``: a sample that cannot
         be read or decoded is skipped (`train.data.skips`: its slot masked, named in ``skipped``)
-        instead of ending the epoch with `SampleDecodeError`.
+        instead of ending the epoch with `SampleDecodeError`. ``dataset``/``only``: several
+        SHARD_DIRs mixed by weight, or one of them (`train.data.stream.SampleReader`); classes are
+        then the merged ones, and keys are prefixed with their source's name (``SOURCE:KEY``).
         ``image_size``: the side images are decoded at, e.g. the model's input size; at most
         the stored size (enlarging adds nothing). None: the stored size (index.json's).
         ``mean``/``std``: the normalisation the model was trained with (`train.models.norm`);
@@ -87,7 +90,11 @@ class ShardReader(SampleReader, IterableDataset):
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
         SampleReader.__init__(self, shard_dir, split, rank, world_size, batch_size, seed, shuffle_buffer,
-                              cache_dir=cache_dir, cache_max_bytes=cache_max_bytes, accum=accum, skip_bad=skip_bad)
+                              cache_dir=cache_dir, cache_max_bytes=cache_max_bytes, accum=accum, skip_bad=skip_bad,
+                              dataset=dataset, only=only)
+        # a mix: each shard's class numbers in the merged classes, and its keys' prefix
+        self._label_maps = dataset.label_maps() if dataset is not None else {}
+        self._key_prefix = dataset.key_prefixes() if dataset is not None else {}
         self.fields, self.max_text_len = tuple(fields), max_text_len
         self.num_classes = len(self.index["classes"])
         self.stored_size = self.index["image_size"]  # the side of every image in the shards
@@ -106,7 +113,7 @@ class ShardReader(SampleReader, IterableDataset):
         self._scale, self._shift = (1.0 / (255.0 * self.std))[0], (-self.mean / self.std)[0]
         # the epoch's length in this layout: the sample count, world, batch and accumulation
         self.steps_per_epoch = epoch_plan(self.counts, world_size, batch_size, seed, 0, train=split == "train",
-                                          accum=accum).steps
+                                          accum=accum, mix=self.mix).steps
         # shared with the dataloader workers: the epoch, the samples this rank consumed in it in this
         # layout, the epoch the earlier layouts belong to and how many (rows of _generations)
         self._position = torch.zeros(4, dtype=torch.int64).share_memory_()
@@ -251,7 +258,7 @@ class ShardReader(SampleReader, IterableDataset):
         fill = donors(len(samples), set(bad))
         fed = [s if i not in bad else samples[d] if (d := fill[i]) is not None else RawSample(s.key)
                for i, s in enumerate(samples)]
-        batch: dict = {"key": [s.key for s in samples],
+        batch: dict = {"key": [self._key_prefix.get(s.shard, "") + s.key for s in samples],
                        "valid": torch.tensor([v and i not in bad for i, (v, _) in enumerate(chunk)], dtype=torch.bool),
                        "label": torch.tensor([y if i not in bad else labels[d] if (d := fill[i]) is not None else 0
                                               for i, y in enumerate(labels)], dtype=torch.int64)}
@@ -294,9 +301,11 @@ class ShardReader(SampleReader, IterableDataset):
             label = decode_class(s.fields["cls"])
         except DecodeError as e:
             raise _error(s, str(e)) from None
-        if not 0 <= label < self.num_classes:
-            raise _error(s, f"class {label} is outside the index's {self.num_classes} classes")
-        return label
+        table = self._label_maps.get(s.shard)
+        classes = len(table) if table is not None else self.num_classes
+        if not 0 <= label < classes:
+            raise _error(s, f"class {label} is outside the index's {classes} classes")
+        return table[label] if table is not None else label
 
     def _images(self, samples: list[RawSample], bad: dict[int, str]) -> tuple[torch.Tensor, torch.Tensor]:
         size = self.image_size

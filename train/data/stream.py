@@ -26,6 +26,7 @@ from pathlib import Path
 from pipeline.formats import tarstream
 from pipeline.formats.sample import RawSample, split_name
 from train.data import sources
+from train.data.mix import Mix, Sources
 from train.data.plan import Block, EpochPlan, Generation, batches_done, block_key, epoch_plan, worker_blocks, worker_spans
 from train.data.ranges import DEFAULT_RETRY, Retry, SampleDecodeError, ShardReadError, Want, plan_reads, prefetched
 from train.data.skips import BadSample, key_in_header
@@ -55,31 +56,42 @@ class SampleReader:
     batches per optimizer step (the epoch is cut in whole global batches, `train.data.plan`).
     ``skip_bad``: a sample that cannot be read or parsed (a damaged header, a shard cut short)
     comes out as a `train.data.skips.BadSample` instead of ending the read (`SampleDecodeError`).
+    ``dataset``: several SHARD_DIRs mixed by weight (`train.data.mix.Sources`; ``shard_dir`` is then
+    only a name); ``only``: read just that source of it (its validation split, apart).
     """
 
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
                  cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, source=None,
-                 retry: Retry = DEFAULT_RETRY, accum: int = 1, skip_bad: bool = False):
+                 retry: Retry = DEFAULT_RETRY, accum: int = 1, skip_bad: bool = False, dataset: Sources | None = None,
+                 only: int | None = None):
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
         self.shard_dir: str | Path = str(shard_dir) if sources.is_remote(shard_dir) else Path(shard_dir)
-        self.index, raw = sources.read_index(self.shard_dir)
-        self.fingerprint = hashlib.sha256(raw).hexdigest()
         self.split, self.rank, self.world_size = split, rank, world_size
         self.batch_size, self.seed, self.shuffle_buffer, self.accum = batch_size, seed, shuffle_buffer, accum
-        self.shards = [s for s in self.index["shards"] if s["split"] == split]
-        self.counts = [s["count"] for s in self.shards]
         self.retry, self.skip_bad = retry, skip_bad
-        self.source = source if source is not None else sources.open_source(
-            self.shard_dir, cache_dir, cache_max_bytes, {s["name"]: (s["bytes"], s["sha256"]) for s in self.index["shards"]})
+        self.mix: Mix | None = None
+        if dataset is not None:  # several SHARD_DIRs (`train.data.mix`): their merged index, one combined shard list
+            self.index, self.fingerprint = dataset.index, dataset.fingerprint
+            self.shards = dataset.shards(split, only)
+            self.mix = dataset.mix(split) if split == "train" and only is None else None
+            self.source = source if source is not None else dataset.open_source(cache_dir, cache_max_bytes)
+        else:
+            self.index, raw = sources.read_index(self.shard_dir)
+            self.fingerprint = hashlib.sha256(raw).hexdigest()
+            self.shards = [s for s in self.index["shards"] if s["split"] == split]
+            self.source = source if source is not None else sources.open_source(
+                self.shard_dir, cache_dir, cache_max_bytes,
+                {s["name"]: (s["bytes"], s["sha256"]) for s in self.index["shards"]})
+        self.counts = [s["count"] for s in self.shards]
 
     def plan(self, epoch: int) -> EpochPlan:
         """``epoch``'s plan for this layout: after the layouts it already ran in, if any (`history`)."""
         return epoch_plan(self.counts, self.world_size, self.batch_size, self.seed, epoch, train=self.split == "train",
-                          accum=self.accum, history=self.history(epoch))
+                          accum=self.accum, history=self.history(epoch), mix=self.mix)
 
     def history(self, epoch: int) -> tuple[Generation, ...]:
         """The layouts ``epoch`` was read in before this one (a resume on another layout); none here."""
