@@ -25,7 +25,8 @@ def train(ctx: typer.Context, **given: Any) -> None:
 
     Checkpoints (last.pt, best.pt), metrics.jsonl and TensorBoard logs (tb/) go to RUN_DIR;
     --resume continues from last.pt. --data-only runs just the streaming data pipeline under the
-    same launcher and prints samples/s per rank; --record-keys writes the keys each rank consumed.
+    same launcher and prints samples/s per rank; --record-keys writes the keys each rank trained on.
+    Several SHARD_DIRs are trained on together, mixed by --mix.
     """
     from train.distributed.launch import launch, quiet_cpp_logs
 

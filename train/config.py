@@ -67,8 +67,10 @@ class TrainConfig(LaunchConfig):
                                         "(TensorBoard), config.json, keys/.", flags=("--output", "-o"), required=True)
     data_only: bool = setting(False, "Run only the data pipeline (no model) and print samples/s per rank.",
                               flags=("--data-only",), panel=DATA)
-    record_keys: bool = setting(False, "Write the keys each rank consumed, per epoch, to RUN_DIR/keys/epoch{E}-rank{R}.txt "
-                                       "(--data-only).", flags=("--record-keys",), panel=DATA)
+    record_keys: bool = setting(False, "Write the keys each rank trained on, in order, to RUN_DIR/keys/epoch{E}-rank{R}"
+                                       "[-attempt{A}].txt with every checkpoint (what the checkpointed model saw; a "
+                                       "skipped sample as 'KEY skipped'); under --data-only the keys each rank read.",
+                                flags=("--record-keys",), panel=DATA)
     verify: bool = setting(False, "Before training, check every shard's size and sha256 against index.json; a mismatch "
                                   "stops the run naming the shard, exit 1.", flags=("--verify",), panel=DATA)
     mix: str | None = setting(None, "Weights of the SHARD_DIRs in every epoch, one per folder (3,1: three quarters from "
