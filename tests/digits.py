@@ -66,3 +66,17 @@ def make_digit_shards(root: Path, n: int = 400, seed: int = 0, prefix: str = "d"
     stage.run(stage.ShardConfig(clean, root / "shards", val_fraction=val_fraction, seed=seed, max_count=40),
               show_progress=False)
     return root / "shards"
+
+
+def keys_by_position(shard_dir: Path, split: str = "train") -> dict[tuple[int, int], str]:
+    """(shard number in the split, index) -> key, read with Python's tarfile (not our parser)."""
+    import json
+    import tarfile
+
+    index = json.loads((Path(shard_dir) / "index.json").read_text())
+    out = {}
+    for n, shard in enumerate(s for s in index["shards"] if s["split"] == split):
+        with tarfile.open(Path(shard_dir) / shard["name"]) as tf:
+            keys = list(dict.fromkeys(m.name.split(".", 1)[0] for m in tf.getmembers()))
+        out.update({(n, i): k for i, k in enumerate(keys)})
+    return out

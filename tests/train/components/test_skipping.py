@@ -115,3 +115,34 @@ def test_a_resume_does_not_record_a_skip_twice(damaged, tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (tmp_path / "run" / SKIPPED).read_text().splitlines()]
     assert [(r["key"], r["step"]) for r in rows] == [(key, step)] and summary["skipped"] == 1
     assert keys.trained_keys(tmp_path / "run", 0) == keys.trained_keys(tmp_path / "whole", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_ranks_finish_naming_the_zeroed_image_and_stop_with_exit_1_under_max_skipped_0(damaged, tmp_path):
+    """The issue's drill on 2 CPU ranks (pipe train --nproc-per-node 2, 2 workers each): the zeroed
+    image is skipped and named, the run finishes; with --max-skipped 0 it stops, exit 1, naming it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, pipe_env
+
+    shards, key = damaged
+    flags = ["--model", "image", "--width", "8", "--epochs", "2", "--batch-size", "8", "--workers", "2",
+             "--nproc-per-node", "2", "--record-keys"]
+
+    def train(out: Path, *more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(out), *flags, *more],
+                              capture_output=True, text=True, env=pipe_env(), cwd=REPO, timeout=500)
+
+    p = train(tmp_path / "run")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"train-000001.tar: sample {key} (byte offset" in p.stderr and "samples skipped" in p.stdout
+    rows = [json.loads(line) for line in (tmp_path / "run" / SKIPPED).read_text().splitlines()]
+    assert sorted(r["epoch"] for r in rows) == [1, 2] and {r["key"] for r in rows} == {key}
+    assert [keys.trained_keys(tmp_path / "run", e)[1] for e in range(2)] == [[key], [key]]
+    p = train(tmp_path / "strict", "--max-skipped", "0")
+    assert p.returncode == 1, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("pipe: failed: rank ") and "--max-skipped 0 (0 samples) exceeded" in last
+    assert f"train-000001.tar:{key}" in last and "terminate called" not in p.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -164,3 +165,59 @@ def test_a_reader_over_two_folders_maps_classes_by_name_and_prefixes_keys(two_so
     for key, label in pairs:
         source, _, name = key.partition(":")
         assert label == int(name[1:]) % (3 if source == "a/shards" else 4), key
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_sources_mixed_3_to_1_on_two_ranks_and_resumed_on_one(tmp_path):
+    """The issue's drill: digits A (160 train) and B (64 train) mixed 3:1 on 2 CPU ranks, global
+    batch 16: every epoch 168 of A (75%) and 56 of B; A is up-sampled evenly (after each epoch no
+    sample used twice more than another), B down-sampled: no repeat before its pass is through.
+    Killed after step 5 and resumed on 1 rank, the run trains every epoch on the same samples as
+    the uninterrupted one."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, pipe_env
+    from tests.digits import make_digit_shards
+    from train.components import keys
+
+    a = make_digit_shards(tmp_path / "a", n=200)
+    b = make_digit_shards(tmp_path / "b", n=80, seed=1, prefix="b", classes=5)
+    flags = ["--mix", "3,1", "--model", "image", "--width", "8", "--epochs", "3", "--global-batch", "16", "--workers",
+             "1", "--record-keys", "--checkpoint-every", "3"]
+
+    def train(out: Path, *more: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline", "train", str(a), str(b), "-o", str(out), *flags, *more],
+                              capture_output=True, text=True, env={**pipe_env(), **(env or {})}, cwd=REPO, timeout=500)
+
+    p = train(tmp_path / "whole", "--nproc-per-node", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    used = {"a/shards": Counter(), "b/shards": Counter()}
+    for epoch in range(3):
+        trained, _ = keys.trained_keys(tmp_path / "whole", epoch)
+        mine = {s: [k for k in trained if k.startswith(s + ":")] for s in used}
+        assert (len(trained), len(mine["a/shards"]), len(mine["b/shards"])) == (224, 168, 56)  # 75%
+        for source, got in mine.items():
+            used[source].update(got)
+        a_uses = [used["a/shards"][f"a/shards:{k}"] for k in keys_of(a)]
+        assert max(a_uses) - min(a_uses) <= 1 and min(a_uses) >= epoch + 1  # even: all once before any twice
+        b_uses = [used["b/shards"][f"b/shards:{k}"] for k in keys_of(b)]
+        assert max(b_uses) - min(b_uses) <= 1  # down-sampled: the pass goes on, no repeat before it is through
+        if epoch == 0:
+            assert max(b_uses) == 1 and sum(b_uses) == 56
+    assert "val_loss/a/shards" in (tmp_path / "whole" / "metrics.jsonl").read_text()
+
+    first = train(tmp_path / "moved", "--nproc-per-node", "2", env={"PIPE_FAULT_KILL_AT_STEP": "5:1"})
+    assert first.returncode != 0
+    rest = train(tmp_path / "moved", "--resume")  # on 1 rank, global batch kept: batch 16
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    for epoch in range(3):
+        assert Counter(keys.trained_keys(tmp_path / "moved", epoch)[0]) == Counter(
+            keys.trained_keys(tmp_path / "whole", epoch)[0])
+
+
+def keys_of(shards) -> list[str]:
+    from tests.digits import keys_by_position
+
+    return list(keys_by_position(shards).values())
