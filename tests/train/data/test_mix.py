@@ -221,3 +221,19 @@ def keys_of(shards) -> list[str]:
     from tests.digits import keys_by_position
 
     return list(keys_by_position(shards).values())
+
+
+def test_the_fingerprint_covers_every_source_the_weights_and_the_epoch_size(two_sources, tmp_path):
+    import shutil
+
+    a, b = two_sources
+    base = Sources([str(a), str(b)], (Fraction(3), Fraction(1))).fingerprint
+    assert Sources([str(a), str(b)], (Fraction(3), Fraction(1))).fingerprint == base
+    assert Sources([str(a), str(b)], (Fraction(1), Fraction(1))).fingerprint != base
+    assert Sources([str(a), str(b)], (Fraction(3), Fraction(1)), epoch_samples=50).fingerprint != base
+    assert Sources([str(b), str(a)], (Fraction(3), Fraction(1))).fingerprint != base
+    other = tmp_path / "b" / "shards"
+    shutil.copytree(b, other)
+    index = other / "index.json"
+    index.write_text(index.read_text().replace('"seed": 1', '"seed": 2'))
+    assert Sources([str(a), str(other)], (Fraction(3), Fraction(1))).fingerprint != base

@@ -418,3 +418,34 @@ def test_a_shard_cut_short_skips_the_samples_past_its_end(shards, tmp_path):
     assert {e[1] for e in skipped} == {shard} and lost <= len(skipped) <= lost + 1
     assert all("cut short" in e[4] or "damaged" in e[4] for e in skipped)
     assert sum(int((~b["valid"]).sum()) for b in batches) == len(skipped)
+
+
+def test_a_second_resume_in_the_new_layout_continues_it_exactly_and_a_third_layout_too(shards):
+    """2 ranks x batch 3, 3 batches read; on 3 ranks x batch 2 one more global batch; saved again
+    and resumed in that same layout (exactly where it was), then on 1 rank x batch 6 for the rest:
+    the epoch's samples once over the three generations."""
+    def readers(world, batch, workers=1):
+        out = [ShardReader(shards, "train", r, world, batch_size=batch, seed=4, shuffle_buffer=5) for r in range(world)]
+        return out, [make_loader(r, workers) for r in out]
+
+    first, loaders = readers(2, 3)
+    for r in first:
+        r.set_epoch(0)
+    trained = [k for ld in loaders for k in loader_keys(ld)[:9]]
+    whole = [k for r in first for k in expected_keys(r, 0, 1)]
+    second, loaders = readers(3, 2)
+    for r in second:
+        r.load_state_dict(first[0].state_dict(steps_done=3))
+    second_keys = [loader_keys(ld) for ld in loaders]
+    trained += [k for keys in second_keys for k in keys[:2]]  # one more global batch: 1 batch of 2 per rank
+    state = second[0].state_dict(steps_done=4)  # the epoch so far (4 global batches) in this layout's batches
+    assert state["consumed"] == 24 // 3 and len(state["history"]) == 1
+    again, loaders = readers(3, 2)
+    for r, ld, before in zip(again, loaders, second_keys):
+        r.load_state_dict(state)
+        assert loader_keys(ld) == before[2:]  # the same layout: exactly where it was
+    third, loaders = readers(1, 6, workers=2)
+    third[0].load_state_dict(state)
+    assert len(third[0].history(0)) == 2
+    trained += loader_keys(loaders[0])
+    assert len(trained) == len(set(trained)) and set(trained) == set(whole)
