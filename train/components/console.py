@@ -81,8 +81,11 @@ class RunConsole:
         history = getattr(reader, "history", None)
         if history is None or len(history(epoch)) <= len(saved.get("history") or ()):
             return
-        was = f"{saved['world_size']} ranks x batch {saved['batch_size']}, {saved['num_workers']} workers"
-        now = f"{reader.world_size} ranks x batch {reader.batch_size}, {max(1, reader.num_workers)} workers"
+        def layout(world: int, batch: int, workers: int) -> str:
+            return f"{world} rank{'s' if world != 1 else ''} x batch {batch}, {workers} worker{'s' if workers != 1 else ''}"
+
+        was = layout(saved["world_size"], saved["batch_size"], saved["num_workers"])
+        now = layout(reader.world_size, reader.batch_size, max(1, reader.num_workers))
         left = reader.plan(epoch).steps * reader.batch_size * reader.world_size
         self.say(f"resume: epoch {epoch + 1} continues on another layout ({was} -> {now}): the {left} samples it has "
                  "not trained on yet, each once, in a new order (the same samples as the uninterrupted run, other "
