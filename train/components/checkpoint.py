@@ -65,8 +65,10 @@ class TrainState:
 # -- what a run's checkpoint holds, and putting it back -----------------------------------------
 
 
-def _plain(*, scheduler, scaler, state: TrainState, reader: dict, rngs: list, config: dict, fingerprint: str) -> dict:
-    """What a checkpoint holds besides the model and the optimizer (both formats)."""
+def _plain(*, scheduler, scaler, state: TrainState, reader: dict, rngs: list, config: dict, fingerprint: str,
+           records: dict | None = None) -> dict:
+    """What a checkpoint holds besides the model and the optimizer (both formats). ``records``:
+    what the run's per-sample records were when it was written (`train.components.keys.Records`)."""
     return {
         "format": CHECKPOINT_FORMAT,
         "scheduler": scheduler.state_dict(),
@@ -77,16 +79,17 @@ def _plain(*, scheduler, scaler, state: TrainState, reader: dict, rngs: list, co
         "rng": rngs,
         "config": config,
         "dataset_fingerprint": fingerprint,
+        "records": records or {},
     }
 
 
 def save(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainState, reader: dict, rngs: list,
-         config: dict, fingerprint: str, best: bool) -> None:
+         config: dict, fingerprint: str, best: bool, records: dict | None = None) -> None:
     """Write RUN_DIR/last.pt (rank 0 only); with ``best``, best.pt becomes that file too.
     ``model`` is the bare module (no DDP wrapper: its names carry no ``module.`` prefix);
     ``reader`` the train reader's position, ``rngs`` every rank's RNG states (rank order)."""
     plain = _plain(scheduler=scheduler, scaler=scaler, state=state, reader=reader, rngs=rngs, config=config,
-                   fingerprint=fingerprint)
+                   fingerprint=fingerprint, records=records)
     save_atomic({"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  **plain}, run_dir / LAST)
     if best:
@@ -94,7 +97,8 @@ def save(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainStat
 
 
 def save_sharded(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainState, reader: dict | None,
-                 rngs: list, config: dict, fingerprint: str, best: bool, token: str, is_main: bool) -> None:
+                 rngs: list, config: dict, fingerprint: str, best: bool, token: str, is_main: bool,
+                 records: dict | None = None) -> None:
     """Write the --strategy fsdp checkpoint (every rank calls this, with the same ``token``): the
     model's and optimizer's shards through DCP into a temporary folder, then (rank 0) state.pt,
     COMPLETE, the rename, and last.dcp (best.dcp) pointed at it. ``reader`` is rank 0's position."""
@@ -111,7 +115,7 @@ def save_sharded(run_dir: Path, *, model, optimizer, scheduler, scaler, state: T
     if not is_main:
         return
     plain = _plain(scheduler=scheduler, scaler=scaler, state=state, reader=reader or {}, rngs=rngs, config=config,
-                   fingerprint=fingerprint)
+                   fingerprint=fingerprint, records=records)
     save_atomic(plain, tmp / DCP_STATE)
     complete = tmp / DCP_COMPLETE
     complete.write_text(f"step {state.step}\n")

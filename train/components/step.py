@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.errors import StageFailed
@@ -19,6 +18,7 @@ from train.components.device import autocast, to_device
 from train.components.margins import MarginRecorder
 from train.components.micro_batch import oom_message
 from train.components.monitor import Monitor
+from train.components.skipping import masked_loss
 from train.components.wrapping import no_sync
 from train.config import BatchPlan
 from train.distributed.group import Dist
@@ -73,7 +73,7 @@ class Step:
                 with no_sync(wrapped, skip=micro < plan.accum - 1):
                     with autocast(self.precision, d.device):
                         logits = forward(wrapped, self.model, batch)
-                    loss = F.cross_entropy(logits.float(), batch["label"])
+                    loss = masked_loss(logits.float(), batch)  # skipped samples (bad data) add nothing
                     margins.train(epoch, batch, logits)
                     # / accum: the summed micro-gradients become the gradient of the mean over the step
                     self.scaler.scale(loss / plan.accum).backward()
