@@ -105,7 +105,9 @@ def test_a_listing_and_an_opened_file_give_the_same_modification_time(folder):
     (entry,) = folder.list()
     with folder.open("x.bin") as f:
         st = f.stat() if hasattr(f, "stat") else os.fstat(f.fileno())  # as pipeline.clean.process does
-    assert entry.mtime_ns > 0 and entry.mtime_ns == st.st_mtime_ns and entry.size == st.st_size == 5
+    assert entry.mtime_ns > 0 and entry.size == st.st_size == 5
+    # whole seconds on object storage, a listing's rounded and a header's truncated on some servers
+    assert abs(entry.mtime_ns - st.st_mtime_ns) <= (1_000_000_000 if folder.url.startswith("s3://") else 0)
 
 
 def test_local_write_if_absent_creates_once(tmp_path):
