@@ -330,7 +330,7 @@ def _describe_failures(e) -> str:
             message = ""
         last = next((ln.strip() for ln in reversed(message.strip().splitlines()) if ln.strip()), "")
         last = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", last)  # train.data.reader.SampleDecodeError: -> SampleDecodeError:
-        last = re.sub(r"^(StageFailed|UsageError): ", "", last)  # our own errors are already sentences
+        last = re.sub(r"^(StageFailed|UsageError|Refused): ", "", last)  # our own errors are already sentences
         what = last or (f"exit code {failure.exitcode}" if failure.exitcode >= 0 else f"killed by signal {-failure.exitcode}")
         found.append((peer_lost(what), f"rank {rank}: {what}"))
     causes = [text for lost, text in found if not lost]
