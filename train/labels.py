@@ -504,7 +504,7 @@ def print_findings(findings: Findings, run_dir: Path) -> None:
     from pipeline.core import ui
 
     s = findings.summary()
-    t = Table(title=f"pipe labels -> {run_dir / ISSUES}", show_header=False, title_justify="left")
+    t = Table(title=ui.plain(f"pipe labels -> {run_dir / ISSUES}"), show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column(justify="right")
     lo, hi = findings.interval()
@@ -514,12 +514,13 @@ def print_findings(findings: Findings, run_dir: Path) -> None:
     t.add_row("val samples", f"{findings.val_samples:,}")
     t.add_row("flagged", f"{s['flagged']['total']:,} ({s['flagged']['train']:,} train, {s['flagged']['val']:,} val)")
     if findings.finding:  # before anything that reads like a result
-        ui.out_console.print(f"finding: {findings.finding}", highlight=False, markup=False)
+        ui.out_console.print(f"finding: {ui.shown(findings.finding)}", highlight=False, markup=False)
     ui.out_console.print(t)
     for p in findings.pairs[:10] if not findings.finding else ():
-        ui.out_console.print(f"{p['count']} labelled {p['given']} look like {p['suggested']}", highlight=False, markup=False)
+        ui.out_console.print(f"{p['count']} labelled {ui.shown(p['given'])} look like {ui.shown(p['suggested'])}",
+                             highlight=False, markup=False)
     for w in findings.warnings:
-        ui.err_console.print(f"warning: {w}", highlight=False, markup=False)
+        ui.err_console.print(f"warning: {ui.shown(w)}", highlight=False, markup=False)
     ui.out_console.print("nothing was removed: review the file, then pass corrected labels to "
                          "pipe clean --labels (see the README)", highlight=False, markup=False)
 

@@ -28,16 +28,17 @@ CLASSES = ["cat", "dog", "fox"]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def noisy_shards(root: Path, n: int = 150, flip: float = 0.1, seed: int = 0) -> tuple[Path, set[str]]:
+def noisy_shards(root: Path, n: int = 150, flip: float = 0.1, seed: int = 0,
+                 classes: list[str] = CLASSES) -> tuple[Path, set[str]]:
     """A SHARD_DIR whose images show their true class (a colour in a quadrant, under noise) while
     ``flip`` of the labels name another class; returns it and the flipped keys."""
     rng = np.random.default_rng(seed)
     flipped = set(rng.choice(n, size=int(round(flip * n)), replace=False).tolist())
     specs, true = [], {}
     for i in range(n):
-        label = i % len(CLASSES)
-        given = (label + 1 + int(rng.integers(len(CLASSES) - 1))) % len(CLASSES) if i in flipped else label
-        specs.append(Spec(key=f"k{i:04d}", label=CLASSES[given], seed=seed * 100_000 + i, size=16,
+        label = i % len(classes)
+        given = (label + 1 + int(rng.integers(len(classes) - 1))) % len(classes) if i in flipped else label
+        specs.append(Spec(key=f"k{i:04d}", label=classes[given], seed=seed * 100_000 + i, size=16,
                           phash=((seed * 100_000 + i) * 0x9E3779B97F4A7C15) & (2**64 - 1)))
         true[specs[-1].key] = label
     clean = make_clean_dir(root / "clean", specs)
@@ -248,6 +249,8 @@ def _copy_run(run: Path, to: Path) -> Path:
     import shutil
 
     shutil.copytree(run, to)
+    for name in (labels.ISSUES, labels.SUMMARY):  # an earlier test's pipe labels on the shared run
+        (to / name).unlink(missing_ok=True)
     return to
 
 
@@ -299,3 +302,37 @@ def test_a_model_near_chance_on_its_training_data_is_a_finding_not_a_footnote(tm
     assert summary["finding"] and "near chance on its own training data" in summary["finding"]
     assert r.stdout.startswith("finding: the model is near chance on its own training data")
     assert "look like" not in r.output
+
+
+HOSTILE = ["cat\x1b[31mRED\x1b[0m", "dog\x1b]0;pwned\x07", "fox\u202eeulb"]  # colours, a window title, a bidi override
+RAW = ("\x1b", "\x07", "\u202e")
+
+
+@pytest.mark.slow
+def test_class_names_with_terminal_escapes_reach_the_terminal_escaped(tmp_path):
+    """Class folders named with ESC sequences (Rich passes ESC): pipe labels, a real process, prints
+    its "x look like y" lines with the names escaped as pipe check does, and nothing raw."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, pipe_env
+
+    shards, flipped = noisy_shards(tmp_path, n=90, flip=0.15, classes=HOSTILE)
+    train(shards, tmp_path / "run", epochs=4, batch_size=16)
+    p = subprocess.run([sys.executable, "-m", "pipeline", "labels", str(tmp_path / "run")], capture_output=True,
+                       text=True, env=pipe_env(), cwd=REPO, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert not any(c in p.stdout + p.stderr for c in RAW)
+    pairs = [ln for ln in p.stdout.splitlines() if " look like " in ln]
+    assert pairs and all("\\x1b" in ln or "\\u202e" in ln for ln in pairs), p.stdout
+
+
+def test_an_error_naming_a_planted_path_is_escaped(tmp_path, cli):
+    """RUN_DIR/config.json names the SHARD_DIR; one with escapes in it comes back in the error line
+    escaped (every error line passes the same helper)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"shard_dir": "/nowhere/\x1b]0;pwned\x07\x1b[2J"}))
+    r = cli("labels", run)
+    assert r.exit_code == 2 and not any(c in r.output for c in RAW)
+    assert "/nowhere/\\x1b]0;pwned\\x07\\x1b[2J has no readable index.json" in r.stderr

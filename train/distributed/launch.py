@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 from pipeline.core import settings
 from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.ui import shown
 from train.config import LaunchConfig
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -242,7 +243,7 @@ def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
     except BaseException as e:
         if _interrupts.seen:  # a dataloader worker or a peer that the same Ctrl-C stopped first
             _end_interrupted_rank()
-        sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {one_line(e)}\n")
+        sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {shown(one_line(e))}\n")
         sys.stderr.flush()
         raise
 
