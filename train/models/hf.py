@@ -51,6 +51,9 @@ def _offline():
     the run prints one load report of its own."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    # the gate transformers puts on its own pickle.load calls (a RAG index; TransfoXL's vocabulary in
+    # older releases): closed whatever the environment says, as trust_remote_code is on every load
+    os.environ["TRUST_REMOTE_CODE"] = "False"
     # the tokenizer runs in forked dataloader workers: its Rust thread pool must not be started
     # in the parent first (it would deadlock the children; the library warns and disables it)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -214,13 +217,14 @@ def build_hf(path: str, num_classes: int, options: families.Options | None = Non
     auto = (transformers.AutoModelForSequenceClassification if text
             else transformers.AutoModelForImageClassification)
     classes = list((index or {}).get("classes") or [str(i) for i in range(num_classes)])
-    for weights in pickle_weights(folder):  # before transformers unpickles them
+    pickled = pickle_weights(folder)
+    for weights in pickled:  # before transformers unpickles them
         check_torch_file(weights, f"--model {label}: ")
     try:
         model, info = auto.from_pretrained(
             folder, num_labels=num_classes, id2label=dict(enumerate(classes)),
             label2id={c: i for i, c in enumerate(classes)}, ignore_mismatched_sizes=True, output_loading_info=True,
-            dtype=torch.float32, **SAFE_LOAD)
+            dtype=torch.float32, use_safetensors=not pickled, **SAFE_LOAD)  # a .bin beside safetensors: never read
     except (OSError, ValueError, KeyError, pickle.UnpicklingError) as e:
         raise _cannot_build(label, folder, e) from None
     model.train()  # from_pretrained returns eval mode; the loop switches modes itself
