@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,11 @@ class Refused(UsageError):
 def torch_file(path: Path | str | io.BytesIO, *, mmap: bool = False) -> Any:
     """``torch.load`` on the CPU with torch's restricted unpickler (no code runs). Its errors are
     the caller's to phrase (`refusal` says which kind a failure is); ``mmap`` leaves the tensors in
-    the file until touched."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    the file until touched. torch's warnings about what it reads (a pickle protocol it did not
+    write) are dropped: a refusal is one line, and a file it reads needs no remark."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
 
 
 def check_torch_file(path: Path, where: str) -> None:

@@ -50,13 +50,15 @@ def _payload_bytes(marker: Path, wrap=lambda p: p) -> bytes:
     return buf.getvalue()
 
 
-def _refused(r, marker: Path, words: str) -> None:
-    """Exit 2, one error line saying ``words`` (a rank's setup lines may come before it), no
-    traceback, and the payload never ran."""
+def _refused(r, marker: Path, words: str, alone: bool = True) -> None:
+    """Exit 2, one error line saying ``words`` and nothing else (``alone``: refused before any rank
+    started; else a rank's setup lines may come before it), no traceback, and the payload never ran."""
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("pipe:")]
     assert r.exit_code == 2, r.stderr[-3000:]
     assert len(errors) == 1 and words in errors[0], r.stderr[-3000:]
     assert r.stderr.rstrip().endswith(errors[0].rstrip())
+    if alone:
+        assert [ln for ln in r.stderr.splitlines() if ln.strip()] == errors, r.stderr[-3000:]
     assert "Traceback" not in r.output
     assert not marker.exists(), "the planted pickle ran"
 
@@ -125,12 +127,16 @@ def test_a_planted_last_pt_is_refused_unrun_on_resume(cli, shards, ddp_run, tmp_
     _live(marker, lambda: torch.load(run / ckpt.LAST, weights_only=False))
 
 
-@pytest.mark.parametrize("name", [ckpt.BEST, "weights.pth"])
+@pytest.mark.parametrize("name", [ckpt.BEST, "weights.pth", "legacy.pt"])
 def test_a_planted_init_from_file_is_refused_unrun(cli, shards, ddp_run, tmp_path, name):
-    """best.pt of another run (or any .pt/.pth) as --init-from: refused, one line."""
+    """best.pt of another run (or any .pt/.pth, or a bare pickle: torch's legacy format) as
+    --init-from: refused, one line."""
     marker = tmp_path / "pwned"
     planted = tmp_path / name
-    planted.write_bytes(_payload_bytes(marker, lambda p: {"state_dict": {"w": p}}))
+    if name == "legacy.pt":
+        planted.write_bytes(pickle.dumps({"state_dict": {"w": Payload(marker)}}))
+    else:
+        planted.write_bytes(_payload_bytes(marker, lambda p: {"state_dict": {"w": p}}))
     r = cli("train", shards, "-o", tmp_path / "new", *TRAIN, "--init-from", planted)
     _refused(r, marker, f"--init-from {planted}: refused by weights_only=True")
 
@@ -218,7 +224,8 @@ def test_a_planted_dcp_tensor_item_is_refused_unrun(cli, shards, fsdp_run, tmp_p
 
     run, marker = _copy(fsdp_run, tmp_path / "run"), tmp_path / "pwned"
     _point_item(_folder(run), lambda e: isinstance(e, TensorStorageMetadata), _payload_bytes(marker))
-    _refused(_resume(cli, shards, run, "--strategy", "fsdp"), marker, "a tensor item refused by weights_only=True")
+    _refused(_resume(cli, shards, run, "--strategy", "fsdp"), marker, "a tensor item refused by weights_only=True",
+             alone=False)  # tensors are read by the ranks only
 
 
 def test_a_planted_dcp_state_pt_is_refused_unrun(cli, shards, fsdp_run, tmp_path):
