@@ -75,6 +75,10 @@ def check(cfg):
         choose_backend("nccl", torch.cuda.is_available())  # without CUDA: a usage error here, not in every rank
     if not cfg.data_only:
         _check_model(cfg, index)
+        if cfg.init_from is not None:  # read through the restricted unpickler here, not first in every rank
+            from train.models.finetune import check_init
+
+            check_init(cfg.init_from)
     plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world)
     parse_limit(cfg.max_skipped, index["counts"]["train"]["samples"])  # --max-skipped 150%: one line, exit 2
     cfg = dataclasses.replace(cfg, batch_size=plan.batch_size, accum=plan.accum, global_batch=plan.global_batch)

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.ui import shown
 
 # What an interrupted command says about running it again: the one place that knows which
 # commands pick up where they stopped. A command not listed here starts over, and says so.
@@ -37,10 +38,10 @@ def exits_cleanly(fn):
         try:
             return fn(*args, **kwargs)
         except UsageError as e:
-            sys.stderr.write(f"pipe: error: {e}\n")
+            sys.stderr.write(f"pipe: error: {shown(e)}\n")
             raise typer.Exit(2) from None
         except StageFailed as e:
-            sys.stderr.write(f"pipe: failed: {e}\n")
+            sys.stderr.write(f"pipe: failed: {shown(e)}\n")
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             sys.stderr.write(f"interrupted: {AFTER_INTERRUPT.get(fn.__name__, START_OVER)}\n")
@@ -50,7 +51,7 @@ def exits_cleanly(fn):
         except Exception as e:  # a bug of ours: say so in one line; PIPE_DEBUG=1 shows the traceback
             if os.environ.get("PIPE_DEBUG"):
                 raise
-            sys.stderr.write(f"pipe: internal error: {type(e).__name__}: {e} (PIPE_DEBUG=1 shows the traceback)\n")
+            sys.stderr.write(f"pipe: internal error: {type(e).__name__}: {shown(e)} (PIPE_DEBUG=1 shows the traceback)\n")
             raise typer.Exit(1) from None
 
     return wrapper

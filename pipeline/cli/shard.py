@@ -54,7 +54,7 @@ def shard(ctx: typer.Context, **given: Any) -> None:
         rows.append(("kept from an earlier run", f"{_shards(summary['reused_shards'])} (same plan, sha256 checked)"))
     ui.summary_table(f"pipe shard -> {cfg.output}", rows)
     for w in summary["warnings"]:
-        sys.stderr.write(f"warning: {w}\n")
+        sys.stderr.write(f"warning: {ui.shown(w)}\n")
 
 
 def _shards(n: int) -> str:

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import UsageError
+from train.components import safe_load
 
 CHECKPOINT_FORMAT = "pipe-train-checkpoint/1"
 LAST = "last.pt"
@@ -235,39 +236,54 @@ def _load_sharded_weights(folder: Path, model, optimizer) -> None:
     optimizer state, keyed by parameter name. The optimizer's state must exist to be filled:
     `get_state_dict` makes it (a zero step) for the parameters that train now, so the caller
     freezes as the checkpoint's epoch did first (frozen parameters have no state in the file)."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     sd: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     try:
-        dcp.load(sd, checkpoint_id=str(folder))
-    except Exception as e:
+        safe_load.dcp_load(sd, folder)  # never torch's own reader: it would unpickle whatever the folder holds
+    except UsageError:
+        raise
+    except (Exception, CheckpointException) as e:
         raise UsageError(f"{folder} does not fit this model ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+                         f"{_last_line(e)})") from None
     set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
 
 
+def _last_line(e: BaseException) -> str:
+    """The last non-empty line of ``e`` (a CheckpointException ends with its rank's own error)."""
+    return next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), "")
+
+
 def _load_sharded_plain(path: Path) -> dict:
-    """A last.dcp folder's plain values (state.pt), refused unless its COMPLETE marker is there."""
-    folder = Path(os.path.realpath(path))
+    """A last.dcp folder's plain values (state.pt), refused unless its COMPLETE marker is there; its
+    .metadata is read (through `safe_load.dcp_metadata`) here too, so that a planted one is refused
+    wherever the checkpoint is first looked at (before any rank starts, or on a restarted rank)."""
+    folder = safe_load.inside_run(Path(path))
     if not (folder / DCP_COMPLETE).exists():
         raise UsageError(f"{path} is not a complete checkpoint (no {DCP_COMPLETE} marker in {folder})")
+    safe_load.dcp_check_items(folder, safe_load.dcp_metadata(folder))
+    if not safe_load.inside(folder / DCP_STATE, folder):
+        raise safe_load.Refused(f"{folder / DCP_STATE} is a link out of its checkpoint folder: refused")
     return {**load(folder / DCP_STATE), SHARDED_FROM: str(folder)}
 
 
 def load(path: Path, mmap: bool = False) -> dict:
-    """A checkpoint written by `save_atomic`, on the CPU, refusing anything but tensors and plain values.
+    """A checkpoint written by `save_atomic`, on the CPU, refusing anything but tensors and plain values
+    (`safe_load`), and a link out of its run folder.
     ``mmap``: tensors stay in the file until touched (cheap when only the plain values are wanted).
     A last.dcp folder gives its plain values and, under `SHARDED_FROM`, where its tensors are."""
     if Path(path).is_dir():
         return _load_sharded_plain(Path(path))
+    if Path(path).is_symlink():
+        safe_load.inside_run(Path(path))
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        obj = safe_load.torch_file(path, mmap=mmap)
     except FileNotFoundError:
         raise UsageError(f"no checkpoint at {path}") from None
     except Exception as e:
-        raise UsageError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise safe_load.refusal("", path, e, readable="a readable checkpoint") from None
     if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT:
         raise UsageError(f"{path} was not written by pipe train (no {CHECKPOINT_FORMAT!r} marker)")
     return obj

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.core.ui import plain, shown
 from train.config import BatchPlan, TrainConfig
 
 TORCHRUN_STORE_WARNING = (
@@ -32,8 +33,9 @@ class RunConsole:
         self.console, self.is_main = console, is_main
 
     def say(self, message: str) -> None:
+        """One line as it is: paths, model names and what a file held pass through `shown`, never as markup."""
         if self.is_main:
-            self.console.print(message, highlight=False)
+            self.console.print(shown(message), highlight=False, markup=False)
 
     def setup(self, cfg: TrainConfig, plan: BatchPlan, *, params: int, precision: str, backend: str | None,
               steps_per_epoch: int, total_steps: int, warmup: int, decoded_at: int | None, stored: int | None,
@@ -57,11 +59,11 @@ class RunConsole:
             return
         from rich.table import Table
 
-        t = Table(title=f"--init-from {report.source} ({report.kind})", title_justify="left", show_header=False)
+        t = Table(title=plain(f"--init-from {report.source} ({report.kind})"), title_justify="left", show_header=False)
         t.add_column(style="bold")
         t.add_column()
-        for status, detail in report.rows():
-            t.add_row(status, detail)
+        for status, detail in report.rows():  # the details name the file's tensors: its author chose them
+            t.add_row(status, plain(detail))
         self.console.print(t)
 
     def freeze(self, epoch: int, state) -> None:
@@ -101,7 +103,7 @@ class RunConsole:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"pipe train -> {run_dir}", show_header=False, title_justify="left")
+        t = Table(title=plain(f"pipe train -> {run_dir}"), show_header=False, title_justify="left")
         t.add_column(style="bold")
         t.add_column(justify="right")
         rows = [("epochs", s["epochs"]), ("optimizer steps", s["steps"]), ("global batch", s["global_batch"]),
