@@ -6,10 +6,12 @@
    Ray's throughput relative to local is local seconds / Ray seconds (the engine's overhead).
    Per command: wall, CPU of the driver (and what it waited for) and of the cluster's processes
    (`ClusterCPU`; the idle cluster's own daemons show in the local runs' figure), the stage's timings.
-   Two sizes by default, 2000 and 5000 files: Ray's costs beyond local are fixed ones per command
-   (the driver's import of Ray, joining, a job's fresh worker processes importing Ray and ours,
-   the session's end), so one size alone would say little; the two give each way's seconds per
-   1000 files and its fixed seconds per clean + shard.
+   First, the fixed cost per command, read directly: clean and shard of `FIXED_FILES` files, each
+   round Ray cold (its warm workers ended first, as after `--ray-keep-warm` seconds idle: clean
+   starts them, shard finds them), Ray warm (a second clean + shard) and local, rounds interleaved.
+   Then two sizes by default, 2000 and 5000 files, on the warm workers the first part left (as the
+   commands of one pipeline run after its first): each way's seconds per 1000 files and its fixed
+   seconds per clean + shard come from the two sizes too.
 2. driver (`--driver N [N ...]`): N synthetic rows written as part results files (Arrow IPC,
    as the tasks write them), then, in a fresh process each, what the driver does with them, with
    its own functions: hold the listing, gather (each part's decide columns), decide (exact +
@@ -133,12 +135,55 @@ def whole_runs(sizes: list[int], repeat: int, part_files: int) -> None:
         cluster = start_cluster()
         print(f"cluster of 2 one-CPU nodes up in {time.perf_counter() - t:.0f} s (not counted)")
         try:
+            fixed_costs(work, repeat, cluster)
             means = {n: _runs_of(work, n, repeat, part_files, cluster) for n in sizes}
         finally:
             cluster.stop()
         _fixed_and_per_file(means)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+FIXED_FILES = 20  # files in the runs that show each command's fixed cost (their work is a few tens of ms)
+
+
+def fixed_costs(work: Path, repeat: int, cluster) -> None:
+    """Each command's wall on `FIXED_FILES` files: Ray cold (no warm workers: clean starts them,
+    shard finds them), Ray warm, local; ``repeat`` rounds interleaved, then the means."""
+    raw = work / "raw-fixed"
+    make_input(raw, FIXED_FILES)
+    ray_args = ["--executor", "ray", "--ray-address", cluster.address]
+    walls: dict[str, list[float]] = {}
+    for k in range(repeat):
+        out = work / f"fixed{k}"
+        ended = end_warm(cluster)
+        runs = {}
+        for way, extra in (("ray cold", ray_args), ("ray warm", ray_args), ("local", ["--workers", "2"])):
+            runs[f"{way} clean"] = timed(["clean", raw, "-o", out / f"{way}-c", "--json", *extra], cluster)
+            shard_extra = extra if extra is ray_args else []
+            runs[f"{way} shard"] = timed(["shard", out / f"{way}-c", "-o", out / f"{way}-s", "--json", *shard_extra], cluster)
+        for name, r in runs.items():
+            walls.setdefault(name, []).append(r.wall)
+        print(f"fixed round {k} ({ended} warm workers ended first): "
+              + ", ".join(f"{name} {r.wall:.2f} s" for name, r in runs.items()) + f"; load {os.getloadavg()[0]:.1f}")
+        shutil.rmtree(out)
+    mean = {name: sum(v) / len(v) for name, v in walls.items()}
+    print(f"fixed seconds per command ({FIXED_FILES} files, mean of {repeat}): "
+          + ", ".join(f"{name} {v:.2f}" for name, v in mean.items()))
+    for way in ("ray cold", "ray warm"):
+        extra = [mean[f"{way} {c}"] - mean[f"local {c}"] for c in ("clean", "shard")]
+        print(f"  {way} beyond local: clean +{extra[0]:.2f} s, shard +{extra[1]:.2f} s (target: Ray's fixed cost <= 3 s a command)")
+
+
+def end_warm(cluster) -> int:
+    """End the cluster's warm workers (from a driver in its namespace); how many there were."""
+    code = "import sys; from pipeline.executors.ray import end_warm; print(end_warm(sys.argv[1]))"
+    p = cluster.ns.run([sys.executable, "-c", code, cluster.address], env=cluster.env, cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    if p.returncode != 0:
+        raise SystemExit(f"could not end the warm workers: {p.stderr[-2000:]}")
+    time.sleep(1)  # their processes end
+    return int(p.stdout.split()[-1])
 
 
 def _runs_of(work: Path, files: int, repeat: int, part_files: int, cluster) -> tuple[float, float]:

@@ -207,6 +207,31 @@ def worker_names(ray) -> list[tuple[str, str]]:
             for k in range(int(n.get("Resources", {}).get("CPU", 0)))]
 
 
+def warm_workers(address: str) -> list[dict]:
+    """What this code's warm workers on the cluster at ``address`` say of themselves (`WarmWorker.facts`,
+    with their names): for tests, benches and an operator who wants to know what a pool holds."""
+    with connected(address) as ray:
+        found = []
+        for name, _ in worker_names(ray):
+            try:
+                found.append({"name": name, **ray.get(ray.get_actor(name, namespace=NAMESPACE).facts.remote(), timeout=60)})
+            except (ValueError, ray.exceptions.RayError):
+                continue  # not there (never started, ended, or its node is gone)
+        return found
+
+
+def end_warm(address: str) -> int:
+    """End every warm worker on the cluster at ``address`` now, of any code version (``ray.kill``),
+    rather than after their idle time; how many there were."""
+    with connected(address) as ray:
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a["namespace"] == NAMESPACE and a["name"].startswith("warm-")]
+        for name in names:
+            with contextlib.suppress(ValueError, ray.exceptions.RayError):
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+        return len(names)
+
+
 class WarmPool:
     """This command's handles on the warm workers, and how its parts are spread over them."""
 
@@ -233,7 +258,7 @@ class WarmPool:
     def ready(self, items: Items | None, part_fn: Callable | None) -> None:
         """Ask every warm worker to get ready for these parts (not waited for)."""
         for actor in self.actors:
-            actor.ready.remote(items, part_fn, self.keep_warm, self.driver)
+            actor.ready.remote(items, part_fn, self.keep_warm)
 
     def run(self, fn: Callable, calls: Iterable[tuple], on_done: Callable[[int, Any], None], name: str) -> None:
         """``fn(*call)`` for every call, one part at a time on each warm worker, ``on_done(i,
@@ -345,48 +370,42 @@ class WarmWorker:
         self.last = time.monotonic()  # when the last part (or warm-up) ended
         self.parts = 0  # parts run: a test's way to see a second command use the same worker
         self.driver: list | None = None  # the running part's driver object (see `WarmPool.driver`)
-        self.ending = False
+        self.busy = threading.Lock()  # held while a part or a warm-up runs, and while this worker ends
         threading.Thread(target=self._watch, daemon=True, name="pipe-warm-watch").start()
 
     def run(self, fn: Callable, call: tuple, keep_warm: float, driver: list) -> Any:
         """``fn(*call)`` (a part) for the driver that owns ``driver``; None, unrun, when it is gone."""
-        return self._serve(keep_warm, driver, fn, *call)
+        with self.busy:
+            self.keep_warm = keep_warm
+            if not _alive(driver):
+                return None
+            self.driver = driver
+            try:
+                return fn(*call)
+            finally:
+                self.driver = None
+                self.parts += 1
+                self.last = time.monotonic()
 
-    def ready(self, items: Items | None, part_fn: Callable | None, keep_warm: float, driver: list) -> None:
+    def ready(self, items: Items | None, part_fn: Callable | None, keep_warm: float) -> None:
         """Get ready for a stage's parts: its item pool started (the functions' modules came with
-        the arguments)."""
-        self._serve(keep_warm, driver, _ready, items, part_fn)
+        the arguments). Not bound to its driver: what it starts serves the next command too."""
+        with self.busy:
+            self.keep_warm = keep_warm
+            try:
+                _ready(items, part_fn)
+            finally:
+                self.last = time.monotonic()
 
     def facts(self) -> dict:
         """Who this worker is: its process, its node, how many parts it ran."""
         return {"pid": os.getpid(), "node": node(), "parts": self.parts, "version": code_version()}
 
-    def end_if_idle(self) -> None:
-        """Asked by the watch once idle for ``keep_warm`` s; runs after any part queued meanwhile,
-        so it checks again before it ends the process."""
-        self.ending = False
-        if time.monotonic() - self.last >= self.keep_warm:
-            import ray
-
-            _shut_kept()
-            ray.actor.exit_actor()
-
-    def _serve(self, keep_warm: float, driver: list, fn: Callable, *args: Any) -> Any:
-        self.keep_warm = keep_warm
-        if not _alive(driver):
-            return None
-        self.driver = driver
-        try:
-            return fn(*args)
-        finally:
-            self.driver = None
-            self.parts += fn is not _ready
-            self.last = time.monotonic()
-
     def _watch(self) -> None:
-        """Every `WATCH_S`: end this process if the running part's driver is gone (its parts are no
-        one's now, as a dead job's tasks; the item pool's worker dies with it); ask to end once
-        idle for ``keep_warm`` s."""
+        """Every `WATCH_S`: end this process at once if the running part's driver is gone (its
+        parts are no one's now, as a dead job's tasks; the item pool's worker dies with it); end
+        it once idle for ``keep_warm`` s, holding `busy` so that no part starts meanwhile (one
+        queued by then fails as on a lost node, and its driver runs it elsewhere)."""
         import ray
 
         while True:
@@ -394,11 +413,17 @@ class WarmWorker:
             driver = self.driver
             if driver is not None:
                 if not _alive(driver) and self.driver is driver:
+                    os._exit(1)  # now: a part may be writing
+            elif self._idle() and self.busy.acquire(blocking=False):
+                if self._idle():
                     _shut_kept()
+                    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                    time.sleep(60)  # (ray.kill ends this process)
                     os._exit(0)
-            elif not self.ending and time.monotonic() - self.last >= self.keep_warm:
-                self.ending = True
-                ray.get_runtime_context().current_actor.end_if_idle.remote()
+                self.busy.release()
+
+    def _idle(self) -> bool:
+        return time.monotonic() - self.last >= self.keep_warm
 
 
 def _alive(driver: list) -> bool:
