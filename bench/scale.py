@@ -154,6 +154,7 @@ def fixed_costs(work: Path, repeat: int, cluster) -> None:
     make_input(raw, FIXED_FILES)
     ray_args = ["--executor", "ray", "--ray-address", cluster.address]
     walls: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}  # driver + cluster: what a loaded machine's wall hides
     for k in range(repeat):
         out = work / f"fixed{k}"
         ended = end_warm(cluster)
@@ -164,15 +165,20 @@ def fixed_costs(work: Path, repeat: int, cluster) -> None:
             runs[f"{way} shard"] = timed(["shard", out / f"{way}-c", "-o", out / f"{way}-s", "--json", *shard_extra], cluster)
         for name, r in runs.items():
             walls.setdefault(name, []).append(r.wall)
+            cpus.setdefault(name, []).append(r.cpu + r.cluster_cpu)
         print(f"fixed round {k} ({ended} warm workers ended first): "
-              + ", ".join(f"{name} {r.wall:.2f} s" for name, r in runs.items()) + f"; load {os.getloadavg()[0]:.1f}")
+              + ", ".join(f"{name} {r.wall:.2f} s (CPU {r.cpu + r.cluster_cpu:.2f})" for name, r in runs.items())
+              + f"; load {os.getloadavg()[0]:.1f}")
         shutil.rmtree(out)
     mean = {name: sum(v) / len(v) for name, v in walls.items()}
+    cpu = {name: sum(v) / len(v) for name, v in cpus.items()}
     print(f"fixed seconds per command ({FIXED_FILES} files, mean of {repeat}): "
-          + ", ".join(f"{name} {v:.2f}" for name, v in mean.items()))
+          + ", ".join(f"{name} {v:.2f} (CPU {cpu[name]:.2f})" for name, v in mean.items()))
     for way in ("ray cold", "ray warm"):
         extra = [mean[f"{way} {c}"] - mean[f"local {c}"] for c in ("clean", "shard")]
-        print(f"  {way} beyond local: clean +{extra[0]:.2f} s, shard +{extra[1]:.2f} s (target: Ray's fixed cost <= 3 s a command)")
+        extra_cpu = [cpu[f"{way} {c}"] - cpu[f"local {c}"] for c in ("clean", "shard")]
+        print(f"  {way} beyond local: clean +{extra[0]:.2f} s (CPU +{extra_cpu[0]:.2f}), shard +{extra[1]:.2f} s "
+              f"(CPU +{extra_cpu[1]:.2f}); target: Ray's fixed cost <= 3 s a command")
 
 
 def end_warm(cluster) -> int:
@@ -191,7 +197,7 @@ def _runs_of(work: Path, files: int, repeat: int, part_files: int, cluster) -> t
     raw = work / f"raw{files}"
     make_input(raw, files)
     print(f"input: {files} files, {sum(p.stat().st_size for p in raw.rglob('*') if p.is_file()) / 1e6:.0f} MB")
-    ratios, locals_, rays = [], [], []
+    ratios, cpu_ratios, locals_, rays = [], [], [], []
     for k in range(repeat):
         out = work / f"run{k}"
         ray_args = ["--executor", "ray", "--ray-address", cluster.address]
@@ -206,13 +212,21 @@ def _runs_of(work: Path, files: int, repeat: int, part_files: int, cluster) -> t
         local = runs["local clean"].wall + runs["local shard"].wall
         ray = runs["ray clean"].wall + runs["ray shard"].wall
         same = _same(out / "ls", out / "rs")
+        # CPU of each way (driver + cluster, idle daemons included on both sides): on a loaded machine the
+        # cluster's processes (sessions of their own) get a larger share of the cores than the local pool,
+        # so the wall ratio flatters Ray there; this one does not depend on who got the cores
+        cpu = {way: sum(runs[f"{way} {c}"].cpu + runs[f"{way} {c}"].cluster_cpu for c in ("clean", "shard"))
+               for way in ("local", "ray")}
+        cpu_ratios.append(cpu["local"] / cpu["ray"])
         ratios.append(local / ray)
         locals_.append(local)
         rays.append(ray)
         print(f"run {k}: local {local:.1f} s ({files / local:.0f} files/s), ray {ray:.1f} s ({files / ray:.0f} files/s), "
-              f"ray/local throughput {local / ray:.2f}, shards identical: {same}, load {os.getloadavg()[0]:.1f}")
+              f"ray/local throughput {local / ray:.2f}, CPU local/ray {cpu_ratios[-1]:.2f}, shards identical: {same}, "
+              f"load {os.getloadavg()[0]:.1f}")
         shutil.rmtree(out)
-    print(f"{files} files: ray/local throughput: {', '.join(f'{r:.2f}' for r in ratios)} (target >= 0.8)")
+    print(f"{files} files: ray/local throughput: {', '.join(f'{r:.2f}' for r in ratios)} (target >= 0.8); "
+          f"CPU local/ray: {', '.join(f'{r:.2f}' for r in cpu_ratios)}")
     return sum(locals_) / repeat, sum(rays) / repeat
 
 

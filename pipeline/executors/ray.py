@@ -33,8 +33,10 @@ and ends its process when it is not, as Ray ends a dead job's tasks.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
+import gc
 import hashlib
 import logging
 import os
@@ -170,6 +172,15 @@ def _join(ray, address: str) -> None:
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise UsageError(f"no Ray cluster at --ray-address {address} ({str(e).splitlines()[0][:200]}); "
                          "start one with `ray start --head` or pass its address") from None
+    atexit.register(_skip_last_collection)
+
+
+def _skip_last_collection() -> None:
+    """At exit, after the atexit handlers, the interpreter's last garbage collection walks every
+    object the driver made, Ray's modules' above all: 0.7 s of a Ray command's wall on a loaded
+    2-core machine, 0.07 s with them frozen first (measured). The process is ending and what it
+    wrote is closed (files are synced and renamed as they are written), so they are frozen."""
+    gc.freeze()
 
 
 def _ready(items: Items | None, part_fn: Callable | None) -> None:
