@@ -19,6 +19,7 @@
    Memory per file is the slope between two sizes.
 
     .venv/bin/python bench/scale.py [--files 2000 5000] [--repeat 2] [--quick]
+    .venv/bin/python bench/scale.py --files --repeat 4     # the fixed cost per command alone
     .venv/bin/python bench/scale.py --driver 10000 50000 200000 1000000
 """
 
@@ -392,8 +393,9 @@ def driver(sizes: list[int], part_files: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--files", type=int, nargs="+", default=[2000, 5000],
-                    help="input sizes, each measured (two or more: the fixed and per-file costs too)")
+    ap.add_argument("--files", type=int, nargs="*", default=[2000, 5000],
+                    help="input sizes, each measured (two or more: the fixed and per-file costs too; none: only "
+                         "the fixed cost per command)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--part-files", type=int, default=250)
     ap.add_argument("--quick", action="store_true", help="400 files, one pair of runs")

@@ -409,8 +409,10 @@ class WarmWorker:
                 self.last = time.monotonic()
 
     def facts(self) -> dict:
-        """Who this worker is: its process, its node, how many parts it ran."""
-        return {"pid": os.getpid(), "node": node(), "parts": self.parts, "version": code_version()}
+        """Who this worker is: its process, its node, how many parts it ran, its item pool's process."""
+        pool = _KEPT[1]._pool if _KEPT is not None else None
+        return {"pid": os.getpid(), "node": node(), "parts": self.parts, "version": code_version(),
+                "item_pool": sorted(getattr(pool, "_processes", None) or {})}
 
     def _watch(self) -> None:
         """Every `WATCH_S`: end this process at once if the running part's driver is gone (its

@@ -358,6 +358,18 @@ def test_the_next_command_runs_on_the_warm_workers_the_last_one_left(cluster, ra
     assert _pids(after_shard) == _pids(after_clean)
     assert _parts(after_shard) - _parts(after_clean) == json.loads(p.stdout)["parts"]["redone_parts"] > 0
 
+    # another clean, into another folder at another size: the item pools' processes are the same too
+    # (settings travel with the items), and what they write is what a local run of it writes
+    assert all(w["item_pool"] for w in after_clean.values())
+    args = _clean_args(raw, tmp_path / "clean48", cluster)
+    args[args.index("--size") + 1] = "48"
+    p = cluster.pipe(args)
+    assert p.returncode == 0, p.stderr
+    after = _warm(cluster)
+    assert {n: w["item_pool"] for n, w in after.items()} == {n: w["item_pool"] for n, w in after_clean.items()}
+    _run_local(["clean", raw, "-o", tmp_path / "local48", "--size", "48", "--workers", "2", "--json"])
+    _same_clean(tmp_path / "clean48", tmp_path / "local48")
+
 
 def test_two_drivers_at_once_share_the_warm_workers(cluster):
     """Two runs of the fake stage at the same time (an item that kills its worker included): both
