@@ -34,7 +34,8 @@ def clean(ctx: typer.Context, **given: Any) -> None:
     from pipeline import executors
 
     report = stage.run(cfg, show_progress=not given["json"],
-                       executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers))
+                       executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers,
+                                          keep_warm=cfg.ray_keep_warm))
     from pipeline.core import ui  # rich: imported while the workers start, not before
 
     if given["json"]:

@@ -39,7 +39,8 @@ def shard(ctx: typer.Context, **given: Any) -> None:
     from pipeline import executors
 
     summary = stage.run(cfg, show_progress=not json,
-                        executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers))
+                        executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers,
+                                           keep_warm=cfg.ray_keep_warm))
     if json:
         ui.print_json(summary)
         return

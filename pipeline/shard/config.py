@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.core.settings import setting
-from pipeline.executors import EXECUTORS, HELP
+from pipeline.executors import EXECUTORS, HELP, keep_warm_setting
 from pipeline.storage import EXAMPLE_URL, Location, open_folder
 
 TOOL = "pipe shard"
@@ -45,6 +45,7 @@ class ShardConfig:
                  "nodes themselves.", choices=tuple(EXECUTORS))
     ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
                                        "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
+    ray_keep_warm: float = keep_warm_setting()
 
     # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
     OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")

@@ -248,7 +248,7 @@ def run(cfg: ShardConfig, show_progress: bool = True, executor: Executor | None 
 
     validate(cfg)
     if executor is None:
-        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers)
+        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers, keep_warm=cfg.ray_keep_warm)
     clean, out = open_folder(cfg.input), open_folder(cfg.output)
     with out.lock(TOOL):
         claim_output(cfg, out)
@@ -312,7 +312,7 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
         "created_by": f"pipe shard {__version__}",
         "manifest_sha256": manifest_sha,
         "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite", "executor",
-                                                                           "ray_address")},
+                                                                           "ray_address", "ray_keep_warm")},
         "classes": classes,
         "image_size": image_size,
         "mean": mean,
