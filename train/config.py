@@ -144,9 +144,10 @@ class TrainConfig(LaunchConfig):
                              minimum=1, panel=RUN)
 
     def as_dict(self) -> dict:
-        """JSON-ready values (paths as strings), e.g. for config.json and checkpoints."""
-        return {f.name: (str(v) if isinstance(v, Path) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+        """JSON-ready values (paths as strings, secrets scrubbed), e.g. for config.json and checkpoints."""
+        from pipeline.core import settings
+
+        return settings.as_dict(self)
 
     @property
     def cache_max_bytes(self) -> int | None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.storage.folder import Entry, Folder, TooLarge, check_rel, sort_key
+from pipeline.storage.secrets import scrub, userinfo
 
 # boto3's standard retry mode: exponential backoff with jitter, ~30 s in all for 6 attempts;
 # AWS_MAX_ATTEMPTS, the standard variable, sets another number
@@ -42,7 +43,6 @@ _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
 _PRECONDITION = {"PreconditionFailed", "412"}
 _CONFLICT = {"ConditionalRequestConflict", "409"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"}
-_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 
 _clients: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
@@ -79,18 +79,6 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def scrub(text: str) -> str:
-    """``text`` without anything secret: credentials in a URL, a query string (presigned URLs
-    sign with one) and the values of the AWS credential variables, whatever printed them."""
-    text = re.sub(r"//[^/\s@]+@", "//", text)
-    text = re.sub(r"\?[^\s'\"]*", "", text)
-    for name in _SECRET_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text
-
-
 def client() -> Any:
     """This process's S3 client, made on first use (and again after fork or a change of the
     AWS environment, which tests and long-lived drivers may make)."""
@@ -119,10 +107,21 @@ def _make_client() -> Any:
     )
     from botocore.exceptions import BotoCoreError
 
+    _check_endpoint()
     try:
         return boto3.session.Session().client("s3", config=config)
     except BotoCoreError as e:  # no region, a malformed endpoint, an unknown profile
         raise UsageError(f"cannot set up the S3 client: {scrub(str(e))}") from None
+
+
+def _check_endpoint() -> None:
+    """An endpoint whose user:password holds a "/" is no URL botocore takes (an AWS secret often
+    holds one): say so in one line, without the secret, before botocore says it with it."""
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if "/" in userinfo(os.environ.get(name, "")):
+            raise UsageError(f"{name} is no valid URL: the user:password before its host holds a '/' (not shown here); "
+                             "leave credentials out of it (S3 signs with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), "
+                             "or write the '/' as %2F")
 
 
 def _max_attempts() -> int:
