@@ -136,7 +136,7 @@ def labelled(out: list[Candidate], labels: dict[str, str] | None) -> list[Candid
     for c in out:
         if labels is not None:
             c.label = labels.get(c.source)
-        elif "/" in c.source:
+        elif "/" in c.source and c.source.split("/", 1)[0] not in ("", ".", ".."):  # (an object key is any text)
             c.label = c.source.split("/", 1)[0]
     assign_keys(out)
     return out

@@ -106,6 +106,14 @@ def safe_rel(rel: str) -> bool:
     return True
 
 
+def bad_name_detail(e: Entry) -> str:
+    """Why an object's key is no file path (`BAD_NAME`), in the words of its manifest row."""
+    if e.rel.endswith("/"):
+        return (f"an object key ending in '/' that holds {e.size} bytes: no file can have this name "
+                "(a folder marker holds none)")
+    return "an object key with an empty, '.' or '..' part is no file path"
+
+
 def sort_key(rel: str) -> bytes:
     """Bytewise order of the UTF-8 names, the order S3 lists in, so both backends agree."""
     return rel.encode("utf-8", "surrogateescape")
@@ -211,22 +219,27 @@ class Folder(abc.ABC):
 
     # ---------------------------------------------------------------- discovery
 
+    def list_all(self) -> Entries:
+        """`list`, and also what holds bytes under a name no file path can be (an object key ending
+        in "/" with content): what a stage that must account for every input lists. Sorted."""
+        return self.list()
+
     def walk(self, skip: Callable[[str], bool] | None = None) -> Entries:
         """What a stage reading every input finds, sorted: every file, and every folder ``skip``
         names (by its last component) as one entry (`SKIPPED_FOLDER`, with its file count)
-        instead of its files; a name no path can be is an entry too (`BAD_NAME`). Object
-        storage has no links; `LocalFolder` adds its rules for them."""
+        instead of its files; a name no path can be is an entry too (`BAD_NAME`), judged first: a
+        ``../`` key is no hidden folder. Object storage has no links; `LocalFolder` adds its
+        rules for them."""
         skipped: dict[str, int] = {}
         found = []
-        for e in self.list():
+        for e in self.list_all():
             parts = e.rel.split("/")
             at = next((i for i, p in enumerate(parts[:-1]) if skip is not None and skip(p)), None)
-            if at is not None:
+            if not safe_rel(e.rel):
+                found.append(Entry(e.rel, e.size, e.version, e.mtime_ns, note=BAD_NAME, detail=bad_name_detail(e)))
+            elif at is not None:
                 name = "/".join(parts[: at + 1])
                 skipped[name] = skipped.get(name, 0) + 1
-            elif not safe_rel(e.rel):
-                found.append(Entry(e.rel, e.size, e.version, e.mtime_ns, note=BAD_NAME,
-                                   detail="an object key with an empty, '.' or '..' part is no file path"))
             else:
                 found.append(e)
         found += [Entry(name, 0, "", note=SKIPPED_FOLDER, files=n) for name, n in skipped.items()]

@@ -178,16 +178,23 @@ class S3Folder(Folder):
         except BotoCoreError as e:
             raise StageFailed(f"{where}: {scrub(str(e))}") from None
 
-    def list(self) -> list[Entry]:
+    def list(self) -> builtins.list[Entry]:
+        """Every object but those whose key ends in "/" (no file path can be such a name)."""
+        return [e for e in self.list_all() if not e.rel.endswith("/")]
+
+    def list_all(self) -> builtins.list[Entry]:
+        """Every object, a key ending in "/" included when it holds bytes: the "folder/" markers
+        consoles and tools create hold none and are no file, but one with content is an input
+        that must have its row (rows == files)."""
         base = f"{self.prefix}/" if self.prefix else ""
         found = []
         with self._errors():
             pages = client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
             for page in pages:
                 for obj in page.get("Contents", ()):
-                    rel = obj["Key"][len(base):]
-                    if rel and not rel.endswith("/"):  # "folder/" markers some tools create hold nothing
-                        found.append(Entry(rel=rel, size=int(obj["Size"]), version=str(obj.get("ETag", "")).strip('"'),
+                    rel, size = obj["Key"][len(base):], int(obj["Size"])
+                    if rel and (size or not rel.endswith("/")):
+                        found.append(Entry(rel=rel, size=size, version=str(obj.get("ETag", "")).strip('"'),
                                            mtime_ns=_ns(obj.get("LastModified"))))
         found.sort(key=lambda e: sort_key(e.rel))
         return found
