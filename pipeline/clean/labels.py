@@ -11,9 +11,11 @@ The optional ``text`` column is a caption for the file of that row (see `stage.p
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,9 +107,24 @@ def _rows(text: str, path: Path) -> list[tuple[int, dict]]:
         raise UsageError(f"labels file {path} needs a header row with the columns path,label[,text]; found {','.join(fields) or 'nothing'}")
     reader.fieldnames = fields
     try:
-        return [(reader.line_num, row) for row in reader]
+        with _cells_up_to(len(text)):
+            return [(reader.line_num, row) for row in reader]
     except csv.Error as e:
         raise UsageError(f"labels file {path}, line {reader.line_num}: {e}") from None
+
+
+@contextlib.contextmanager
+def _cells_up_to(n: int) -> Iterator[None]:
+    """Let the csv module read a cell as long as the whole file (its default limit, 128 KiB,
+    refused a whole labels file over one long caption, which the file being in memory already
+    makes no cheaper to refuse): a caption's length is judged as any caption's is, too_large past
+    --max-text-bytes (`attach_captions`)."""
+    before = csv.field_size_limit()
+    csv.field_size_limit(max(before, n + 1))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(before)
 
 
 def share_within_samples(candidates) -> None:
