@@ -90,9 +90,16 @@ _REFUSED = ("{out} holds shards that pipe shard did not write (it has no .pipe/s
 def claim_output(cfg: ShardConfig, out: Folder) -> None:
     """Resume a SHARD_DIR whose marker says pipe shard made it from the same input and settings
     (shards it finished are kept, the rest written: `resume.py`); replace one made with others
-    only with --overwrite."""
+    only with --overwrite. The marker is written at once: until it was (after the split and the
+    measuring, minutes on a large set), a second run took the folder this one holds for someone
+    else's (exit 2, "did not write") instead of a busy one, and a run killed meanwhile left a
+    folder no later run would take."""
     outputs.claim(out, TOOL, shard_index.INDEX_NAME, cfg.overwrite, lambda state: _differs(cfg, state),
                   owned=(shard_index.INDEX_NAME,), refused=_REFUSED.format(out=out.url))
+    try:
+        outputs.write_marker(out, cfg.marker())
+    except OSError as e:
+        raise UsageError(f"cannot write to the output folder {out.url}: {e.strerror or e}") from None
 
 
 def _differs(cfg: ShardConfig, state: dict) -> str | None:
