@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.core.errors import StageFailed, UsageError
+from pipeline.storage.lease import LOCK, held, hold, pipe_own  # noqa: F401 - LOCK: what callers import from here
 
 # What `Entry.note` says of an entry that is no readable file (a stage maps these to its reasons)
 OUTSIDE_ROOT = "outside_root"  # a link that leaves the folder: never read
@@ -258,21 +259,28 @@ class Folder(abc.ABC):
 
     def lock(self, tool: str) -> contextlib.AbstractContextManager[None]:
         """Hold the folder for one run (a second run stops at once with StageFailed), where the
-        storage can: object storage cannot, and its runs meet at `commit` instead."""
-        return contextlib.nullcontext()
+        storage can. Object storage is asked once whether its server honours conditional writes:
+        where it does, runs meet at `commit` instead; where it does not, the run holds a lease
+        (`lease.py`)."""
+        return hold(self, tool)
 
     def occupied(self) -> bool:
-        """Whether the folder holds anything but pipe's own lock."""
-        return any(e.rel != LOCK for e in self.list())
+        """Whether the folder holds anything but pipe's own lock (a lock file, lease claims)."""
+        return any(not pipe_own(e.rel) for e in self.list())
 
     def clear_temporaries(self) -> None:  # noqa: B027 - nothing to do where writes are whole or absent
         """Remove what a killed run left half-written (a local folder's temporary files)."""
 
     def commit(self, rel: str, source: bytes | Path) -> None:
         """Write the file that says the folder is complete, only if no other run has: StageFailed
-        (one line) when one did. ``source``: the bytes, or a local file holding them."""
+        (one line) when one did. ``source``: the bytes, or a local file holding them. Under a
+        lease (a server without conditional writes) the lease is confirmed, then the file written."""
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
-        if not self.write_if_absent(rel, data):
+        lease = held(self)
+        if lease is not None:
+            lease.confirm()
+            self.write(rel, data)
+        elif not self.write_if_absent(rel, data):
             raise committed_by_another_run(self, rel)
 
     def sizes(self) -> Sizes:
@@ -287,8 +295,10 @@ class Folder(abc.ABC):
         return listed.get
 
     def sweep(self, prefix: str, keep: set[str]) -> None:
-        """Remove every file under ``prefix/`` whose path is not in ``keep`` (an earlier run's)."""
-        stale = [f"{prefix}/{e.rel}" for e in self.child(prefix).list() if f"{prefix}/{e.rel}" not in keep]
+        """Remove every file under ``prefix/`` whose path is not in ``keep`` (an earlier run's);
+        the lease claims of runs holding the folder stay (`lease.pipe_own`)."""
+        stale = [rel for e in self.child(prefix).list() for rel in [f"{prefix}/{e.rel}"]
+                 if rel not in keep and not pipe_own(rel)]
         parallel(self.delete, stale)
 
     def put_file(self, rel: str, path: Path) -> None:
@@ -341,7 +351,6 @@ def committed_by_another_run(folder: Folder, rel: str) -> StageFailed:
                        "stands and this run's was not committed")
 
 
-LOCK = ".pipe/lock"  # the lock file of a local output (core/files.py's STATE_DIR/LOCK_NAME)
 
 
 class FileAppendable(Protocol):

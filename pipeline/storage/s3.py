@@ -340,22 +340,32 @@ class S3Folder(Folder):
     def child(self, rel: str) -> S3Folder:
         return S3Folder(self.bucket, self._key(rel))
 
-    def _first_keys(self, n: int) -> builtins.list[str]:
-        """At most ``n`` keys under the prefix, relative to it: one request, however many there are."""
+    def _first_keys(self, n: int, after: str = "") -> tuple[builtins.list[str], bool]:
+        """At most ``n`` keys under the prefix (after ``after``), relative to it, and whether there
+        are more: one request, however many there are."""
         base = f"{self.prefix}/" if self.prefix else ""
+        extra = {"StartAfter": base + after} if after else {}
         with self._errors():
-            page = client().list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=n)
-        return [obj["Key"][len(base):] for obj in page.get("Contents", ())]
+            page = client().list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=n, **extra)
+        return [obj["Key"][len(base):] for obj in page.get("Contents", ())], bool(page.get("IsTruncated"))
 
     def state(self) -> str:
         """Whether the prefix holds anything (one small listing)."""
-        return "folder" if self._first_keys(1) else "absent"
+        return "folder" if self._first_keys(1)[0] else "absent"
 
     def occupied(self) -> bool:
-        """Anything besides a lock (one small listing, not the whole prefix's)."""
-        from pipeline.storage.folder import LOCK
+        """Anything besides pipe's own lock and lease claims (small listings, not the whole
+        prefix's: past the claims, which are few, the first other key answers)."""
+        from pipeline.storage.lease import pipe_own
 
-        return any(rel != LOCK for rel in self._first_keys(2))
+        after = ""
+        while True:
+            keys, more = self._first_keys(8, after)
+            if any(not pipe_own(rel) for rel in keys):
+                return True
+            if not more or not keys:
+                return False
+            after = keys[-1]
 
     def read_heads(self, rels: Iterable[str], n: int) -> Iterator[bytes | OSError]:
         """Many small ranged GETs at once, answered in order: each is a round trip."""
