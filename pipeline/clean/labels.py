@@ -1,7 +1,8 @@
 """Read a labels file (`--labels labels.csv|jsonl`, columns ``path,label[,text]``).
 
 The file itself is decoded like any text (`encodings.decode_bytes`: a BOM, UTF-16, GBK from
-Excel on a Chinese Windows...). Paths are relative to INPUT, with ``/`` or ``\\``. What did not
+Excel on a Chinese Windows...); labels are NFC (`pipeline.formats.labels`). Paths are relative to
+INPUT, with ``/`` or ``\\``. What did not
 fit is reported in report.json, never dropped silently: rows naming files that are not there,
 rows without a label, paths listed twice with different labels (the first row wins), and the
 files that no row names (each of those ends ``missing_label`` in the manifest).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import UsageError
+from pipeline.formats.labels import label_name
 from pipeline.formats.vocabulary import Kind
 
 REPORT_LIMIT = 100  # paths listed per problem in report.json (the counts are exact)
@@ -49,7 +51,7 @@ def read_labels(path: Path, input_root: Path | None) -> Labels:
     for n, row in rows:
         rel = normalize_path(str(row.get("path") or ""))
         label = row.get("label")
-        label = "" if label is None else str(label).strip()
+        label = "" if label is None else label_name(str(label).strip())
         if not rel:
             continue
         if not label:

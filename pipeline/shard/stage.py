@@ -40,6 +40,7 @@ from pipeline.core.settings import check as check_settings
 from pipeline.core.ui import progress
 from pipeline.executors import Executor, Later, require
 from pipeline.formats import index as shard_index
+from pipeline.formats.labels import similar_names_warning
 from pipeline.formats.pixels import ImagePixels
 from pipeline.shard.config import TOOL, ShardConfig
 from pipeline.shard.plan import SPLITS, ShardPlan, Span, entry, make_plan
@@ -308,6 +309,8 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
     if samples.unlabelled:
         warnings.append(f"{samples.unlabelled} kept samples have no label and were left out "
                         f"(e.g. {', '.join(samples.unlabelled_examples)})")
+    if similar := similar_names_warning(classes):
+        warnings.append(similar)
     if res.classes_without_val:
         warnings.append(f"classes with no validation sample (their samples are near duplicates of each other): "
                         f"{', '.join(res.classes_without_val[:5])}")
