@@ -159,11 +159,10 @@ class TrainConfig(LaunchConfig):
                              minimum=1, panel=RUN)
 
     def as_dict(self) -> dict:
-        """JSON-ready values (paths as strings), e.g. for config.json and checkpoints."""
-        def plain(v):
-            return str(v) if isinstance(v, Path) else [plain(x) for x in v] if isinstance(v, list) else v
+        """JSON-ready values (paths as strings, secrets scrubbed), e.g. for config.json and checkpoints."""
+        from pipeline.core import settings
 
-        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return settings.as_dict(self)
 
     @property
     def shard_dirs(self) -> list[str]:

@@ -3,10 +3,10 @@ its flag, its `[clean]` key in a `--config` file, its schema and its range or ch
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core import settings
 from pipeline.core.config import parse_byte_size
 from pipeline.core.errors import UsageError
 from pipeline.core.settings import check as check_settings
@@ -97,8 +97,7 @@ class CleanConfig:
         return self.max_text_bytes
 
     def as_dict(self) -> dict:
-        return {f.name: (str(v) if isinstance(v, Path) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+        return settings.as_dict(self)
 
 
 def parse_colour(value: str) -> tuple[int, int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from pipeline import __version__
+from pipeline.formats.labels import similar_names_warning
 from pipeline.formats.manifest_row import ManifestRow
 from pipeline.formats.vocabulary import Status
 
@@ -52,5 +53,6 @@ class ReportBuilder:
             "kept_by_label": s(self.label_kept),
             "settings": settings,
             **(extra or {}),
+            **({"warnings": [warning]} if (warning := similar_names_warning(self.label_kept)) else {}),
             "timings": timings,
         }

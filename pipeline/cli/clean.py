@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,8 @@ def clean(ctx: typer.Context, **given: Any) -> None:
         ui.print_json(report)
     else:
         _summary(report, cfg)
+        for w in report.get("warnings", ()):
+            sys.stderr.write(f"warning: {w}\n")
 
 
 def _summary(report: dict, cfg) -> None:

@@ -31,17 +31,22 @@ def folder_arg(value: str | Path):
 
 
 def exits_cleanly(fn):
-    """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, one line each."""
+    """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, one line
+    each, scrubbed (`pipeline.storage.secrets`: an error may quote an endpoint's credentials), as
+    is whatever a library warns or logs on its own while the command runs."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from pipeline.storage.secrets import install, scrub
+
+        install()
         try:
             return fn(*args, **kwargs)
         except UsageError as e:
-            sys.stderr.write(f"pipe: error: {shown(e)}\n")
+            sys.stderr.write(f"pipe: error: {shown(scrub(str(e)))}\n")
             raise typer.Exit(2) from None
         except StageFailed as e:
-            sys.stderr.write(f"pipe: failed: {shown(e)}\n")
+            sys.stderr.write(f"pipe: failed: {shown(scrub(str(e)))}\n")
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             sys.stderr.write(f"interrupted: {AFTER_INTERRUPT.get(fn.__name__, START_OVER)}\n")
@@ -51,7 +56,7 @@ def exits_cleanly(fn):
         except Exception as e:  # a bug of ours: say so in one line; PIPE_DEBUG=1 shows the traceback
             if os.environ.get("PIPE_DEBUG"):
                 raise
-            sys.stderr.write(f"pipe: internal error: {type(e).__name__}: {shown(e)} (PIPE_DEBUG=1 shows the traceback)\n")
+            sys.stderr.write(f"pipe: internal error: {type(e).__name__}: {shown(scrub(str(e)))} (PIPE_DEBUG=1 shows the traceback)\n")
             raise typer.Exit(1) from None
 
     return wrapper

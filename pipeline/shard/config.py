@@ -3,11 +3,10 @@ its flag, its `[shard]` key in a `--config` file, its schema and its range or ch
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 from pipeline import __version__
+from pipeline.core import settings
 from pipeline.core.settings import setting
 from pipeline.executors import EXECUTORS, HELP, keep_warm_setting
 from pipeline.storage import EXAMPLE_URL, Location, open_folder
@@ -56,5 +55,4 @@ class ShardConfig:
                 "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}}
 
     def as_dict(self) -> dict:
-        return {f.name: (str(v) if isinstance(v, Path) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+        return settings.as_dict(self)

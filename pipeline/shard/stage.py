@@ -40,6 +40,7 @@ from pipeline.core.settings import check as check_settings
 from pipeline.core.ui import progress
 from pipeline.executors import Executor, Later, require
 from pipeline.formats import index as shard_index
+from pipeline.formats.labels import similar_names_warning
 from pipeline.formats.pixels import ImagePixels
 from pipeline.shard.config import TOOL, ShardConfig
 from pipeline.shard.plan import SPLITS, ShardPlan, Span, entry, make_plan
@@ -90,9 +91,16 @@ _REFUSED = ("{out} holds shards that pipe shard did not write (it has no .pipe/s
 def claim_output(cfg: ShardConfig, out: Folder) -> None:
     """Resume a SHARD_DIR whose marker says pipe shard made it from the same input and settings
     (shards it finished are kept, the rest written: `resume.py`); replace one made with others
-    only with --overwrite."""
+    only with --overwrite. The marker is written at once: until it was (after the split and the
+    measuring, minutes on a large set), a second run took the folder this one holds for someone
+    else's (exit 2, "did not write") instead of a busy one, and a run killed meanwhile left a
+    folder no later run would take."""
     outputs.claim(out, TOOL, shard_index.INDEX_NAME, cfg.overwrite, lambda state: _differs(cfg, state),
                   owned=(shard_index.INDEX_NAME,), refused=_REFUSED.format(out=out.url))
+    try:
+        outputs.write_marker(out, cfg.marker())
+    except OSError as e:
+        raise UsageError(f"cannot write to the output folder {out.url}: {e.strerror or e}") from None
 
 
 def _differs(cfg: ShardConfig, state: dict) -> str | None:
@@ -301,6 +309,8 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
     if samples.unlabelled:
         warnings.append(f"{samples.unlabelled} kept samples have no label and were left out "
                         f"(e.g. {', '.join(samples.unlabelled_examples)})")
+    if similar := similar_names_warning(classes):
+        warnings.append(similar)
     if res.classes_without_val:
         warnings.append(f"classes with no validation sample (their samples are near duplicates of each other): "
                         f"{', '.join(res.classes_without_val[:5])}")

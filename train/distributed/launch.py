@@ -314,9 +314,11 @@ def peer_lost(e: BaseException | str) -> bool:
 
 
 def one_line(e: BaseException) -> str:
+    """The exception's last line, scrubbed (a storage error may quote its endpoint's credentials)."""
     from pipeline.core.errors import StageFailed, UsageError
+    from pipeline.storage.secrets import scrub
 
-    last = next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), "")
+    last = scrub(next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), ""))
     return last if isinstance(e, (StageFailed, UsageError)) else f"{type(e).__name__}: {last}"
 
 
