@@ -428,8 +428,9 @@ def _classes(f: CleanFacts, table: pa.Table, loc: _Locator) -> None:
     manifest without keys)."""
     kept = table.filter(equals(table, "status", Status.KEPT))
     if "key" in loc.present:
-        samples = kept.select(["label", "key"]).group_by(["label", "key"]).aggregate([])
-        f.classes = counts(samples["label"])
+        per = kept.group_by("label").aggregate([("key", "count_distinct")]).to_pylist()
+        per.sort(key=lambda r: (-r["key_count_distinct"], r["label"] or ""))
+        f.classes = {r["label"] or "": r["key_count_distinct"] for r in per}
     else:
         f.class_unit = "files"
         f.classes = counts(kept["label"])
