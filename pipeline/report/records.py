@@ -66,10 +66,6 @@ def errors(doc: Any, name: str, partial: bool = False) -> list[str]:
     return [_cut(f"{where}: {first.message}")]
 
 
-def valid(doc: Any, name: str, partial: bool = False) -> bool:
-    return not errors(doc, name, partial) if doc is not None else False
-
-
 def _cut(message: str) -> str:
     return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "…"
 

@@ -40,14 +40,6 @@ class Thumb:
     why: str = ""
 
 
-def image(folder: Folder | None, rel: str | None = None, sha256: str | None = None) -> Thumb:
-    """The preview of one image file, read only inside its folder (`fetch`)."""
-    data = fetch(folder, rel, sha256)
-    if isinstance(data, Thumb):
-        return data
-    return from_bytes(data) if data else Thumb(why=EMPTY)
-
-
 def from_bytes(data: bytes) -> Thumb:
     from PIL import Image
 
