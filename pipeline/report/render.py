@@ -125,7 +125,7 @@ def _check(report: dict) -> str:
         for r in folder.get("checks", []):
             cls, word = _STATUS.get((r.get("status"), r.get("severity")), ("muted", str(r.get("status"))))
             ex = "".join(f"<li>{safe.text(e)}</li>" for e in r.get("examples") or [])
-            rows.append(f"<tr><td>{safe.text(r.get('name'))}</td><td class=\"{cls}\">{word}</td>"
+            rows.append(f"<tr><td>{safe.text(r.get('name'))}</td><td class=\"{cls}\">{safe.text(word)}</td>"
                         f"<td>{safe.text(r.get('severity'))}</td><td>{safe.text(r.get('message'), 600)}"
                         f"{f'<ul>{ex}</ul>' if ex else ''}</td></tr>")
         body.append(f"<h3>{safe.text(folder.get('kind'))} dir <code>{safe.text(folder.get('path'))}</code></h3>"

@@ -93,5 +93,6 @@ def test_check_verdicts_are_escaped_too(tmp_path):
 
     html = page([], check={"ok": False, "summary": {"passed": "<b>1</b>"}, "exit_code": "<i>",
                            "folders": [{"kind": "<u>", "path": "<s>", "checks": [
-                               {"name": "<x>", "status": "fail", "severity": "error", "message": "<y>", "examples": ["<z>"]}]}]})
-    assert not re.search(r"<(b|i|u|s|x|y|z)>", _body(html))
+                               {"name": "<x>", "status": "fail", "severity": "error", "message": "<y>", "examples": ["<z>"]},
+                               {"name": "v", "status": "<w>", "severity": "<v>"}]}]})
+    assert not re.search(r"<(b|i|u|s|v|w|x|y|z)>", _body(html))
