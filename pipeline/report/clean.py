@@ -295,9 +295,12 @@ def _input_facts(report: dict | None, given: Folder | None) -> InputFacts:
 def _read_report(root: Folder, problems: list[str]) -> dict | None:
     """report.json, if it keeps its schema (else the page names what is wrong and uses none of it)."""
     try:
-        data = json.loads(root.read("report.json", max_bytes=MAX_REPORT_BYTES).decode("utf-8"))
+        data = json.loads(root.read_contained("report.json", max_bytes=MAX_REPORT_BYTES).decode("utf-8"))
     except FileNotFoundError:
         problems.append("report.json is missing")
+        return None
+    except PermissionError:
+        problems.append(records.OUTSIDE.format("report.json"))
         return None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         problems.append(f"report.json is not readable JSON: {str(e)[:200]}")
@@ -316,9 +319,12 @@ def _read_manifest(root: Folder, problems: list[str]) -> tuple[pa.Table, set[str
 
     try:
         # ParquetFile, not read_table: that one imports pyarrow.dataset and with it pandas (~2 s)
-        with pq.ParquetFile(pa.BufferReader(root.read("manifest.parquet"))) as pf:
+        with pq.ParquetFile(pa.BufferReader(root.read_contained("manifest.parquet"))) as pf:
             names = set(pf.schema_arrow.names)
             table = pf.read(columns=[c for c in COLUMNS if c in names])
+    except PermissionError:
+        problems.append(records.OUTSIDE.format("manifest.parquet"))
+        return None
     except (OSError, pa.ArrowException) as e:
         problems.append(f"manifest.parquet is not a readable Parquet file: {e}")
         return None

@@ -19,6 +19,8 @@ from pipeline.core import schemas
 
 MAX_MESSAGE = 200  # a message quotes the bad value: a 200,000-entry list must not become the page
 MAX_LISTED = 5  # records of a file named one by one; the rest are counted
+# a folder's own file that is a link out of it is not read: it would put another folder's data in the page
+OUTSIDE = "{} is not a file inside the folder (a link out of it?): not read"
 
 
 @cache

@@ -99,6 +99,9 @@ def _read(root: Folder, f: RunFacts) -> None:
         return _compact(row)
 
     try:
+        if not root.contained("metrics.jsonl"):
+            f.problems.append(records.OUTSIDE.format("metrics.jsonl"))
+            return
         with root.open("metrics.jsonl") as stream:
             for n, line in enumerate(_lines(stream), 1):
                 where["n"] = n
@@ -213,13 +216,16 @@ def _label_issues(f: RunFacts, root: Folder) -> None:
     import pyarrow.parquet as pq
 
     try:
-        with pq.ParquetFile(pa.BufferReader(root.read("label_issues.parquet"))) as pf:
+        with pq.ParquetFile(pa.BufferReader(root.read_contained("label_issues.parquet"))) as pf:
             names = set(pf.schema_arrow.names)
             table = pf.read(columns=[c for c in LABEL_ISSUE_COLUMNS if c in names])
             f.label_issues_total = table.num_rows
             if "rank" in table.column_names:
                 table = table.sort_by([("rank", "ascending")])
             rows = table.slice(0, LABEL_ISSUES).to_pylist()
+    except PermissionError:
+        f.problems.append(records.OUTSIDE.format("label_issues.parquet"))
+        return
     except (OSError, pa.ArrowException) as e:
         f.problems.append(f"label_issues.parquet is not readable: {e}")
         return

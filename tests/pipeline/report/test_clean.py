@@ -213,3 +213,20 @@ def test_kept_samples_per_class_count_an_image_and_its_caption_once(tmp_path):
     rows = dict(re.findall(r"<tr><td>([a-z]+)</td><td>(\d+)</td></tr>", page.partition("kept samples per class")[2]))
     assert rows == {"cats": "6", "dogs": "1"}  # 9 kept files of cats (6 images + 3 captions) are 6 samples
     assert "cats: 6 samples kept" in page
+
+
+def test_a_manifest_or_report_json_that_links_out_of_the_folder_is_not_read(tmp_path):
+    """The folder's own files are read only if they are in it: a manifest.parquet linked to another
+    dataset's would put that dataset's names and pictures in the page."""
+    from pipeline.report.stage import build
+
+    other = make_clean_dir(tmp_path / "other", [Spec("secret_name", "private", seed=3)])
+    (other / "report.json").write_text(json.dumps(_report_json("/")), encoding="utf-8")
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "manifest.parquet").symlink_to(other / "manifest.parquet")
+    (clean / "report.json").symlink_to(other / "report.json")
+    page = build([clean])
+    assert "secret_name" not in page and "private" not in page
+    for name in ("manifest.parquet", "report.json"):
+        assert f"{name} is not a file inside the folder (a link out of it?): not read" in page

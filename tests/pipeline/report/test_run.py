@@ -105,3 +105,18 @@ def test_an_endless_line_is_skipped(tmp_path):
     facts = run_facts.gather(run)
     assert facts.train[-1]["step"] == 99
     assert any("longer than" in p for p in facts.problems)
+
+
+def test_run_files_that_link_out_of_the_folder_are_not_read(tmp_path):
+    from pipeline.report.stage import build
+
+    elsewhere = build_run(tmp_path / "elsewhere", drift_host="secret-host")
+    pq.write_table(pa.table({"rank": [1], "key": ["k"], "source": ["secret/source.jpg"]}), elsewhere / "label_issues.parquet")
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("metrics.jsonl", "label_issues.parquet"):
+        (run / name).symlink_to(elsewhere / name)
+    page = build([run])
+    assert "secret" not in page
+    for name in ("metrics.jsonl", "label_issues.parquet"):
+        assert f"{name} is not a file inside the folder (a link out of it?): not read" in page

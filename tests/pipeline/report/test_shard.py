@@ -43,3 +43,14 @@ def test_the_index_pipe_shard_wrote_is_shown(shards):
 
     page = build([shards])
     assert "breaks" not in page and "Classes (2)" in page and "data:image/jpeg" in page
+
+
+def test_an_index_that_links_out_of_the_folder_is_not_read(shards, tmp_path):
+    from pipeline.report.stage import build
+
+    bad = tmp_path / "shards"
+    bad.mkdir()
+    (bad / "index.json").symlink_to(shards / "index.json")
+    page = build([bad])
+    assert "index.json is not a file inside the folder (a link out of it?): not read" in page
+    assert "Classes (" not in page
