@@ -29,7 +29,7 @@ MAX_SERIES = 8  # lines per chart: the global one and the ranks that stand out, 
 MAX_LINE = 16 * 2**20  # a longer line of metrics.jsonl is not one pipe train wrote
 LABEL_ISSUES = 50
 LABEL_ISSUE_COLUMNS = ["rank", "key", "source", "split", "given", "suggested", "score"]
-PER_RANK = ("loss_per_rank", "data_wait_share_per_rank")  # the per-rank lists the page draws
+UNDRAWN = ("memory_mb_per_rank", "input_mean_per_rank", "input_std_per_rank", "_line")
 
 
 @dataclass
@@ -143,9 +143,9 @@ def _parse(n: int, line: bytes | None, bad: records.Tally) -> dict | None:
 
 
 def _compact(row: dict) -> dict:
-    """Only what the page draws (a train row also carries per-rank memory and input statistics)."""
-    keep = ("kind", "step", "epoch", "loss", "lr", "data_wait_share", "val_loss", "val_acc", "val_samples", *PER_RANK)
-    return {k: row[k] for k in keep if k in row}
+    """The row without the per-rank lists the page does not draw (memory, input statistics: with
+    many ranks they are most of a row), nor our line number."""
+    return {k: v for k, v in row.items() if k not in UNDRAWN}
 
 
 def _lines(stream) -> Any:
