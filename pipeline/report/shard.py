@@ -37,9 +37,6 @@ class ShardFacts:
 def gather(where: Location | Folder, previews: bool = True) -> ShardFacts:
     root = open_folder(where)
     f = ShardFacts(root.url)
-    if not root.contained(shard_index.INDEX_NAME):
-        f.problems.append(records.OUTSIDE.format(shard_index.INDEX_NAME))
-        return f
     index, unreadable = shard_index.parse(root)
     if unreadable is not None:
         f.problems.append(f"index.json is not readable JSON: {unreadable}")

@@ -52,5 +52,5 @@ def test_an_index_that_links_out_of_the_folder_is_not_read(shards, tmp_path):
     bad.mkdir()
     (bad / "index.json").symlink_to(shards / "index.json")
     page = build([bad])
-    assert "index.json is not a file inside the folder (a link out of it?): not read" in page
+    assert "index.json is not readable JSON: index.json: not a file inside" in page
     assert "Classes (" not in page
