@@ -218,6 +218,15 @@ class Folder(abc.ABC):
         """Whether reading ``rel`` reads a file inside this folder (a local link may lead out)."""
         return safe_rel(rel)
 
+    def read_contained(self, rel: str, max_bytes: int | None = None, head: int | None = None) -> bytes:
+        """`read` for a reader led by paths someone else wrote (pipe report's previews): the file
+        read is a regular file inside this folder, checked on what was opened (a link swapped in
+        after a check leads nowhere), else PermissionError; ``head``: only its first bytes.
+        Object storage has no links: any object under the prefix is inside."""
+        if not self.contained(rel):
+            raise PermissionError(f"{rel}: leaves its folder")
+        return self.read_range(rel, 0, head) if head is not None else self.read(rel, max_bytes)
+
     # ---------------------------------------------------------------- discovery
 
     def list_all(self) -> Entries:
