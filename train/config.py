@@ -63,14 +63,29 @@ class TrainConfig(LaunchConfig):
 
     shard_dir: str = setting(".", f"SHARD_DIR written by pipe shard: {FOLDER_HELP}; its index.json is the only entry "
                                   "point.", argument=True, required=True)
+    more_shard_dirs: list[str] | None = setting(None, "More SHARD_DIRs to train on together with the first, mixed by "
+                                                      "--mix: classes merged by name.", argument=True, remote=True,
+                                                schema={"type": "array", "items": {"type": "string"}})
     output: Path = setting(Path("run"), "RUN_DIR to write: checkpoints (last.pt, best.pt), metrics.jsonl, tb/ "
                                         "(TensorBoard), config.json, keys/.", flags=("--output", "-o"), required=True)
     data_only: bool = setting(False, "Run only the data pipeline (no model) and print samples/s per rank.",
                               flags=("--data-only",), panel=DATA)
-    record_keys: bool = setting(False, "Write the keys each rank consumed, per epoch, to RUN_DIR/keys/epoch{E}-rank{R}.txt "
-                                       "(--data-only).", flags=("--record-keys",), panel=DATA)
+    record_keys: bool = setting(False, "Write the keys each rank trained on, in order, to RUN_DIR/keys/epoch{E}-rank{R}"
+                                       "[-attempt{A}].txt with every checkpoint (what the checkpointed model saw; a "
+                                       "skipped sample as 'KEY skipped'); under --data-only the keys each rank read.",
+                                flags=("--record-keys",), panel=DATA)
     verify: bool = setting(False, "Before training, check every shard's size and sha256 against index.json; a mismatch "
                                   "stops the run naming the shard, exit 1.", flags=("--verify",), panel=DATA)
+    mix: str | None = setting(None, "Weights of the SHARD_DIRs in every epoch, one per folder (3,1: three quarters from "
+                                    "the first); default equal. A source up-sampled shows every sample once before any "
+                                    "twice; one down-sampled continues its pass next epoch.",
+                              pattern=r"^ *[0-9]*\.?[0-9]+( *, *[0-9]*\.?[0-9]+)* *$", panel=DATA)
+    epoch_samples: int | None = setting(None, "Samples per epoch of a mix of SHARD_DIRs (default: all of theirs "
+                                              "together).", minimum=1, panel=DATA)
+    max_skipped: str = setting("0.1%", "Samples that do not read or decode are skipped (named in the log and "
+                                       "RUN_DIR/skipped.jsonl); past this many distinct ones, N or P% of the train split "
+                                       "(at least 1), the run stops, exit 1.", pattern=r"^([0-9]+|[0-9]*\.?[0-9]+%)$",
+                               panel=DATA)
 
     # -- schedule ---------------------------------------------------------------------------
     epochs: int = setting(3, "Passes over the train split.", minimum=1, panel=OPTIM)
@@ -159,9 +174,15 @@ class TrainConfig(LaunchConfig):
                              minimum=1, panel=RUN)
 
     def as_dict(self) -> dict:
-        """JSON-ready values (paths as strings), e.g. for config.json and checkpoints."""
-        return {f.name: (str(v) if isinstance(v, Path) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+        """JSON-ready values (paths as strings, secrets scrubbed), e.g. for config.json and checkpoints."""
+        from pipeline.core import settings
+
+        return settings.as_dict(self)
+
+    @property
+    def shard_dirs(self) -> list[str]:
+        """Every SHARD_DIR of the run: the first, then the ones mixed in (`train.data.mix`)."""
+        return [str(self.shard_dir), *map(str, self.more_shard_dirs or ())]
 
     @property
     def cache_max_bytes(self) -> int | None:
@@ -173,7 +194,7 @@ class TrainConfig(LaunchConfig):
     # Settings that may differ between nodes without changing the run: where files live, how
     # many processes decode, when things are logged, how this node was launched. Everything
     # else must agree on every rank.
-    LOCAL_SETTINGS = ("shard_dir", "output", "init_from", "workers", "resume", "log_every", "record_keys", "verify",
+    LOCAL_SETTINGS = ("shard_dir", "more_shard_dirs", "output", "init_from", "workers", "resume", "log_every", "record_keys", "verify",
                       "cache_dir", "cache_max_gb",
                       "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts",
                       "rdzv_timeout")
@@ -182,15 +203,18 @@ class TrainConfig(LaunchConfig):
     # the numerics, the data order's seed): a resumed run must keep the values it was started with,
     # or the restored scheduler and weights would silently follow the old ones while config.json
     # and last.pt claimed the new. The batch is compared as the global batch: how it is split
-    # (--batch-size, --accum, ranks) may change, the reader restarts a mid-epoch position then.
-    RESUME_SETTINGS = ("epochs", "max_steps", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
+    # (--batch-size, --accum, ranks) may change: the reader continues a mid-epoch position on the
+    # new split.
+    RESUME_SETTINGS = ("epochs", "max_steps", "mix", "epoch_samples", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
                        "grad_clip", "precision", "strategy", "model", "width", "resolution", "init_from", "freeze",
                        "unfreeze_at", "sync_bn", "max_text_len", "seed", "objective", "loss", "lock_image")
     # Everything else may change on --resume: where files are, how ranks are launched, how the
-    # batch is split and read (workers, shuffle buffer: a changed layout restarts the epoch in
-    # progress, see `ShardReader.load_state_dict`), memory-saving recomputation, logging, checkpoints.
-    RESUME_FREE = ("shard_dir", "output", "data_only", "record_keys", "verify", "batch_size", "accum", "grad_checkpoint",
-                   "auto_micro_batch", "workers", "shuffle_buffer", "checkpoint_every", "resume", "log_every",
+    # batch is split and read (workers, shuffle buffer: a changed layout continues the epoch in
+    # progress with its unread samples, see `ShardReader.load_state_dict`), memory-saving
+    # recomputation, logging, checkpoints.
+    RESUME_FREE = ("shard_dir", "more_shard_dirs", "output", "data_only", "record_keys", "verify", "max_skipped",
+                   "batch_size", "accum", "grad_checkpoint", "auto_micro_batch", "workers", "shuffle_buffer",
+                   "checkpoint_every", "resume", "log_every",
                    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
                    "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb", "zeroshot_prompt")
 
@@ -352,9 +376,13 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     from pipeline.formats import index as shard_index
     from pipeline.storage import local_path
 
-    here = local_path(cfg.shard_dir)  # None: object storage, read (and judged) by train.command.check
-    if here is not None and not shard_index.exists(here):
-        raise UsageError(f"{cfg.shard_dir} has no index.json: run `pipe shard` first (it writes index.json last)")
+    for folder in cfg.shard_dirs:
+        here = local_path(folder)  # None: object storage, read (and judged) by train.command.check
+        if here is not None and not shard_index.exists(here):
+            raise UsageError(f"{folder} has no index.json: run `pipe shard` first (it writes index.json last)")
+    if (cfg.mix is not None or cfg.epoch_samples is not None) and len(cfg.shard_dirs) < 2:
+        raise UsageError(f"{'--mix' if cfg.mix is not None else '--epoch-samples'} mixes several SHARD_DIRs; "
+                         "give two or more")
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():
         raise UsageError(f"the run folder {out} exists and is not a folder")

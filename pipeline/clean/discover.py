@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.clean.keys import assign_keys
+from pipeline.formats.labels import label_name
 from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.sniff import HEAD_BYTES, sniff
 from pipeline.storage import Entry, Folder, Location, open_folder
@@ -84,7 +85,8 @@ def discover(root: Location | Folder, labels: dict[str, str] | None = None, excl
     candidate with a problem, so manifest rows equal files discovered.
 
     Labels come from ``labels`` (relative path -> label) when given, else from the first folder
-    of the path (``root/<label>/...``); files directly in the root have none.
+    of the path (``root/<label>/...``, NFC: `pipeline.formats.labels`); files directly in the
+    root have none.
     """
     folder = open_folder(root)
     out: list[Candidate] = []
@@ -136,7 +138,7 @@ def labelled(out: list[Candidate], labels: dict[str, str] | None) -> list[Candid
     for c in out:
         if labels is not None:
             c.label = labels.get(c.source)
-        elif "/" in c.source:
-            c.label = c.source.split("/", 1)[0]
+        elif "/" in c.source and c.source.split("/", 1)[0] not in ("", ".", ".."):  # (an object key is any text)
+            c.label = label_name(c.source.split("/", 1)[0])  # NFC: a macOS folder name is NFD
     assign_keys(out)
     return out

@@ -40,7 +40,8 @@ def shard(ctx: typer.Context, **given: Any) -> None:
     from pipeline import executors
 
     summary = stage.run(cfg, show_progress=not json,
-                        executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers))
+                        executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers,
+                                           keep_warm=cfg.ray_keep_warm))
     if json:
         ui.print_json(summary)
         return
@@ -55,7 +56,7 @@ def shard(ctx: typer.Context, **given: Any) -> None:
         rows.append(("kept from an earlier run", f"{_shards(summary['reused_shards'])} (same plan, sha256 checked)"))
     ui.summary_table(f"pipe shard -> {cfg.output}", rows)
     for w in summary["warnings"]:
-        sys.stderr.write(f"warning: {w}\n")
+        sys.stderr.write(f"warning: {ui.shown(w)}\n")
 
 
 def _shards(n: int) -> str:

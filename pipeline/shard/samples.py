@@ -300,7 +300,10 @@ def _kept(batch):
         col = batch.column(name)
         if name in ADDED_LATER and col.type != want:
             col = pa.nulls(len(batch), want)  # not numbers pipe clean wrote (a hand-made manifest): measure instead
-        columns.append(col.cast(want))
+        col = col.cast(want)
+        if name == NAMES.label:  # NFC, as pipe clean writes labels (an older or hand-made manifest may not)
+            col = pc.utf8_normalize(col, form="NFC")
+        columns.append(col)
     return pa.RecordBatch.from_arrays(columns, schema=_schema())
 
 

@@ -42,6 +42,7 @@ from pipeline.core.settings import check as check_settings
 from pipeline.core.ui import progress
 from pipeline.executors import Executor, Later, require
 from pipeline.formats import index as shard_index
+from pipeline.formats.labels import similar_names_warning
 from pipeline.formats.pixels import ImagePixels
 from pipeline.shard.config import TOOL, ShardConfig
 from pipeline.shard.plan import SPLITS, ShardPlan, Span, entry, make_plan
@@ -92,9 +93,16 @@ _REFUSED = ("{out} holds shards that pipe shard did not write (it has no .pipe/s
 def claim_output(cfg: ShardConfig, out: Folder) -> None:
     """Resume a SHARD_DIR whose marker says pipe shard made it from the same input and settings
     (shards it finished are kept, the rest written: `resume.py`); replace one made with others
-    only with --overwrite."""
+    only with --overwrite. The marker is written at once: until it was (after the split and the
+    measuring, minutes on a large set), a second run took the folder this one holds for someone
+    else's (exit 2, "did not write") instead of a busy one, and a run killed meanwhile left a
+    folder no later run would take."""
     outputs.claim(out, TOOL, shard_index.INDEX_NAME, cfg.overwrite, lambda state: _differs(cfg, state),
                   owned=(shard_index.INDEX_NAME,), refused=_REFUSED.format(out=out.url))
+    try:
+        outputs.write_marker(out, cfg.marker())
+    except OSError as e:
+        raise UsageError(f"cannot write to the output folder {out.url}: {e.strerror or e}") from None
 
 
 def _differs(cfg: ShardConfig, state: dict) -> str | None:
@@ -250,7 +258,7 @@ def run(cfg: ShardConfig, show_progress: bool = True, executor: Executor | None 
 
     validate(cfg)
     if executor is None:
-        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers)
+        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers, keep_warm=cfg.ray_keep_warm)
     clean, out = open_folder(cfg.input), open_folder(cfg.output)
     with out.lock(TOOL):
         claim_output(cfg, out)
@@ -305,6 +313,8 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
     if samples.unlabelled:
         warnings.append(f"{samples.unlabelled} kept samples have no label and were left out (images or texts alone, no "
                         f"image-caption pairs; e.g. {', '.join(samples.unlabelled_examples)})")
+    if similar := similar_names_warning(classes):
+        warnings.append(similar)
     if res.classes_without_val:
         warnings.append(f"classes with no validation sample (their samples are near duplicates of each other): "
                         f"{', '.join(res.classes_without_val[:5])}")
@@ -316,7 +326,7 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
         "created_by": f"pipe shard {__version__}",
         "manifest_sha256": manifest_sha,
         "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite", "executor",
-                                                                           "ray_address")},
+                                                                           "ray_address", "ray_keep_warm")},
         "classes": classes,
         "image_size": image_size,
         "mean": mean,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from torch import nn
 
 from pipeline.core.errors import UsageError
 from train.components.checkpoint import CHECKPOINT_FORMAT
+from train.components.safe_load import check_torch_file, refusal, torch_file
 
 # Prefixes that wrappers add to parameter names: DDP/DataParallel, a Lightning module or our
 # Hugging Face wrapper (``model.``), a detection/timm-style feature extractor, torch.compile.
@@ -85,24 +85,6 @@ def _is_state_dict(obj) -> bool:
     return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 
-def _looks_like_torch_file(path: Path) -> bool:
-    """torch.save writes a zip (PK..) or, in the legacy format, a pickle (protocol opcode 0x80)."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
-
-
-def _unpickler_reason(e: Exception) -> str:
-    """The line of torch's long weights_only message that says what was refused."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for i, line in enumerate(lines):
-        if "WeightsUnpickler error" in line:
-            rest = line.split("WeightsUnpickler error:", 1)[1].strip()
-            rest = rest or (lines[i + 1] if i + 1 < len(lines) else "unsupported content")
-            return rest.split(". ")[0]  # drop torch's advice to allowlist globals: not for untrusted files
-    return lines[0] if lines else type(e).__name__
-
-
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         from safetensors.torch import load_file
@@ -120,9 +102,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     """The weights of a Hugging Face model folder: one file, or the shards its index lists."""
-    import json
-
-    from train.models.hf_files import WEIGHTS, weights_file
+    from train.models.hf_files import WEIGHTS, weight_shards, weights_file
 
     name = weights_file(folder)
     if name is None and any((folder / f).exists() for f in ("last.pt", "last.dcp", "best.pt", "best.dcp")):
@@ -131,15 +111,36 @@ def _read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     if name is None:
         raise UsageError(f"--init-from {folder}: a folder, but no Hugging Face weights in it (looked for "
                          f"{', '.join(WEIGHTS)})")
-    if name.endswith(".index.json"):
-        files = sorted(set(json.loads((folder / name).read_text())["weight_map"].values()))
-    else:
-        files = [name]
+    shards = weight_shards(folder)  # plain file names in the folder, or why not
+    if isinstance(shards, str):
+        raise UsageError(f"--init-from {folder}: {shards}")
+    files = shards or [name]
     state: dict[str, torch.Tensor] = {}
     for f in files:
         part = _read_safetensors(folder / f) if f.endswith(".safetensors") else read_state_dict(folder / f)[0]
         state.update(part)
     return _strip_prefixes(state), f"Hugging Face folder ({name})"
+
+
+def check_init(path: Path) -> None:
+    """--init-from's file read through the restricted unpickler before any rank starts (tensors
+    mapped, not read), so a refused file is one line and exit 2 however many ranks would load it."""
+    from train.models.hf_files import pickle_weights, weight_shards
+
+    path = Path(path)
+    if path.is_dir():
+        shards = weight_shards(path)
+        if isinstance(shards, str):
+            raise UsageError(f"--init-from {path}: {shards}")
+        files = pickle_weights(path)
+    elif path.suffix == ".safetensors":
+        files = []  # tensors only, by format
+    elif not path.exists():
+        raise UsageError(f"--init-from {path}: no such file")
+    else:
+        files = [path]
+    for f in files:
+        check_torch_file(f, "--init-from ")
 
 
 def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
@@ -155,19 +156,13 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     if path.suffix == ".safetensors":
         return _strip_prefixes(_read_safetensors(path)), "safetensors"
     try:
-        # CPU first: a checkpoint saved on cuda:3 must load on a machine without that GPU, and
-        # weights_only refuses pickles that would run arbitrary code on load.
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        # CPU first: a checkpoint saved on cuda:3 must load on a machine without that GPU; the
+        # restricted unpickler (`safe_load`) refuses pickles that would run code on load
+        obj = torch_file(path)
     except FileNotFoundError:
         raise UsageError(f"--init-from {path}: no such file") from None
-    except pickle.UnpicklingError as e:
-        if not _looks_like_torch_file(path):
-            raise UsageError(f"--init-from {path}: not a readable torch file (neither a torch.save zip nor a pickle)") from None
-        raise UsageError(f"--init-from {path}: refused by weights_only=True ({_unpickler_reason(e)}): it holds Python "
-                         "objects besides tensors; load it where you trust it and torch.save(model.state_dict())") from None
-    except Exception as e:  # not a torch file at all: zip errors, truncation
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise UsageError(f"--init-from {path}: not a readable torch file ({type(e).__name__}: {first})") from None
+    except Exception as e:  # refused (code in it), or not a torch file at all: zip errors, truncation
+        raise refusal("--init-from ", path, e) from None
     if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
         kind = f"pipe train checkpoint (epoch {obj.get('epoch')}, step {obj.get('step')})"
         return _strip_prefixes(obj["model"]), kind

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from train.components.device import autocast
 from train.components.margins import MarginRecorder
+from train.components.skipping import masked_loss
 from train.components.validation import validate
 from train.distributed.group import Dist
 from train.models.builtin import forward, reader_fields
@@ -39,7 +39,7 @@ class Classify:
              precision: str, d: Dist) -> torch.Tensor:
         with autocast(precision, d.device):
             logits = forward(wrapped, model, batch)
-        loss = F.cross_entropy(logits.float(), batch["label"])
+        loss = masked_loss(logits.float(), batch)  # skipped samples (bad data) add nothing
         recorder.train(epoch, batch, logits)
         return loss
 

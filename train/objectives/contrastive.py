@@ -51,7 +51,7 @@ class Contrastive:
         with autocast(precision, d.device):
             out = wrapped(**{k: batch[k] for k in inputs_of(model)})
         res = contrastive_loss(self.kind, out["image"], out["text"], out["scale"], out["bias"], batch["caption_id"],
-                               batch["group_id"])
+                               batch["group_id"], batch["valid"] if batch.get("skipped") else None)
         recorder.train(epoch, batch, res.caption_margin)
         return res.loss
 

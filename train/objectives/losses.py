@@ -110,9 +110,13 @@ class LossOut:
 
 
 def contrastive_loss(kind: str, image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor,
-                     bias: torch.Tensor | None, caption: torch.Tensor, group: torch.Tensor) -> LossOut:
+                     bias: torch.Tensor | None, caption: torch.Tensor, group: torch.Tensor,
+                     valid: torch.Tensor | None = None) -> LossOut:
     """``kind`` (clip or siglip) over the global batch, for this rank's ``image`` and ``text``
-    embeddings [B, D] (unnormalised), ``caption`` and ``group`` ids [B]; in float32."""
+    embeddings [B, D] (unnormalised), ``caption`` and ``group`` ids [B]; in float32. ``valid``
+    [B] bool (None: all): a sample the reader skipped (bad data, its slot holding a copy of another
+    sample) is no row and no column: it adds nothing, and the mean stays over B rows, as the
+    classify objective's `masked_loss` keeps it."""
     image = F.normalize(image.float(), dim=-1)
     text = F.normalize(text.float(), dim=-1)
     all_image, all_text = gather(image), gather(text)
@@ -121,17 +125,23 @@ def contrastive_loss(kind: str, image: torch.Tensor, text: torch.Tensor, scale: 
     rows = slice(start, start + b)
     mask = same_pairs(gather_ids(caption), gather_ids(group), rows)
     targets = torch.arange(start, start + b, device=image.device)
+    weight = torch.ones(b, device=image.device)
+    if valid is not None:
+        mask = mask | ~gather_ids(valid.to(torch.int64)).bool()[None, :]  # a skipped sample is no one's negative
+        mask[torch.arange(b, device=image.device), targets] = False  # its own row is weighted 0 below
+        weight = valid.to(image.device, torch.float32)
     text_to_image = text @ all_image.T  # [B, N]: each caption against every image
     s = scale.float().reshape(())
     if kind == "clip":
         i2t = (s * (image @ all_text.T)).masked_fill(mask, float("-inf"))
         t2i = (s * text_to_image).masked_fill(mask, float("-inf"))
-        loss = (F.cross_entropy(i2t, targets) + F.cross_entropy(t2i, targets)) / 2
+        per_row = (F.cross_entropy(i2t, targets, reduction="none") + F.cross_entropy(t2i, targets, reduction="none")) / 2
+        loss = (per_row * weight).sum() / b
     elif kind == "siglip":
         logits = s * (image @ all_text.T) + (bias.float().reshape(()) if bias is not None else 0.0)
         labels = -torch.ones_like(logits)
         labels[torch.arange(b, device=image.device), targets] = 1.0
-        loss = -(F.logsigmoid(labels * logits).masked_fill(mask, 0.0)).sum() / b
+        loss = -(F.logsigmoid(labels * logits).masked_fill(mask, 0.0) * weight[:, None]).sum() / b
     else:
         raise ValueError(f"unknown contrastive loss {kind!r}")
     copies = same_group(gather_ids(group), rows)
