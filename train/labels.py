@@ -460,7 +460,7 @@ def write(run_dir: Path, findings: Findings) -> None:
     atomic_write_text(Path(run_dir) / SUMMARY, json.dumps(findings.summary(), indent=2, ensure_ascii=False) + "\n")
 
 
-def _objective(run_dir: Path) -> str:
+def objective_of(run_dir: Path) -> str:
     """The run's --objective (config.json; classify for a run of an older pipe)."""
     try:
         return str(json.loads((Path(run_dir) / "config.json").read_text()).get("objective") or "classify")
@@ -477,8 +477,8 @@ def shard_dir_of(run_dir: Path, given: Path | None) -> Path:
         raise UsageError(f"{run_dir}/config.json does not name the run's SHARD_DIR: pass --shards") from None
 
 
-def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
-    """The whole of `pipe labels`: read the records, flag, find sources, write."""
+def open_run(run_dir: Path, shard_dir: Path | None = None) -> tuple[Path, dict]:
+    """The run's SHARD_DIR and its index, as the training loop read them; a clear error when gone."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a folder (a RUN_DIR written by pipe train)")
@@ -487,13 +487,14 @@ def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
 
     if not shard_index.exists(shards):
         raise UsageError(f"{shards} has no readable index.json (the run's SHARD_DIR moved?): pass --shards")
-    index = shard_index.load(shards)  # as the training loop reads it: the classes and the shards' offsets
-    if _objective(run_dir) == "contrastive":  # image-caption pairs: which captions sit on the wrong image
-        from train import mismatched
+    return shards, shard_index.load(shards)  # the classes and the shards' offsets
 
-        findings = mismatched.run(run_dir, shards, index)
-        write(run_dir, findings)
-        return findings
+
+def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
+    """`pipe labels` on a classifier's run: read the records, flag, find sources, write (a
+    contrastive run's mismatched pairs: `train.mismatched`)."""
+    run_dir = Path(run_dir)
+    shards, index = open_run(run_dir, shard_dir)
     classes = list(index["classes"])
     train, val = load_train(run_dir), load_val(run_dir)
     _refuse_other_classes(run_dir, train, val, len(classes))
@@ -545,9 +546,7 @@ def print_findings(findings: Findings, run_dir: Path) -> None:
         ui.out_console.print(f"{p['count']} labelled {ui.shown(p['given'])} look like {ui.shown(p['suggested'])}",
                              highlight=False, markup=False)
     if findings.kind == "pairs":
-        from train.mismatched import describe
-
-        for line in describe(findings):
+        for line in _pair_lines(findings):
             ui.out_console.print(f"caption fits other images better: {ui.shown(line)}", highlight=False, markup=False)
     for w in findings.warnings:
         ui.err_console.print(f"warning: {ui.shown(w)}", highlight=False, markup=False)
@@ -558,3 +557,8 @@ def print_findings(findings: Findings, run_dir: Path) -> None:
     ui.out_console.print("nothing was removed: review the file, then pass corrected labels to "
                          "pipe clean --labels (see the README)", highlight=False, markup=False)
 
+
+def _pair_lines(findings: Findings) -> list[str]:
+    """The first flagged image-caption pairs, a line each."""
+    return [f"{r['split']} {r['key']} ({r['source'] or 'source unknown'}): {json.dumps(r['given'], ensure_ascii=False)}"
+            for r in findings.rows[:10]]

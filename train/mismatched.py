@@ -26,7 +26,6 @@ Rows go to the same ``label_issues.parquet`` as label issues: ``given`` is the c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -124,9 +123,3 @@ def run(run_dir: Path, shards: Path, index: dict) -> Findings:
         r["given"] = captions.get(r["key"], b"").decode("utf-8", errors="replace")[:CAPTION_CHARS]
         r.pop("margin", None)
     return findings
-
-
-def describe(findings: Findings) -> list[str]:
-    """Lines for the console: the first flagged pairs."""
-    return [f"{r['split']} {r['key']} ({r['source'] or 'source unknown'}): {json.dumps(r['given'], ensure_ascii=False)}"
-            for r in findings.rows[:10]]

@@ -106,7 +106,7 @@ TORCHVISION = Family("torchvision", "torchvision:NAME", "its classifiers, built 
 TIMM = Family("timm", "timm:NAME", "its models, likewise without weights", "train.models.vision:build_timm", prefix="timm:",
               check="train.models.vision:check_timm", export=EXPORT_LIBRARY)
 HF = Family("hf", "hf:PATH", "a local Hugging Face folder (a CLIP or SigLIP one for --objective contrastive)",
-            "train.models.hf:build_hf", prefix="hf:", check="train.models.hf_files:check_folder",
+            "train.models.hf_clip:build", prefix="hf:", check="train.models.hf_files:check_folder",
             inputs="train.models.hf_files:folder_inputs", load="train.models.hf_clip:load_hf",
             export="train.models.hf_export:export_hf", objectives=("classify", "contrastive"))
 

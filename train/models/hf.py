@@ -206,10 +206,6 @@ def build_hf(path: str, num_classes: int, options: families.Options | None = Non
     """The classifier in the local folder ``path``, with one output per class of the dataset (the hf
     family's builder; ``options``: the index's class names, --max-text-len)."""
     options = options or families.Options()
-    if options.objective == "contrastive":  # a CLIP or SigLIP folder: image and caption embeddings, no head
-        from train.models.hf_clip import build_contrastive
-
-        return build_contrastive(path, options)  # type: ignore[return-value]
     index, max_text_len = options.index, options.max_text_len
     label = PREFIX + str(path)
     problem = folder_problem(path)

@@ -34,7 +34,7 @@ from pipeline.core.errors import UsageError
 from train.models import families
 from train.models.clip import FSDP_FORWARD_METHODS, scale
 from train.models.finetune import InitReport
-from train.models.hf import Tokenize, _offline, read_input_norm
+from train.models.hf import HFClassifier, Tokenize, _offline, build_hf, read_input_norm
 from train.models.hf_files import folder_problem, has_tokenizer, weights_file
 from train.models.norm import InputNorm
 
@@ -125,7 +125,7 @@ def _report(label: str, folder: Path, model: nn.Module, info: dict) -> InitRepor
 
 
 def build_contrastive(path: str, options: families.Options) -> HFContrastive:
-    """The CLIP or SigLIP model in the local folder ``path`` (`train.models.hf.build_hf` hands
+    """The CLIP or SigLIP model in the local folder ``path`` (`build` hands
     --objective contrastive here)."""
     label = PREFIX + str(path)
     problem = folder_problem(path)
@@ -159,6 +159,15 @@ def build_contrastive(path: str, options: families.Options) -> HFContrastive:
     wrapped = HFContrastive(model, Tokenize(tokenizer, tokens, label), read_input_norm(folder, label), siglip, use_bias)
     wrapped.init_report = _report(label, folder, model, info)
     return wrapped
+
+
+def build(path: str, num_classes: int, options: families.Options | None = None) -> HFClassifier | HFContrastive:
+    """The hf family's builder: a CLIP or SigLIP folder's two towers for --objective contrastive
+    (image and caption embeddings, no head), else `train.models.hf.build_hf`'s classifier."""
+    options = options or families.Options()
+    if options.objective == "contrastive":
+        return build_contrastive(path, options)
+    return build_hf(path, num_classes, options)
 
 
 def load_hf(path: str, options: families.Options) -> HFContrastive:
