@@ -223,7 +223,9 @@ def test_a_contrastive_run_shows_zero_shot_and_recall_curves_and_its_mismatched_
     pq.write_table(pa.table({"key": ["a"], "source": ["red/r1.png"], "split": ["train"], "given": ["a photo of a <b>blue</b>."],
                              "suggested": [""], "score": [12.5], "rank": [1]}), run / "label_issues.parquet")
     page = build([run])
-    assert "zero-shot accuracy and recall@K" in page and "image-&gt;text R@5" in page and "0.8" in page
+    assert "zero-shot accuracy and recall@K" in page, page[-3000:]
+    assert "image-&gt;text R@5" in page
+    assert "80%" in page
     assert "Mismatched image-caption pairs (1)" in page and "Label-issue candidates" not in page
     assert "a photo of a &lt;b&gt;blue&lt;/b&gt;." in page and "red/r1.png" in page
 
