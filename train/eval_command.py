@@ -11,6 +11,7 @@ import typer
 from pipeline.cli import options
 from pipeline.cli.common import exits_cleanly
 from pipeline.core.settings import setting
+from pipeline.storage import FOLDER_HELP
 
 
 @dataclass
@@ -20,7 +21,7 @@ class EvalConfig:
     model: str = setting(help="The model: hf:PATH (a Hugging Face CLIP or SigLIP folder), a RUN_DIR of pipe train "
                               "--objective contrastive, or a folder pipe export wrote.", argument=True, required=True,
                          toml=False)
-    shard_dir: str = setting(help="SHARD_DIR written by pipe shard (a folder or s3://bucket/prefix).", argument=True,
+    shard_dir: str = setting(help=f"SHARD_DIR written by pipe shard ({FOLDER_HELP}).", argument=True,
                              required=True, toml=False)
     split: str = setting("val", "The split to measure.", choices=("val", "train"))
     zeroshot_prompt: list[str] | None = setting(

@@ -24,10 +24,9 @@ import torch
 from pipeline.core.errors import UsageError
 from pipeline.core.files import atomic_write_text
 from train.models.exported import Job
-from train.models.hf_files import PREPROCESSOR, has_tokenizer
+from train.models.hf_files import PREPROCESSOR, SAFE_LOAD, has_tokenizer
 
 RECORD = "pipe_export.json"
-LOADING = {"local_files_only": True, "trust_remote_code": False}
 
 
 def rebuilt(job: Job) -> Any:
@@ -55,11 +54,11 @@ def save_preprocessing(source: Path, folder: Path) -> list[str]:
     text, image = has_tokenizer(source), (source / PREPROCESSOR).is_file()
     before = set(p.name for p in folder.iterdir())
     if text and image:  # transformers 5 writes the two as processor_config.json ...
-        transformers.AutoProcessor.from_pretrained(source, **LOADING).save_pretrained(folder)
+        transformers.AutoProcessor.from_pretrained(source, **SAFE_LOAD).save_pretrained(folder)
     elif text:
-        transformers.AutoTokenizer.from_pretrained(source, **LOADING).save_pretrained(folder)
+        transformers.AutoTokenizer.from_pretrained(source, **SAFE_LOAD).save_pretrained(folder)
     if image:  # ... and the image processor alone as preprocessor_config.json, which older ones and hf: read
-        transformers.AutoImageProcessor.from_pretrained(source, **LOADING).save_pretrained(folder)
+        transformers.AutoImageProcessor.from_pretrained(source, **SAFE_LOAD).save_pretrained(folder)
     return sorted(set(p.name for p in folder.iterdir()) - before)
 
 
