@@ -151,6 +151,32 @@ def _check_model(cfg, index: dict) -> None:
             raise UsageError("--sync-bn needs CUDA ranks: torch's SyncBatchNorm runs on GPUs only (on CPU each rank's "
                              "BatchNorm normalises with its own batch; leave --sync-bn out)")
     _check_modalities(cfg, index, families.inputs(cfg.model) or (), families.resolve(cfg.model).family is families.BUILTIN)
+    _check_labels(cfg, index)
+
+
+def _check_labels(cfg, index: dict) -> None:
+    """--objective classify needs a class for every sample: a dataset with image-caption pairs
+    without a label (`pipe shard` keeps them) is refused, not trained on in part (the reader's
+    plan counts every sample; skipping some would make ranks' steps differ). --objective
+    contrastive needs every train sample to be a pair (an image without a caption has nothing to
+    be matched with)."""
+    from pipeline.core.errors import UsageError
+
+    counts = index["counts"]
+    if cfg.objective == "classify":
+        loose = {split: counts[split]["samples"] - sum(counts[split]["per_class"].values()) for split in ("train", "val")}
+        if any(loose.values()):
+            raise UsageError(f"{cfg.shard_dir} holds {sum(loose.values())} image-caption pairs without a label "
+                             f"({loose['train']} train, {loose['val']} val): --objective classify needs a class for "
+                             "every sample; train them with --objective contrastive, or label them (pipe clean "
+                             "--labels) and shard again")
+        return
+    train = counts["train"]
+    lacking = train["samples"] - min(train["images"], train["texts"])
+    if lacking:
+        raise UsageError(f"--objective contrastive matches images with their captions, but {lacking} of "
+                         f"{train['samples']} train samples in {cfg.shard_dir} are an image or a text alone: "
+                         "shard the image-caption pairs on their own")
 
 
 def _check_modalities(cfg, index: dict, needs: tuple[str, ...], builtin: bool) -> None:

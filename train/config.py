@@ -23,6 +23,8 @@ from pipeline.storage import FOLDER_HELP
 from train.models import families
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+OBJECTIVES = ("classify", "contrastive")  # what each is: `train.objectives`
+LOSSES = ("clip", "siglip")
 STRATEGIES = ("ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -122,12 +124,25 @@ class TrainConfig(LaunchConfig):
                                      flags=("--auto-micro-batch",), panel=OPTIM)
 
     # -- model and fine-tuning -----------------------------------------------------------------
+    objective: str = setting("classify", "classify (a head over the classes, cross-entropy) or contrastive (images and "
+                                         "captions matched over the global batch: --model clip, or an hf: CLIP or SigLIP "
+                                         "folder).", choices=OBJECTIVES, panel=MODEL)
+    loss: str = setting("clip", "With --objective contrastive: clip (symmetric InfoNCE, learnable temperature) or siglip "
+                                "(sigmoid, learnable bias).", choices=LOSSES, panel=MODEL)
+    lock_image: bool = setting(False, "With --objective contrastive: the image tower frozen, its norm layers in eval mode; "
+                                      "only the text tower learns (LiT).", flags=("--lock-image",), panel=MODEL)
+    zeroshot_prompt: list[str] | None = setting(
+        None, "With --objective contrastive: a template for zero-shot accuracy, {} standing for the class name; "
+              "repeatable, text embeddings averaged over them (default: 'a photo of a {}.', CLIP's).",
+        flags=("--zeroshot-prompt",), schema={"type": "array", "items": {"type": "string", "pattern": "[{][}]"}},
+        panel=MODEL)
     model: str = setting("image", families.model_help(), panel=MODEL)  # each family checks its own syntax (resolve)
     width: int = setting(32, "Channels of the built-in models' first stage (later stages double it).", minimum=4,
                          panel=MODEL)
     resolution: int = setting(64, "Side, in pixels, the built-in image model works at (larger inputs are area-resized "
                                   "down to it).", minimum=8, panel=MODEL)
-    init_from: Path | None = setting(None, "Start from these weights: a pipe train checkpoint, a state dict (.pt/.pth), a "
+    init_from: Path | None = setting(None, "Start from these weights: a pipe train checkpoint (last.pt, or a last.dcp folder "
+                                           "of --strategy fsdp), a folder pipe export wrote, a state dict (.pt/.pth), a "
                                            ".safetensors file or a Hugging Face folder.", panel=MODEL)
     freeze: float = setting(0.0, "Fraction of the model's blocks, counted from the input, frozen at start (0.7 = the "
                                  "first 70%).", minimum=0, maximum=1, panel=MODEL)
@@ -192,7 +207,7 @@ class TrainConfig(LaunchConfig):
     # new split.
     RESUME_SETTINGS = ("epochs", "max_steps", "mix", "epoch_samples", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
                        "grad_clip", "precision", "strategy", "model", "width", "resolution", "init_from", "freeze",
-                       "unfreeze_at", "sync_bn", "max_text_len", "seed")
+                       "unfreeze_at", "sync_bn", "max_text_len", "seed", "objective", "loss", "lock_image")
     # Everything else may change on --resume: where files are, how ranks are launched, how the
     # batch is split and read (workers, shuffle buffer: a changed layout continues the epoch in
     # progress with its unread samples, see `ShardReader.load_state_dict`), memory-saving
@@ -201,7 +216,7 @@ class TrainConfig(LaunchConfig):
                    "batch_size", "accum", "grad_checkpoint", "auto_micro_batch", "workers", "shuffle_buffer",
                    "checkpoint_every", "resume", "log_every",
                    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
-                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb")
+                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb", "zeroshot_prompt")
 
     def fingerprint(self) -> str:
         """Hash of the settings every rank must share; the preflight compares it across ranks."""
@@ -379,12 +394,13 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         if not ok:
             raise UsageError(message)
     families.resolve(cfg.model)  # a family it names; whether it can be built: train.command (families.check)
+    _check_objective(cfg)
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
         if not Path(cfg.init_from).is_dir():
             raise UsageError(f"--init-from {cfg.init_from}: no such file")
-        if not (Path(cfg.init_from) / "config.json").is_file():
-            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a Hugging Face model "
-                             "folder (no config.json)")
+        if not (Path(cfg.init_from) / "config.json").is_file() and not (Path(cfg.init_from) / ".metadata").is_file():
+            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a checkpoint folder of "
+                             "--strategy fsdp (no .metadata) nor a Hugging Face or pipe export folder (no config.json)")
     schedule = parse_unfreeze_at(cfg.unfreeze_at)
     if schedule is not None and schedule[1] >= cfg.freeze:
         raise UsageError(f"--unfreeze-at {cfg.unfreeze_at} would leave {schedule[1]:.0%} frozen, "
@@ -393,3 +409,18 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     if world_size is not None:
         resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world_size)
     return cfg
+
+
+def _check_objective(cfg: TrainConfig) -> None:
+    """The model serves --objective, and the settings of one objective are not given to the other."""
+    families.check_objective(cfg.model, cfg.objective)
+    if cfg.objective == "contrastive":
+        for template in cfg.zeroshot_prompt or ():
+            if "{}" not in template:
+                raise UsageError(f"--zeroshot-prompt {template!r} has no {{}} for the class name, e.g. 'a photo of a {{}}.'")
+        return
+    given = [flag for flag, on in (("--lock-image", cfg.lock_image), (f"--loss {cfg.loss}", cfg.loss != "clip"),
+                                   ("--zeroshot-prompt", bool(cfg.zeroshot_prompt))) if on]
+    if given:
+        raise UsageError(f"{given[0]} is a setting of --objective contrastive (image-caption models); this run is "
+                         f"--objective {cfg.objective}")

@@ -278,12 +278,20 @@ def load_val(run_dir: Path) -> ValSignals | None:
 
 def sources(shard_dir: Path, index: dict, wanted: set[str]) -> dict[str, str]:
     """key -> the source file (path relative to clean's INPUT) of the ``wanted`` keys, from the
-    .json member of their shard sample. One 512-byte header read per sample finds the keys (index.json
-    has each sample's offset); only the wanted samples are read whole."""
-    from pipeline.formats import tarstream
-    from pipeline.formats.sample import META_EXT, member_name, split_name
+    .json member of their shard sample."""
+    from pipeline.formats.sample import META_EXT
 
-    found: dict[str, str] = {}
+    return {key: _source(data) for key, data in members(shard_dir, index, wanted, META_EXT).items()}
+
+
+def members(shard_dir: Path, index: dict, wanted: set[str], ext: str) -> dict[str, bytes]:
+    """key -> the bytes of the ``ext`` member of the ``wanted`` keys' samples. One 512-byte header
+    read per sample finds the keys (index.json has each sample's offset); only the wanted samples
+    are read whole."""
+    from pipeline.formats import tarstream
+    from pipeline.formats.sample import member_name, split_name
+
+    found: dict[str, bytes] = {}
     for shard in index.get("shards", []):
         if len(found) == len(wanted):
             break
@@ -303,10 +311,10 @@ def sources(shard_dir: Path, index: dict, wanted: set[str]) -> dict[str, str]:
                     continue
                 stop = offsets[i + 1] if i + 1 < len(offsets) else end
                 span = memoryview(os.pread(fd, stop - at, at))
-                meta = member_name(key, META_EXT)
-                for member, pos, size in tarstream.members(span):
-                    if member == meta:
-                        found[key] = _source(bytes(span[pos + tarstream.BLOCK: pos + tarstream.BLOCK + size]))
+                member = member_name(key, ext)
+                for named, pos, size in tarstream.members(span):
+                    if named == member:
+                        found[key] = bytes(span[pos + tarstream.BLOCK: pos + tarstream.BLOCK + size])
         except (OSError, ValueError):
             pass  # a damaged shard: `pipe check` says so; its samples keep an empty source
         finally:
@@ -336,6 +344,8 @@ class Findings:
     train_accuracy: float | None
     pairs: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    kind: str = "labels"
+    """labels (a classifier's label issues) or pairs (a contrastive run's mismatched pairs, `train.mismatched`)."""
     finding: str | None = None
     """What makes the flags themselves untrustworthy (a model near chance on its own training
     data): said first, before any flag, in the summary and on the terminal."""
@@ -450,6 +460,14 @@ def write(run_dir: Path, findings: Findings) -> None:
     atomic_write_text(Path(run_dir) / SUMMARY, json.dumps(findings.summary(), indent=2, ensure_ascii=False) + "\n")
 
 
+def objective_of(run_dir: Path) -> str:
+    """The run's --objective (config.json; classify for a run of an older pipe)."""
+    try:
+        return str(json.loads((Path(run_dir) / "config.json").read_text()).get("objective") or "classify")
+    except (OSError, ValueError, AttributeError):
+        return "classify"
+
+
 def shard_dir_of(run_dir: Path, given: Path | None) -> Path:
     if given is not None:
         return given
@@ -459,8 +477,8 @@ def shard_dir_of(run_dir: Path, given: Path | None) -> Path:
         raise UsageError(f"{run_dir}/config.json does not name the run's SHARD_DIR: pass --shards") from None
 
 
-def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
-    """The whole of `pipe labels`: read the records, flag, find sources, write."""
+def open_run(run_dir: Path, shard_dir: Path | None = None) -> tuple[Path, dict]:
+    """The run's SHARD_DIR and its index, as the training loop read them; a clear error when gone."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a folder (a RUN_DIR written by pipe train)")
@@ -469,7 +487,14 @@ def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
 
     if not shard_index.exists(shards):
         raise UsageError(f"{shards} has no readable index.json (the run's SHARD_DIR moved?): pass --shards")
-    index = shard_index.load(shards)  # as the training loop reads it: the classes and the shards' offsets
+    return shards, shard_index.load(shards)  # the classes and the shards' offsets
+
+
+def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
+    """`pipe labels` on a classifier's run: read the records, flag, find sources, write (a
+    contrastive run's mismatched pairs: `train.mismatched`)."""
+    run_dir = Path(run_dir)
+    shards, index = open_run(run_dir, shard_dir)
     classes = list(index["classes"])
     train, val = load_train(run_dir), load_val(run_dir)
     _refuse_other_classes(run_dir, train, val, len(classes))
@@ -508,7 +533,8 @@ def print_findings(findings: Findings, run_dir: Path) -> None:
     t.add_column(style="bold")
     t.add_column(justify="right")
     lo, hi = findings.interval()
-    t.add_row("estimated noise rate", f"{findings.rate:.1%} (95%: {lo:.1%}-{hi:.1%})")
+    t.add_row("flagged share" if findings.kind == "pairs" else "estimated noise rate",
+              f"{findings.rate:.1%} (95%: {lo:.1%}-{hi:.1%})")
     t.add_row("from", findings.rate_from)
     t.add_row("train samples (epochs)", f"{findings.train_samples:,} ({findings.epochs})")
     t.add_row("val samples", f"{findings.val_samples:,}")
@@ -519,8 +545,20 @@ def print_findings(findings: Findings, run_dir: Path) -> None:
     for p in findings.pairs[:10] if not findings.finding else ():
         ui.out_console.print(f"{p['count']} labelled {ui.shown(p['given'])} look like {ui.shown(p['suggested'])}",
                              highlight=False, markup=False)
+    if findings.kind == "pairs":
+        for line in _pair_lines(findings):
+            ui.out_console.print(f"caption fits other images better: {ui.shown(line)}", highlight=False, markup=False)
     for w in findings.warnings:
         ui.err_console.print(f"warning: {ui.shown(w)}", highlight=False, markup=False)
+    if findings.kind == "pairs":
+        ui.out_console.print("nothing was removed: review the file, then correct those captions in the input folder "
+                             "and run pipe clean again", highlight=False, markup=False)
+        return
     ui.out_console.print("nothing was removed: review the file, then pass corrected labels to "
                          "pipe clean --labels (see the README)", highlight=False, markup=False)
 
+
+def _pair_lines(findings: Findings) -> list[str]:
+    """The first flagged image-caption pairs, a line each."""
+    return [f"{r['split']} {r['key']} ({r['source'] or 'source unknown'}): {json.dumps(r['given'], ensure_ascii=False)}"
+            for r in findings.rows[:10]]

@@ -38,15 +38,14 @@ from torch import nn
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
-from train.components import keys, micro_batch, resume, skipping, wrapping
+from train.components import keys, micro_batch, resume, skipping, start, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
-from train.components.margins import MarginRecorder
 from train.components.monitor import Monitor
 from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
 from train.components.step import Step, step_seed
-from train.components.validation import together, validate
+from train.components.validation import together
 from train.config import TrainConfig, check_epoch_fits, parse_unfreeze_at, resolve_batch
 from train.data.loaders import DataSource, open_shards, read_dataset
 from train.data.skips import parse_limit
@@ -55,7 +54,9 @@ from train.distributed import preflight
 from train.distributed.group import Dist, unwrap
 from train.models import norm as input_norm
 from train.models.builtin import build_model, reader_fields, reader_image_size
-from train.models.finetune import Freezer, FreezeSchedule, load_init, sync_batch_norm
+from train.models.finetune import Freezer, FreezeSchedule, load_init, lock_image, sync_batch_norm
+from train.objectives import Validation
+from train.objectives import make as make_objective
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,13 +118,15 @@ class Trainer:
         # 1. what, where, with which batch arithmetic; every rank agrees or nobody starts
         self.plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, d.world_size)
         self.index, self.fingerprint = read_dataset(cfg)  # several SHARD_DIRs: merged (`train.data.mix`)
+        self.objective = make_objective(cfg.objective, loss=cfg.loss, classes=self.index["classes"],
+                                        templates=cfg.zeroshot_prompt)
 
         # 2. the model, identical on every rank (same seed; DDP also broadcasts rank 0's weights);
         # built before the preflight, which compares the input it is fed (`train.models.norm`)
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, len(self.index["classes"]), index=self.index, width=cfg.width,
                                  resolution=cfg.resolution, max_text_len=cfg.max_text_len,
-                                 grad_checkpoint=cfg.grad_checkpoint)
+                                 grad_checkpoint=cfg.grad_checkpoint, objective=cfg.objective, loss=cfg.loss)
         self.input_norm = input_norm.resolve(self.model, self.index)
         config_hash = preflight.config_hash(cfg.fingerprint(), self._model_input())
         reports = preflight.run(d, self.fingerprint, config_hash, self.console if d.is_main else None)
@@ -132,17 +135,23 @@ class Trainer:
         built = getattr(self.model, "init_report", None)  # the weights an hf: folder brought
         if built is not None and resume_from is None:
             self.out.init_report(built)
+        loaded = [built] if built is not None else []
         if cfg.init_from is not None and resume_from is None:
-            self.out.init_report(load_init(self.model, cfg.init_from))
+            loaded.append(load_init(self.model, cfg.init_from))
+            self.out.init_report(loaded[-1])
+        if d.is_main and resume_from is None:  # where the weights started: what pipe export --wise rebuilds
+            start.record(self.run_dir, cfg.as_dict(), self.model, self.index["classes"], start.fresh(self.model, loaded))
         if cfg.sync_bn and d.is_distributed:  # before the Freezer: the layers become new modules
             self.out.say(f"sync-bn: {sync_batch_norm(self.model)} BatchNorm layers normalise over the global batch")
+        locked = lock_image(self.model) if cfg.lock_image else []  # LiT: before sharding, which takes what trains
         unfreeze = parse_unfreeze_at(cfg.unfreeze_at)
         self.schedule = FreezeSchedule(cfg.freeze, *(unfreeze or (None, 0.0)))
         placed = wrapping.place(self.model, cfg, d)  # its device, memory format, precision; sharded under fsdp
         self.precision, self.channels_last, self.sharded = placed.precision, placed.channels_last, placed.sharded
-        self.freezer = Freezer(self.model)  # after sharding: it keeps the parameters the model trains
+        self.freezer = Freezer(self.model, locked)  # after sharding: it keeps the parameters the model trains
         if cfg.auto_micro_batch:
-            self.plan = micro_batch.probe(self.model, self.index, cfg, self.plan, d, self.precision, self.out.say)
+            self.plan = micro_batch.probe(self.model, self.index, cfg, self.plan, d, self.precision, self.out.say,
+                                          self.objective)
 
         # 3. data, optimizer, schedule
         reader_input: dict[str, Any] = {}  # the model's own normalisation and tokenizer, when it has them
@@ -150,7 +159,7 @@ class Trainer:
             reader_input.update(mean=self.input_norm.mean, std=self.input_norm.std)
         if getattr(self.model, "tokenize", None) is not None:
             reader_input["tokenize"] = self.model.tokenize
-        self.data = open_data(cfg, d, self.plan, reader_fields(self.model), self.index,
+        self.data = open_data(cfg, d, self.plan, self.objective.fields(self.model), self.index,
                               image_size=reader_image_size(self.model, self.index.get("image_size")), **reader_input)
         check_epoch_fits(self.data.train.steps_per_epoch, self.plan)
         self.steps_per_epoch = self.data.train.steps_per_epoch // self.plan.accum
@@ -161,11 +170,12 @@ class Trainer:
         self.scheduler = make_scheduler(self.optimizer, cfg, self.total_steps, warmup)
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.precision == "fp16")
         self.optimizer_step = Step(self.model, self.optimizer, self.scheduler, self.scaler, self.plan, d, self.precision,
-                                   self.channels_last, cfg.grad_clip, cfg.grad_checkpoint, self.steps_per_epoch)
+                                   self.channels_last, cfg.grad_clip, cfg.grad_checkpoint, self.steps_per_epoch,
+                                   self.objective)
         self.state = self._restore(resume_from) if resume_from is not None else TrainState()
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
-        self.margins = MarginRecorder(self.run_dir, d.rank, d.world_size, start_step=self.state.step)  # for pipe labels
+        self.margins = self.objective.recorder(self.run_dir, d.rank, d.world_size, self.state.step)  # for pipe labels
         resumed = keys.Records.of(resume_from)  # --record-keys: what the continued checkpoint had trained on
         if d.is_main:
             keys.prepare(self.run_dir, resumed)
@@ -278,23 +288,25 @@ class Trainer:
         return self.wrapped
 
     def _validate(self) -> tuple[float, float, int] | None:
-        """Loss and accuracy over the val split, exact across ranks (`train.components.validation`);
+        """Loss and accuracy over the val split, exact across ranks (the objective's: `train.objectives`);
         with several SHARD_DIRs mixed, over each one's val split apart and over all of them."""
         readers = self.data.val_parts or ({"": self.data.val} if self.data.val is not None else {})
-        found = {}
+        found: dict[str, Validation | None] = {}
         for name, reader in readers.items():
             reader.set_epoch(0)
-            found[name] = validate(self.model, self._val_batches(reader), self.d, self.precision, self.channels_last,
-                                   lambda batch, logits: self.margins.val(self.state.epoch, batch, logits))
+            found[name] = self.objective.validate(self.model, self._val_batches(reader), self.d, self.precision,
+                                                  self.channels_last, self.margins, self.state.epoch)
         self.skips.exchange(count=False)  # validation's skips: named and recorded, not counted
         self.freezer.train_mode()
         parts = {name: v for name, v in found.items() if v is not None}
         if not parts:
             return None
-        val = parts[""] if "" in parts else together(list(parts.values()))
-        apart = None if "" in parts else parts
-        self.monitor.validation(self.state.step, self.state.epoch, *val, parts=apart)
-        self.out.validation(self.state.epoch, *val, parts=apart)
+        whole = parts.get("")
+        val = whole.as_tuple() if whole is not None else together([v.as_tuple() for v in parts.values()])
+        metrics = whole.metrics if whole is not None else None  # mixed: loss and accuracy per source
+        apart = None if whole is not None else {name: v.as_tuple() for name, v in parts.items()}
+        self.monitor.validation(self.state.step, self.state.epoch, *val, metrics=metrics, parts=apart)
+        self.out.validation(self.state.epoch, *val, metrics=metrics, parts=apart)
         return val
 
     # -- freezing --------------------------------------------------------------------------------

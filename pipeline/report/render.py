@@ -359,13 +359,19 @@ def _run(f: RunFacts) -> str:
         body = (charts.lines("validation loss", "epoch", xs, {"val loss": [r.get("val_loss") for r in f.val]}, "loss")
                 + charts.lines("validation accuracy", "epoch", xs, {"val acc": [r.get("val_acc") for r in f.val]},
                                "accuracy", percent=True))
+        matching = {name: [r.get(f"val_{key}") for r in f.val] for key, name in MATCHING if any(f"val_{key}" in r for r in f.val)}
+        if matching:  # --objective contrastive: how well images and captions find each other
+            body += charts.lines("zero-shot accuracy and recall@K", "epoch", xs, matching, "share", percent=True)
         parts.append(_fold("Validation", body, True))
     if f.drift_total:
         rows = [[d.get("step"), d.get("rank"), d.get("host"), d.get("what"), d.get("message")] for d in f.drift]
         parts.append(_fold(f"Drift alarms ({f.drift_total:,})",
                            charts.table(["step", "rank", "host", "what", "message"], rows)
                            + _more(len(f.drift), f.drift_total, "alarms"), True))
-    if f.label_issues is not None:
+    if f.label_issues is not None and f.objective == "contrastive":
+        parts.append(_fold(f"Mismatched image-caption pairs ({f.label_issues_total:,})",
+                           _mismatched(f.label_issues, f.label_issues_total), True))
+    elif f.label_issues is not None:
         parts.append(_fold(f"Label-issue candidates ({f.label_issues_total:,})", _label_issues(f), True))
     parts.append("</section>")
     return "".join(parts)
@@ -410,6 +416,17 @@ def _label_issues(f: RunFacts) -> str:
         rows.append(f"<tr><td>{visual}</td>{cells}</tr>")
     table = f'<table class="issues"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
     return table + _more(len(rows), f.label_issues_total, "candidates (lowest rank first)")
+
+
+MATCHING = (("zeroshot_acc", "zero-shot accuracy"), ("recall_i2t@1", "image->text R@1"), ("recall_i2t@5", "image->text R@5"),
+            ("recall_t2i@1", "text->image R@1"), ("recall_t2i@5", "text->image R@5"))
+
+
+def _mismatched(pairs: list[dict], total: int) -> str:
+    """`pipe labels` on a contrastive run: pairs whose caption fits other images better than its own."""
+    rows = [[r.get("rank"), r.get("key"), r.get("source"), r.get("split"), r.get("given"), r.get("score")] for r in pairs]
+    return (charts.table(["rank", "key", "image", "split", "caption", "score"], rows)
+            + _more(len(rows), total, "pairs (most mismatched first)"))
 
 
 def _at(xs, i):

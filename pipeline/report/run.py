@@ -1,6 +1,8 @@
 """Facts about a RUN_DIR for the page: metrics.jsonl as written by train/components/monitor.py
-(``train`` windows with per-rank loss and data-wait share, ``val`` rows, ``drift`` warnings),
-and the label-issue candidates when `pipe labels` left ``label_issues.parquet`` there.
+(``train`` windows with per-rank loss and data-wait share, ``val`` rows, with zero-shot accuracy
+and recall for --objective contrastive, ``drift`` warnings), and the label-issue candidates (or,
+for a contrastive run, the mismatched image-caption pairs) when `pipe labels` left
+``label_issues.parquet`` there.
 
 Both are read as hostile: each line and row is checked against its schema
 (``schemas/metrics_row.schema.json``, ``schemas/label_issue_row.schema.json``) and one that breaks
@@ -44,6 +46,7 @@ class RunFacts:
     windows: int = 0
     label_issues: list[dict] | None = None
     label_issues_total: int = 0
+    objective: str = "classify"  # config.json's: a contrastive run's label_issues are mismatched pairs
     previews: dict[str, Item] = field(default_factory=dict)  # label-issue key -> its image, from a clean dir given
     previews_from: int = 0  # clean dirs the previews were looked for in
 
@@ -82,7 +85,17 @@ def gather(where: Location | Folder) -> RunFacts:
     _read(root, f)
     f.ranks = max((len(r.get("loss_per_rank") or []) for r in f.train), default=0)
     _label_issues(f, root)
+    f.objective = _objective(root)
     return f
+
+
+def _objective(root: Folder) -> str:
+    """config.json's objective (a contrastive run's label issues are mismatched pairs)."""
+    try:
+        conf = json.loads(root.read("config.json"))
+    except (OSError, ValueError, UsageError, StageFailed):
+        return "classify"
+    return str(conf.get("objective") or "classify") if isinstance(conf, dict) else "classify"
 
 
 def _read(root: Folder, f: RunFacts) -> None:

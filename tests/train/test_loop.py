@@ -165,7 +165,7 @@ def test_out_of_memory_in_a_step_names_the_settings_to_change(tmp_path, monkeypa
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr("train.components.step.forward", oom)  # what the loop's step calls
+    monkeypatch.setattr("train.objectives.classify.forward", oom)  # what the loop's step calls (its objective's loss)
     with pytest.raises(StageFailed) as e:
         _run(_cfg(tmp_path, batch_size=8))
     msg = str(e.value)

@@ -70,9 +70,12 @@ class RunConsole:
         """``epoch`` counts from 0; ``state`` is `train.models.finetune.FreezeState`."""
         self.say(f"epoch {epoch + 1}: {state.describe()}")
 
-    def validation(self, epoch: int, loss: float, acc: float, samples: int,
+    def validation(self, epoch: int, loss: float, acc: float, samples: int, metrics: dict | None = None,
                    parts: dict[str, tuple[float, float, int]] | None = None) -> None:
-        self.say(f"epoch {epoch + 1}: val loss {loss:.4f} acc {acc:.1%} ({samples} samples, all ranks)")
+        """``metrics``: the objective's own numbers (zero-shot, recall@K) in place of acc;
+        ``parts``: each mixed source's own loss, accuracy and samples."""
+        more = " ".join(f"{k.replace('_acc', '')} {v:.1%}" for k, v in metrics.items()) if metrics else f"acc {acc:.1%}"
+        self.say(f"epoch {epoch + 1}: val loss {loss:.4f} {more} ({samples} samples, all ranks)")
         for name, (lo, ac, n) in (parts or {}).items():
             self.say(f"epoch {epoch + 1}:   {name}: val loss {lo:.4f} acc {ac:.1%} ({n} samples)")
 

@@ -50,13 +50,13 @@ class DataSource:
     apart and added up (``val`` is then None)."""
 
 
-def read_index(shard_dir: str | Path) -> tuple[dict, str]:
+def read_index(shard_dir: str | Path, need_classes: bool = True) -> tuple[dict, str]:
     """index.json (schema-checked; from a folder or object storage) and its fingerprint (the hash every
-    rank must agree on)."""
+    rank must agree on). ``need_classes``: a dataset without classes is refused (a classifier's)."""
     from train.data import sources
 
     index, raw = sources.read_index(shard_dir)
-    if not index["classes"]:
+    if need_classes and not index["classes"]:
         raise UsageError(f"{shard_dir}/index.json lists no classes: there is nothing to classify")
     return index, hashlib.sha256(raw).hexdigest()[:16]
 

@@ -45,13 +45,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
 from pipeline.media.image.resize import dct_scale, fit, scaled_size
 from train.data.mix import Sources
+from train.data.pairs import pair_ids
 from train.data.plan import Generation, epoch_plan
 from train.data.skips import BadSample, donors, text_problem
 from train.data.stream import SampleDecodeError, SampleReader, read_samples
 
 __all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
 
-FIELDS = ("image", "text")
+FIELDS = ("image", "text", "pairs")  # pairs: caption and group ids for a contrastive loss (`train.data.pairs`)
 MAX_GENERATIONS = 64  # layouts one epoch can be continued in (a resume on another layout adds one)
 
 
@@ -64,7 +65,8 @@ class ShardReader(SampleReader, IterableDataset):
     0 = padding, L = ``max_text_len``) and ``text_len`` int64 [B] when "text" is (with a
     ``tokenize``: what it returns, e.g. ``input_ids`` and ``attention_mask``); always
     ``label`` int64 [B], ``valid`` bool [B] (False only for the repeats that top up the last
-    validation batches) and ``key`` list[str].
+    validation batches) and ``key`` list[str]. With "pairs" in ``fields``: ``caption_id`` and
+    ``group_id`` int64 [B] (`train.data.pairs`), and ``label`` -1 for a pair without a class.
     """
 
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
@@ -273,6 +275,9 @@ class ShardReader(SampleReader, IterableDataset):
             batch["text"], batch["text_len"] = self._texts(fed)
         if bad:
             batch["skipped"] = [(i, samples[i].shard, samples[i].key, samples[i].offset, why) for i, why in sorted(bad.items())]
+        if "pairs" in self.fields:
+            captions, groups = pair_ids([s.fields for s in fed])
+            batch["caption_id"], batch["group_id"] = torch.tensor(captions), torch.tensor(groups)
         return batch
 
     def _checked(self, i: int, s: RawSample, bad: dict[int, str]) -> int:
@@ -296,6 +301,8 @@ class ShardReader(SampleReader, IterableDataset):
 
     def _label(self, s: RawSample) -> int:
         if "cls" not in s.fields:
+            if "pairs" in self.fields:  # an image-caption pair without a class (pipe shard writes no .cls)
+                return -1
             raise _error(s, "has no .cls member")
         try:
             label = decode_class(s.fields["cls"])

@@ -2,7 +2,9 @@
 
 Loading is safe and honest: the file is read on the CPU (``.pt``/``.pth`` with ``weights_only=True``,
 so no pickled code runs; ``.safetensors`` holds nothing but tensors; a Hugging Face folder's
-weights are either), names are compared without the prefixes wrappers add (`WRAPPER_PREFIXES`),
+weights, or a folder `pipe export` wrote, are either; a --strategy fsdp checkpoint folder is put
+together by `train.components.weights.read_dcp_model`, which unpickles nothing but its metadata's
+types), names are compared without the prefixes wrappers add (`WRAPPER_PREFIXES`),
 each tensor is kept only where both its name and its shape match the model, and a
 report lists what was loaded, skipped for shape and missing. A classification head trained for
 another number of classes is re-initialised rather than half-loaded.
@@ -103,6 +105,9 @@ def _read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     from train.models.hf_files import WEIGHTS, weight_shards, weights_file
 
     name = weights_file(folder)
+    if name is None and any((folder / f).exists() for f in ("last.pt", "last.dcp", "best.pt", "best.dcp")):
+        raise UsageError(f"--init-from {folder}: a RUN_DIR of pipe train; name its checkpoint ({folder}/best.pt, or "
+                         "best.dcp under --strategy fsdp) or a folder pipe export wrote")
     if name is None:
         raise UsageError(f"--init-from {folder}: a folder, but no Hugging Face weights in it (looked for "
                          f"{', '.join(WEIGHTS)})")
@@ -143,6 +148,10 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     what kind it was; refuses files that hold code."""
     path = Path(path)
     if path.is_dir():
+        from train.components import weights
+
+        if weights.is_dcp_folder(path):  # --strategy fsdp's last.dcp / best.dcp: the model's shards put together
+            return _strip_prefixes(weights.read_dcp_model(path)), "pipe train checkpoint (--strategy fsdp, DCP)"
         return _read_hf_folder(path)
     if path.suffix == ".safetensors":
         return _strip_prefixes(_read_safetensors(path)), "safetensors"
@@ -272,8 +281,9 @@ class Freezer:
     it would call ``model.train()``.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, locked: list[nn.Module] | None = None):
         self.model = model
+        self.locked = list(locked or [])  # --lock-image's tower: frozen (by `lock_image`) and always in eval mode
         self.groups = block_groups(model)
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
         loose = getattr(model, "input_params", None)
@@ -305,8 +315,21 @@ class Freezer:
     def train_mode(self, mode: bool = True) -> None:
         """``model.train(mode)``, with the frozen blocks' BatchNorm layers left in eval mode."""
         self.model.train(mode)
-        for m in self.frozen_bn:
+        for m in [*self.frozen_bn, *self.locked]:
             m.eval()
+
+
+def lock_image(model: nn.Module) -> list[nn.Module]:
+    """--lock-image (LiT, Zhai et al. 2022): every parameter of the model's ``image_tower`` (the
+    image encoder and its projection, `train.models.clip`) stops training, whatever --freeze and
+    --unfreeze-at say; returns the tower for the `Freezer`, which keeps it in eval mode (its norm
+    layers' statistics and any dropout as pretrained). Call before the Freezer is made."""
+    tower = getattr(model, "image_tower", None)
+    if not isinstance(tower, nn.Module):
+        raise UsageError(f"--lock-image: {type(model).__name__} has no image_tower to lock (an image-caption model has one)")
+    for p in tower.parameters():
+        p.requires_grad_(False)
+    return [tower]
 
 
 @dataclass(frozen=True)

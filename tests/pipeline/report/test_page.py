@@ -207,6 +207,29 @@ def test_a_manifest_with_odd_types_still_gives_a_page(tmp_path):
     assert "could not be shown" in page
 
 
+def test_a_contrastive_run_shows_zero_shot_and_recall_curves_and_its_mismatched_pairs(tmp_path):
+    """A run of --objective contrastive (issue 22): its val rows carry zero-shot accuracy and
+    recall@K, charted; pipe labels' rows are mismatched image-caption pairs, shown as such."""
+    from pipeline.report.stage import build
+
+    run = build_run(tmp_path / "run")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if r["kind"] == "val":
+            r.update({"val_zeroshot_acc": 0.5 + r["epoch"] / 10, "val_recall_i2t@1": 0.3, "val_recall_i2t@5": 0.7,
+                      "val_recall_t2i@1": 0.25, "val_recall_t2i@5": 0.65})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (run / "config.json").write_text(json.dumps({"objective": "contrastive", "model": "clip"}), encoding="utf-8")
+    pq.write_table(pa.table({"key": ["a"], "source": ["red/r1.png"], "split": ["train"], "given": ["a photo of a <b>blue</b>."],
+                             "suggested": [""], "score": [12.5], "rank": [1]}), run / "label_issues.parquet")
+    page = build([run])
+    assert "zero-shot accuracy and recall@K" in page, page[-3000:]
+    assert "image-&gt;text R@5" in page
+    assert "80%" in page
+    assert "Mismatched image-caption pairs (1)" in page and "Label-issue candidates" not in page
+    assert "a photo of a &lt;b&gt;blue&lt;/b&gt;." in page and "red/r1.png" in page
+
+
 def test_label_issue_candidates_show_their_images_from_the_clean_dir_given(folders, tmp_path):
     """The one place a user must look at images: each candidate with its picture, found by its key
     (and source) in a clean dir on the command line; without one the table says what to add."""

@@ -298,6 +298,33 @@ def test_undecodable_sample_at_a_smaller_size_names_shard_and_key(big_shards, tm
         list(make_loader(ShardReader(shards, batch_size=2, image_size=24), 0))
 
 
+def test_pairs_carry_caption_and_group_ids_and_no_class_reads_as_minus_one(tmp_path):
+    """fields with "pairs" (issue 22): equal captions get equal ids, a near-duplicate group recorded
+    in the .json one id for its pairs, a pair without a label the class -1 (without "pairs", its
+    missing .cls is still an error)."""
+    from train.data.pairs import NO_GROUP
+
+    base = 0x0123456789ABCDEF
+    specs = [Spec(key="a", label=None, seed=1, text="same words", phash=base),
+             Spec(key="b", label=None, seed=2, text="other words", phash=base ^ 0b11),  # near copy of a
+             Spec(key="c", label="cat", seed=3, text="same words", phash=0x5555_5555_5555_5555),
+             Spec(key="d", label="cat", seed=4, text="alone", phash=0x00FF_00FF_00FF_00FF)]
+    stage.run(stage.ShardConfig(make_clean_dir(tmp_path / "clean", specs), tmp_path / "shards", val_fraction=0.0),
+              show_progress=False)
+    reader = ShardReader(tmp_path / "shards", "train", batch_size=4, fields=("text", "pairs"), shuffle_buffer=0)
+    reader.set_epoch(0)
+    batch = next(iter(reader))
+    at = {k: i for i, k in enumerate(batch["key"])}
+    cap, grp, label = batch["caption_id"], batch["group_id"], batch["label"]
+    assert cap[at["a"]] == cap[at["c"]] and cap[at["a"]] != cap[at["b"]] != cap[at["d"]]
+    assert grp[at["a"]] == grp[at["b"]] >= 0 and grp[at["c"]] == grp[at["d"]] == NO_GROUP
+    assert label[at["a"]] == label[at["b"]] == -1 and label[at["c"]] == label[at["d"]] == 0
+    plain = ShardReader(tmp_path / "shards", "train", batch_size=4, fields=("text",), shuffle_buffer=0)
+    plain.set_epoch(0)
+    with pytest.raises(SampleDecodeError, match="no .cls member"):
+        next(iter(plain))
+
+
 @pytest.mark.parametrize("world,batch,workers,buffer", [(3, 2, 1, 5), (1, 6, 3, 0), (6, 1, 0, 7)])
 def test_a_mid_epoch_position_continues_on_another_layout_with_every_sample_once(shards, world, batch, workers, buffer):
     """2 ranks x batch 3 (global batch 6), 2 workers, read 3 batches each into epoch 1; then the
