@@ -28,6 +28,9 @@ class ShardConfig:
     max_size: int = setting(1 << 30, "Most bytes per shard, tar headers and padding counted; only a single larger "
                                      "sample exceeds it.", minimum=4096, unit="bytes")
     seed: int = setting(0, "Seed of the split and of the shuffle before sharding.", minimum=0)
+    pairs_only: bool = setting(
+        False, "Keep only image-caption pairs (what pipe train --objective contrastive reads): an image or a text alone "
+               "is left out, labelled or not, and counted in index.json (excluded.not_pairs).", flags=("--pairs-only",))
     split_distance: int = setting(
         6, "Images within this many perceptual-hash bits (of 64) stay on one side of the split. Its cost grows with "
            "the square of the image count over 2^(64/(d+1)): about 1 s per 100k images at 6, 10 s at 8.",
@@ -52,7 +55,12 @@ class ShardConfig:
     def marker(self) -> dict:
         """What `.pipe/state.json` says about a SHARD_DIR this run writes."""
         return {"schema_version": 1, "tool": TOOL, "version": __version__, "input": open_folder(self.input).identity(),
-                "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}}
+                "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS} | self.opted_in()}
+
+    def opted_in(self) -> dict:
+        """The output-shaping settings that are named only where given (--pairs-only): a SHARD_DIR
+        written without them keeps the marker and index.json it always had, byte for byte."""
+        return {"pairs_only": True} if self.pairs_only else {}
 
     def as_dict(self) -> dict:
         return settings.as_dict(self)
