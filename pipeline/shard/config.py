@@ -51,6 +51,9 @@ class ShardConfig:
 
     # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
     OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")
+    # ... and those recorded (marker, index.json) only where they differ from this: a SHARD_DIR made without
+    # them keeps the bytes it always had, and one made before they existed still resumes
+    OPTED_IN = {"pairs_only": False}
 
     def marker(self) -> dict:
         """What `.pipe/state.json` says about a SHARD_DIR this run writes."""
@@ -58,9 +61,8 @@ class ShardConfig:
                 "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS} | self.opted_in()}
 
     def opted_in(self) -> dict:
-        """The output-shaping settings that are named only where given (--pairs-only): a SHARD_DIR
-        written without them keeps the marker and index.json it always had, byte for byte."""
-        return {"pairs_only": True} if self.pairs_only else {}
+        """The `OPTED_IN` settings given other values than their default (--pairs-only), as recorded."""
+        return {k: getattr(self, k) for k, off in self.OPTED_IN.items() if getattr(self, k) != off}
 
     def as_dict(self) -> dict:
         return settings.as_dict(self)

@@ -115,13 +115,17 @@ def _differs(cfg: ShardConfig, state: dict) -> str | None:
     if state.get("input") != want["input"]:
         return f"was sharded from {state.get('input')}, not {want['input']}; pass --overwrite to replace it"
     settings = state.get("settings")
-    old = settings if isinstance(settings, dict) else {}
-    if old != want["settings"]:
-        new = want["settings"]
+    old, new = (_with_defaults(d) for d in (settings if isinstance(settings, dict) else {}, want["settings"]))
+    if old != new:
         changed = ", ".join(f"--{k.replace('_', '-')} {old.get(k)} -> {new.get(k)}" for k in [*new, *(k for k in old if k not in new)]
                             if old.get(k) != new.get(k))
         return f"was made with other settings ({changed}); pass --overwrite to replace it"
     return None
+
+
+def _with_defaults(settings: dict) -> dict:
+    """A marker's settings with the `ShardConfig.OPTED_IN` ones it does not name (not given) as their defaults."""
+    return settings | {k: off for k, off in ShardConfig.OPTED_IN.items() if k not in settings}
 
 
 # ---------------------------------------------------------------- 3. measure

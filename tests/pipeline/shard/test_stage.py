@@ -440,7 +440,7 @@ def test_pairs_only_into_a_folder_sharded_without_it_needs_overwrite(tmp_path, c
     run(clean, out)
     r = cli("shard", clean, "-o", out, "--pairs-only")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.exit_code == 2 and len(lines) == 1 and "--pairs-only None -> True" in lines[0], r.stderr
+    assert r.exit_code == 2 and len(lines) == 1 and "--pairs-only False -> True" in lines[0], r.stderr
     assert cli("shard", clean, "-o", out, "--pairs-only", "--overwrite").exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert cli("shard", clean, "-o", out, "--pairs-only").exit_code == 0  # same settings: resumed, the same bytes
