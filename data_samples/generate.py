@@ -6,7 +6,7 @@
 Seeded and deterministic: running it again gives byte-identical files (with the same Pillow
 and zlib). Three classes a small CNN learns in a minute on a CPU (circles, stripes,
 triangles: shape decides, colours are random, shapes are dark on a light background),
-captions beside a third of the images, and the nasty files listed in data_samples/README.md.
+captions beside two thirds of the images, and the nasty files listed in data_samples/README.md.
 `EXPECTED` says what `pipe clean` should make of each nasty file; tests/test_data_samples.py
 holds it to that.
 """
@@ -145,7 +145,8 @@ def generate(root: Path) -> None:
             rel = f"{cls}/{singular}_{i:03d}.jpg"
             images[rel] = im
             put(root, rel, jpeg(im))
-            if i % 3 == 0:  # captions beside a third of the images; some with a BOM and Windows line ends
+            if i % 3 != 2:  # captions beside two thirds of the images (pairs enough for the demo's contrastive
+                # step, images alone enough for its --pairs-only to matter); some with a BOM and Windows line ends
                 while caption in captions:  # generated captions can repeat; real ones rarely do
                     caption += ", again"
                 captions.add(caption)

@@ -176,7 +176,7 @@ def _check_labels(cfg, index: dict) -> None:
     if lacking:
         raise UsageError(f"--objective contrastive matches images with their captions, but {lacking} of "
                          f"{train['samples']} train samples in {cfg.shard_dir} are an image or a text alone: "
-                         "shard the image-caption pairs on their own")
+                         "shard the image-caption pairs on their own (pipe shard CLEAN_DIR -o SHARD_DIR --pairs-only)")
 
 
 def _check_modalities(cfg, index: dict, needs: tuple[str, ...], builtin: bool) -> None:

@@ -29,7 +29,7 @@ def shard(ctx: typer.Context, **given: Any) -> None:
     Samples are split per class into train/val (near duplicates on one side), shuffled with
     --seed and cut by --max-count/--max-size. Image-caption pairs without a label are samples too
     (for pipe train --objective contrastive); an image or a text alone without a label is left out
-    and counted. The same CLEAN_DIR and settings give byte-identical shards; rerun into the same
+    and counted (with --pairs-only, one with a label too). The same CLEAN_DIR and settings give byte-identical shards; rerun into the same
     SHARD_DIR, shards an interrupted run finished are kept.
     """
     from pipeline.core import ui
@@ -49,6 +49,7 @@ def shard(ctx: typer.Context, **given: Any) -> None:
             ("train", f"{summary['train']} samples in {_shards(summary['train_shards'])}"),
             ("val", f"{summary['val']} samples in {_shards(summary['val_shards'])}"),
             ("left out: no label, no pair", summary["unlabelled"]),
+            *([("left out: not a pair (--pairs-only)", summary["not_pairs"])] if "not_pairs" in summary else []),
             ("near-duplicate groups", summary["near_duplicate_groups"]),
             ("size", f"{summary['bytes'] / 1e6:.1f} MB"),
             ("time", f"{sum(summary['timings'].values()):.1f} s")]

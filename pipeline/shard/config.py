@@ -28,6 +28,9 @@ class ShardConfig:
     max_size: int = setting(1 << 30, "Most bytes per shard, tar headers and padding counted; only a single larger "
                                      "sample exceeds it.", minimum=4096, unit="bytes")
     seed: int = setting(0, "Seed of the split and of the shuffle before sharding.", minimum=0)
+    pairs_only: bool = setting(
+        False, "Keep only image-caption pairs (what pipe train --objective contrastive reads): an image or a text alone "
+               "is left out, labelled or not, and counted in index.json (excluded.not_pairs).", flags=("--pairs-only",))
     split_distance: int = setting(
         6, "Images within this many perceptual-hash bits (of 64) stay on one side of the split. Its cost grows with "
            "the square of the image count over 2^(64/(d+1)): about 1 s per 100k images at 6, 10 s at 8.",
@@ -48,11 +51,18 @@ class ShardConfig:
 
     # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
     OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")
+    # ... and those recorded (marker, index.json) only where they differ from this: a SHARD_DIR made without
+    # them keeps the bytes it always had, and one made before they existed still resumes
+    OPTED_IN = {"pairs_only": False}
 
     def marker(self) -> dict:
         """What `.pipe/state.json` says about a SHARD_DIR this run writes."""
         return {"schema_version": 1, "tool": TOOL, "version": __version__, "input": open_folder(self.input).identity(),
-                "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}}
+                "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS} | self.opted_in()}
+
+    def opted_in(self) -> dict:
+        """The `OPTED_IN` settings given other values than their default (--pairs-only), as recorded."""
+        return {k: getattr(self, k) for k, off in self.OPTED_IN.items() if getattr(self, k) != off}
 
     def as_dict(self) -> dict:
         return settings.as_dict(self)

@@ -31,9 +31,11 @@ UNRECORDED = -1  # in a pixel column: pipe clean recorded no numbers for the ima
 class Grouped:
     """The kept rows (sorted by key) as groups, one per key. The samples are the labelled groups
     and the image-caption pairs without a label (data for contrastive training, `taken`); an
-    image alone or a text alone without a label is of no use to any objective: left out, counted."""
+    image alone or a text alone without a label is of no use to any objective: left out, counted.
+    With ``pairs_only`` (`pipe shard --pairs-only`) the samples are the image-caption pairs alone,
+    labelled or not: an image or a text alone with a label is left out too, counted apart."""
 
-    def __init__(self, kept):
+    def __init__(self, kept, pairs_only: bool = False):
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -60,7 +62,10 @@ class Grouped:
         captioned = to_mask(pc.greater(pc.utf8_length(pc.fill_null(caption, "")), 0))
         with_caption = np.bincount(self.group[is_image & captioned], minlength=self.groups) > 0  # a labels-file caption
         self.pair = (images == 1) & ((texts == 1) | with_caption) & ~self.wrong
-        self.taken = self.labelled | self.pair
+        self.taken = self.pair if pairs_only else self.labelled | self.pair
+        left_out = ~self.taken & ~self.wrong
+        self.unlabelled = np.flatnonzero(left_out & ~self.labelled)  # groups left out: no label and no pair
+        self.not_pairs = np.flatnonzero(left_out & self.labelled)  # ... and with a label, by --pairs-only
         self.sample_groups = np.flatnonzero(self.taken)
         self.samples = len(self.sample_groups)
         # no label: null (an empty label from the labels file is none either)

@@ -17,7 +17,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,8 @@ class Samples:
     group: np.ndarray | None = None
     """int64, set once split: each sample's near-duplicate group as its first member's index, -1 for
     a sample alone (`pipeline.shard.plan.entry` records it in the .json member of a pair)."""
+    not_pairs: int = 0  # kept samples with a label that are an image or a text alone, left out by --pairs-only
+    not_pair_examples: list[str] = field(default_factory=list)  # the first few of their keys
 
     def __len__(self) -> int:
         return len(self.cls)
@@ -86,10 +88,11 @@ class Samples:
         return sample_bytes(self.image_size, self.text_size, cls_size[self.cls], meta_size)
 
 
-def load(clean_dir: Path, spill_dir: Path | None = None) -> tuple[Samples, str]:
+def load(clean_dir: Path, spill_dir: Path | None = None, pairs_only: bool = False) -> tuple[Samples, str]:
     """The samples of ``clean_dir``'s manifest (`Samples`), and the manifest's sha256. Their large
     columns are kept in unnamed files in ``spill_dir`` (default: the system's temporary folder)
-    when the manifest is one pipe clean writes (`_streamed`)."""
+    when the manifest is one pipe clean writes (`_streamed`). ``pairs_only``: the image-caption
+    pairs alone are samples (`grouping.Grouped`)."""
     import pyarrow as pa
 
     path = clean_dir / "manifest.parquet"
@@ -99,7 +102,7 @@ def load(clean_dir: Path, spill_dir: Path | None = None) -> tuple[Samples, str]:
     default_pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:
-        return _load(path, clean_dir, spill_dir)
+        return _load(path, clean_dir, spill_dir, pairs_only)
     finally:
         pa.set_memory_pool(default_pool)
         give_back_freed()
@@ -124,12 +127,12 @@ def _trim() -> Callable[[], None]:
         return lambda: None
 
 
-def _load(path: Path, clean_dir: Path, spill_dir: Path | None) -> tuple[Samples, str]:
+def _load(path: Path, clean_dir: Path, spill_dir: Path | None, pairs_only: bool) -> tuple[Samples, str]:
     try:
-        samples = _streamed(path, clean_dir, spill_dir)
+        samples = _streamed(path, clean_dir, spill_dir, pairs_only)
     except Exception:  # noqa: BLE001 - anything unusual: the whole-table reading, which says what is wrong
         kept = [_read_kept(path)]  # handed over in a list that `_build` empties: the table is freed once used
-        samples = _build(kept, clean_dir)
+        samples = _build(kept, clean_dir, pairs_only)
     return samples, _sha256(path)
 
 
@@ -141,7 +144,7 @@ _SPILLED_STRINGS = ("key", "meta", "image", "text")
 _SPILLED_NUMBERS = ("image_mtime", "text_mtime", "pixels")
 
 
-def _streamed(path: Path, clean_dir: Path, spill_dir: Path | None) -> Samples:
+def _streamed(path: Path, clean_dir: Path, spill_dir: Path | None, pairs_only: bool) -> Samples:
     """The samples of a manifest as pipe clean writes it (kept rows in key order, every key
     safe, every group right), read a batch at a time so that memory stays flat however many
     samples there are: each batch's complete groups (the last key's rows wait for the next
@@ -173,13 +176,13 @@ def _streamed(path: Path, clean_dir: Path, spill_dir: Path | None) -> Samples:
         last = keys[-1]
         rows = pa.Table.from_batches([pending, batch] if pending is not None else [batch])
         cut = int(np.argmax(to_mask(pc.equal(rows.column(NAMES.key), last))))  # the last key's first row
-        _stream_unit(rows.slice(0, cut), clean_dir, spill, held)
+        _stream_unit(rows.slice(0, cut), clean_dir, spill, held, pairs_only)
         pending = rows.slice(cut).combine_chunks().to_batches()[0]
     if pending is not None:
-        _stream_unit(pa.Table.from_batches([pending]), clean_dir, spill, held)
+        _stream_unit(pa.Table.from_batches([pending]), clean_dir, spill, held, pairs_only)
     if not held.n:
-        return _empty(held.unlabelled, held.examples)
-    return held.samples(spill)
+        return _with(held.not_pairs, _empty(held.unlabelled.count, held.unlabelled.examples))
+    return _with(held.not_pairs, held.samples(spill))
 
 
 class _Held:
@@ -195,8 +198,7 @@ class _Held:
         self.columns = {k: np.empty(rows, dtype=t) for k, t in self.TYPES.items()}
         self.n = 0
         self.labels: dict[str, int] = {}
-        self.unlabelled = 0
-        self.examples: list[str] = []
+        self.unlabelled, self.not_pairs = LeftOut(), LeftOut()
 
     def add(self, cols: dict[str, Any]) -> None:
         import pyarrow.compute as pc
@@ -220,24 +222,42 @@ class _Held:
         cls = np.where(c["label"] >= 0, rank[np.maximum(c["label"], 0)] if len(rank) else -1, -1)
         return Samples(classes, m["key"], cls, m["meta"], m["image"], c["image_ext"], c["image_size"],
                        m["image_mtime"], m["text"], c["text_size"], m["text_mtime"], c["phash"], c["has_phash"],
-                       m["pixels"], self.unlabelled, self.examples, spill)
+                       m["pixels"], self.unlabelled.count, self.unlabelled.examples, spill)
 
 
-def _stream_unit(rows, clean_dir: Path, spill, held: _Held) -> None:
+@dataclass
+class LeftOut:
+    """Kept samples left out of the shards for one reason: how many, and the first few keys (in
+    key order) the summary names."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, g: Grouped, groups: np.ndarray) -> None:
+        self.count += len(groups)
+        self.examples += g.keys.take(g.starts[groups[: max(0, 3 - len(self.examples))]]).to_pylist()
+
+
+def _with(not_pairs: LeftOut, samples: Samples) -> Samples:
+    """``samples`` with the count and first keys of those --pairs-only left out."""
+    samples.not_pairs, samples.not_pair_examples = not_pairs.count, not_pairs.examples
+    return samples
+
+
+def _stream_unit(rows, clean_dir: Path, spill, held: _Held, pairs_only: bool) -> None:
     """One batch's complete groups (in key order) into ``spill`` and ``held``."""
     import pyarrow.compute as pc
 
     if not rows.num_rows:
         return
-    g = Grouped(rows.combine_chunks())
+    g = Grouped(rows.combine_chunks(), pairs_only)
     if g.first_bad() is not None:
         raise _NotStreamable
     stats = stat_outputs(clean_dir, g.image_path, g.text_path)
     if stats.failed is not None:
         raise _NotStreamable
-    unlabelled = np.flatnonzero(~g.taken & ~g.wrong)
-    held.unlabelled += len(unlabelled)
-    held.examples += g.keys.take(g.starts[unlabelled[: max(0, 3 - len(held.examples))]]).to_pylist()
+    held.unlabelled.add(g, g.unlabelled)
+    held.not_pairs.add(g, g.not_pairs)
     for lo in range(0, g.samples, SAMPLE_BATCH):
         part = slice(lo, lo + SAMPLE_BATCH)
         cols = g.columns(stats, part)
@@ -324,7 +344,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _build(tables: list, clean_dir: Path) -> Samples:
+def _build(tables: list, clean_dir: Path, pairs_only: bool = False) -> Samples:
     """The samples of the kept rows (the one table in ``tables``, taken out of it so that no
     reference outlives its use), as arrays. Every check runs over whole columns; only a sample
     found wrong is looked at row by row (`_explain`), for the exact message the row by row
@@ -339,7 +359,7 @@ def _build(tables: list, clean_dir: Path) -> Samples:
     # one chunk per column (a batch each as read): a take from many chunks costs several times more
     kept = kept.take(order) if np.any(order[1:] < order[:-1]) else kept.combine_chunks()
     del order
-    g = Grouped(kept)
+    g = Grouped(kept, pairs_only)
     bad = g.first_bad()
     stop = g.samples if bad is None else int(np.searchsorted(g.sample_groups, bad))
     stats = stat_outputs(clean_dir, g.image_path.slice(0, stop), g.text_path.slice(0, stop))
@@ -347,16 +367,17 @@ def _build(tables: list, clean_dir: Path) -> Samples:
         bad = int(g.sample_groups[stats.failed])
     if bad is not None:
         _explain(g, bad, clean_dir)
-    unlabelled = np.flatnonzero(~g.taken & ~g.wrong)
-    examples = g.keys.take(g.starts[unlabelled[:3]]).to_pylist()
+    unlabelled, not_pairs = LeftOut(), LeftOut()
+    unlabelled.add(g, g.unlabelled)
+    not_pairs.add(g, g.not_pairs)
     if not g.samples:
-        return _empty(len(unlabelled), examples)
+        return _with(not_pairs, _empty(unlabelled.count, unlabelled.examples))
     parts = [g.columns(stats, slice(lo, lo + SAMPLE_BATCH)) for lo in range(0, g.samples, SAMPLE_BATCH)]
     del kept, g
     columns = {name: _joined([p.pop(name) for p in parts]) for name in list(parts[0])}  # each part's piece freed once joined
     del parts
     columns["key"] = unique_keys(columns["key"])
-    return _in_key_order(columns, len(unlabelled), examples)
+    return _with(not_pairs, _in_key_order(columns, unlabelled.count, unlabelled.examples))
 
 
 def _joined(parts: list) -> Any:

@@ -4,7 +4,10 @@
    sample), held as columns (`samples.py`). An image-caption pair without a label is a sample
    (no .cls member: data for contrastive training); an image or a text alone without a label is
    of use to no objective: left out, counted in index.json (`excluded.unlabelled`) and named in
-   the summary, never dropped silently.
+   the summary, never dropped silently. `--pairs-only` keeps the image-caption pairs alone (what
+   --objective contrastive reads): a labelled image or text alone is left out the same way
+   (`excluded.not_pairs`). The shards then hold exactly what training reads, so the reader's plan,
+   exactly-once epochs and resume need nothing new.
 2. split: per class (the pairs without a label as one more), seeded, near duplicates (by `phash`)
    kept on one side (`split.py`); a pair in a group records it in its .json member (`plan.entry`).
 3. measure: every image's size must match the others, and the train images' exact pixel sums
@@ -55,6 +58,8 @@ from pipeline.storage import output as outputs
 COMMIT_OF_CLEAN = "manifest.parquet"  # what says a CLEAN_DIR is complete
 SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
 IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
+# settings index.json does not record: where and how the run ran, and those named only where given (`opted_in`)
+NOT_IN_INDEX = ("input", "output", "workers", "overwrite", "executor", "ray_address", "ray_keep_warm", "pairs_only")
 MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few hundred KiB of temporaries)
 
 
@@ -110,11 +115,17 @@ def _differs(cfg: ShardConfig, state: dict) -> str | None:
     if state.get("input") != want["input"]:
         return f"was sharded from {state.get('input')}, not {want['input']}; pass --overwrite to replace it"
     settings = state.get("settings")
-    old = settings if isinstance(settings, dict) else {}
-    if old != want["settings"]:
-        changed = ", ".join(f"--{k.replace('_', '-')} {old.get(k)} -> {v}" for k, v in want["settings"].items() if old.get(k) != v)
+    old, new = (_with_defaults(d) for d in (settings if isinstance(settings, dict) else {}, want["settings"]))
+    if old != new:
+        changed = ", ".join(f"--{k.replace('_', '-')} {old.get(k)} -> {new.get(k)}" for k in [*new, *(k for k in old if k not in new)]
+                            if old.get(k) != new.get(k))
         return f"was made with other settings ({changed}); pass --overwrite to replace it"
     return None
+
+
+def _with_defaults(settings: dict) -> dict:
+    """A marker's settings with the `ShardConfig.OPTED_IN` ones it does not name (not given) as their defaults."""
+    return settings | {k: off for k, off in ShardConfig.OPTED_IN.items() if k not in settings}
 
 
 # ---------------------------------------------------------------- 3. measure
@@ -279,9 +290,12 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
          show_progress: bool) -> dict:
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    samples, manifest_sha = load(Path(local.input), scratch)
+    samples, manifest_sha = load(Path(local.input), scratch, cfg.pairs_only)
     if not len(samples):
         why = f" ({samples.unlabelled} kept samples have no label and are images or texts alone)" if samples.unlabelled else ""
+        if cfg.pairs_only:
+            raise UsageError(f"{clean.url} has no kept image-caption pairs to shard with --pairs-only"
+                             f"{why or f' ({samples.not_pairs} kept samples are images or texts alone)'}")
         raise UsageError(f"{clean.url} has no kept, labelled samples and no image-caption pairs to shard{why}")
     classes = samples.classes
     timings["load_s"] = time.perf_counter() - t
@@ -313,6 +327,9 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
     if samples.unlabelled:
         warnings.append(f"{samples.unlabelled} kept samples have no label and were left out (images or texts alone, no "
                         f"image-caption pairs; e.g. {', '.join(samples.unlabelled_examples)})")
+    if samples.not_pairs:
+        warnings.append(f"{samples.not_pairs} kept labelled samples are an image or a text alone and were left out "
+                        f"(--pairs-only; e.g. {', '.join(samples.not_pair_examples)})")
     if similar := similar_names_warning(classes):
         warnings.append(similar)
     if res.classes_without_val:
@@ -325,14 +342,13 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
         "schema_version": shard_index.SCHEMA_VERSION,
         "created_by": f"pipe shard {__version__}",
         "manifest_sha256": manifest_sha,
-        "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite", "executor",
-                                                                           "ray_address", "ray_keep_warm")},
+        "settings": {k: v for k, v in cfg.as_dict().items() if k not in NOT_IN_INDEX} | cfg.opted_in(),
         "classes": classes,
         "image_size": image_size,
         "mean": mean,
         "std": std,
         "counts": counts,
-        "excluded": {"unlabelled": samples.unlabelled},
+        "excluded": {"unlabelled": samples.unlabelled, **({"not_pairs": samples.not_pairs} if cfg.pairs_only else {})},
         "near_duplicate_groups": {"groups": res.groups, "samples": res.grouped_samples,
                                   "max_distance": cfg.split_distance},
         "shards": [e.as_dict() for e in entries],
@@ -345,6 +361,7 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
             "train": counts["train"]["samples"], "val": counts["val"]["samples"],
             "train_shards": counts["train"]["shards"], "val_shards": counts["val"]["shards"],
             "bytes": sum(e.bytes for e in entries), "unlabelled": samples.unlabelled,
+            **({"not_pairs": samples.not_pairs} if cfg.pairs_only else {}),
             "near_duplicate_groups": res.groups, "reused_shards": resumed, "warnings": warnings,
             "timings": {k: round(v, 3) for k, v in timings.items()}, **({"parts": parts} if parts else {})}
 

@@ -99,3 +99,28 @@ def test_samples_are_the_same_however_the_manifest_is_read(tmp_path, monkeypatch
     pq.write_table(table.sort_by([("key", "descending")]), clean / "manifest.parquet")
     got = samples.load(clean)[0]
     assert got.spill is None and _columns(got) == whole  # out of key order: read whole, as before
+
+
+def test_pairs_only_samples_are_the_same_however_the_manifest_is_read(tmp_path, monkeypatch):
+    """--pairs-only leaves the labelled images alone out (counted, the first keys named) whether the
+    manifest is read a few rows at a time or whole."""
+    import pyarrow.parquet as pq
+
+    from tests.clean_dirs import simple_specs
+
+    clean = make_clean_dir(tmp_path / "clean", simple_specs(40, classes=3, text_every=3))
+    table = pq.read_table(clean / "manifest.parquet")
+    pq.write_table(table.sort_by("key"), clean / "manifest.parquet")
+    first = samples.load(clean, pairs_only=True)[0]
+    whole = {**_columns(first), "not_pairs": first.not_pairs, "not_pair_examples": first.not_pair_examples}
+    everything = samples.load(clean)[0]
+    assert len(first) + first.not_pairs == len(everything) == 40 and first.not_pairs > 0
+    assert len(first.not_pair_examples) == 3 and (first.image_ext >= 0).all() and (first.text_size >= 0).all()
+    for batch in (3, 7):
+        monkeypatch.setattr(samples, "ROW_BATCH", batch)
+        got = samples.load(clean, pairs_only=True)[0]
+        assert {**_columns(got), "not_pairs": got.not_pairs, "not_pair_examples": got.not_pair_examples} == whole
+    pq.write_table(table.sort_by([("key", "descending")]), clean / "manifest.parquet")
+    got = samples.load(clean, pairs_only=True)[0]
+    assert got.spill is None
+    assert {**_columns(got), "not_pairs": got.not_pairs, "not_pair_examples": got.not_pair_examples} == whole

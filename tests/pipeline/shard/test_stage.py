@@ -387,3 +387,70 @@ def test_a_pair_in_a_near_duplicate_group_records_it(tmp_path):
         assert "group" not in json.loads(samples[key]["json"]), key
     shards = index_of(tmp_path / "out")["shards"]
     assert sum(s["bytes"] for s in shards) == sum((tmp_path / "out" / s["name"]).stat().st_size for s in shards)
+
+
+# -- --pairs-only: the image-caption pairs on their own, for --objective contrastive -------------------
+
+
+def _some_captioned() -> list[Spec]:
+    """Labelled samples, a third of them images alone, plus pairs without a label and the unlabelled
+    image and text alone of `_captioned`."""
+    labelled = [Spec(key=f"l{i:03d}", label=f"c{i % 2}", seed=i, text=None if i % 3 == 0 else f"labelled {i}",
+                     phash=(i * 0x9E3779B97F4A7C15) & (2**64 - 1)) for i in range(12)]
+    labelled.append(Spec(key="l900", label="c0", image=False, text="a labelled text alone"))
+    return labelled + _captioned(0, 6)
+
+
+def test_pairs_only_keeps_the_pairs_and_counts_what_it_left_out(tmp_path, cli):
+    clean = make_clean_dir(tmp_path / "clean", _some_captioned())
+    r = cli("shard", clean, "-o", tmp_path / "out", "--pairs-only", "--val-fraction", "0.2", "--workers", "1")
+    assert r.exit_code == 0, r.stderr
+    assert "left out: not a pair (--pairs-only)" in r.stdout
+    assert "5 kept labelled samples are an image or a text alone and were left out (--pairs-only; e.g. l000, l003, l006)" in r.stderr
+    assert "2 kept samples have no label and were left out" in r.stderr
+    index = index_of(tmp_path / "out")
+    assert schemas.errors(index, "index") == []
+    assert index["settings"]["pairs_only"] is True
+    assert index["excluded"] == {"unlabelled": 2, "not_pairs": 5}  # l000 l003 l006 l009 (images), l900 (a text)
+    counts = index["counts"]
+    assert counts["train"]["samples"] + counts["val"]["samples"] == 8 + 6
+    for split in ("train", "val"):
+        assert counts[split]["images"] == counts[split]["texts"] == counts[split]["samples"]  # every sample a pair
+    samples = {k: v for p in sorted((tmp_path / "out").glob("*.tar")) for k, v in tar_samples(p).items()}
+    assert set(samples) == {f"l{i:03d}" for i in range(12) if i % 3} | {f"p{i:03d}" for i in range(6)}
+    assert all(members["cls"] == str(int(k[1:]) % 2).encode() for k, members in samples.items() if k.startswith("l"))
+    state = json.loads((tmp_path / "out" / ".pipe" / "state.json").read_text())
+    assert state["settings"]["pairs_only"] is True and schemas.errors(state, "state") == []
+
+
+def test_without_pairs_only_nothing_new_is_written(tmp_path):
+    """The index and marker of a run without --pairs-only name neither it nor its count: a SHARD_DIR
+    keeps the bytes it had (test_golden pins the shards), and an earlier run's folder resumes."""
+    clean = make_clean_dir(tmp_path / "clean", _some_captioned())
+    summary = run(clean, tmp_path / "out")
+    index = index_of(tmp_path / "out")
+    assert "pairs_only" not in index["settings"] and index["excluded"] == {"unlabelled": 2} and "not_pairs" not in summary
+    assert "pairs_only" not in json.loads((tmp_path / "out" / ".pipe" / "state.json").read_text())["settings"]
+    assert summary["train"] + summary["val"] == 13 + 6
+
+
+def test_pairs_only_into_a_folder_sharded_without_it_needs_overwrite(tmp_path, cli):
+    clean = make_clean_dir(tmp_path / "clean", _some_captioned())
+    out = tmp_path / "out"
+    run(clean, out)
+    r = cli("shard", clean, "-o", out, "--pairs-only")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "--pairs-only False -> True" in lines[0], r.stderr
+    assert cli("shard", clean, "-o", out, "--pairs-only", "--overwrite").exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert cli("shard", clean, "-o", out, "--pairs-only").exit_code == 0  # same settings: resumed, the same bytes
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert index_of(out)["excluded"]["not_pairs"] == 5
+
+
+def test_pairs_only_without_any_pair_is_one_line(tmp_path, cli):
+    clean = make_clean_dir(tmp_path / "clean", [Spec(key=f"s{i}", label="c", seed=i) for i in range(4)])
+    r = cli("shard", clean, "-o", tmp_path / "out", "--pairs-only")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.stderr
+    assert "no kept image-caption pairs to shard with --pairs-only (4 kept samples are images or texts alone)" in lines[0]

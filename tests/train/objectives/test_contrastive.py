@@ -196,6 +196,13 @@ def test_contrastive_refuses_train_samples_that_are_no_pairs_in_one_line(tmp_pat
               timeout=300)
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "are an image or a text alone" in lines[0], p.stderr
+    assert "pipe shard CLEAN_DIR -o SHARD_DIR --pairs-only" in lines[0]  # the road it names is there:
+    stage.run(stage.ShardConfig(tmp_path / "clean", tmp_path / "pairs", pairs_only=True), show_progress=False)
+    from pipeline.formats import index
+    from train.command import _check_labels
+
+    _check_labels(TrainConfig(shard_dir=tmp_path / "pairs", output=tmp_path / "run", objective="contrastive"),
+                  index.load(tmp_path / "pairs"))  # (nothing refused)
 
 
 def test_pipe_eval_refuses_a_classifier_run_and_a_folder_that_is_no_model(shards, tmp_path):
