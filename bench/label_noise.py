@@ -158,8 +158,8 @@ def condition(work: Path, images, labels, share: float, mode: str, args) -> dict
     write_raw(raw, images, given)
     t0 = time.monotonic()
     pipe("clean", str(raw), "-o", str(clean), "--size", "32", "--no-near-dedup", "--workers", "1")
-    pipe("shard", str(clean), "-o", str(shards), "--seed", str(args.seed), "--workers", "1",
-         "--val-fraction", str(args.val_fraction))
+    split = ["--val-fraction", str(args.val_fraction)] if args.val_fraction is not None else []  # None: pipe shard's default
+    pipe("shard", str(clean), "-o", str(shards), "--seed", str(args.seed), "--workers", "1", *split)
     pipe("train", str(shards), "-o", str(run), "--model", "image", "--width", str(args.width), "--resolution", "32",
          "--epochs", str(args.epochs), "--batch-size", "32", "--lr", "3e-3", "--workers", "1", "--log-every", "1000",
          "--checkpoint-every", "0", "--seed", str(args.seed))
@@ -189,8 +189,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--val-fraction", type=float, default=0.3,
-                    help="pipe shard's: the noise rate is estimated on the val split, so its size sets the estimate's spread")
+    ap.add_argument("--val-fraction", type=float, default=None,
+                    help="pipe shard's (default: pipe shard's own default)")
+    ap.add_argument("--keep", type=Path, help="keep each condition's folders under this folder (default: a temporary one)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     conditions = [(s, "pairs" if args.pairs else "uniform") for s in args.noise] if args.noise else \
@@ -199,8 +200,13 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
     results = []
     for share, mode in conditions:
-        with tempfile.TemporaryDirectory(prefix="pipe-label-noise-") as tmp:
-            r = condition(Path(tmp), images, labels, share, mode, args)
+        if args.keep:
+            work = args.keep / f"{mode}-{share:g}-val{args.val_fraction if args.val_fraction is not None else 'default'}"
+            work.mkdir(parents=True, exist_ok=False)
+            r = condition(work, images, labels, share, mode, args)
+        else:
+            with tempfile.TemporaryDirectory(prefix="pipe-label-noise-") as tmp:
+                r = condition(Path(tmp), images, labels, share, mode, args)
         results.append(r)
         print(json.dumps(r), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
