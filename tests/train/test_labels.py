@@ -84,8 +84,9 @@ def test_confident_learning_counts_calibrates_and_prunes_by_hand():
 def test_a_run_on_flipped_labels_flags_mostly_the_flipped_ones(tmp_path, cli):
     """150 images of 3 well-separated classes, 10% of labels flipped (15): trained 5 epochs, pipe
     labels flags mostly flipped samples (measured: precision 1.0, recall 0.67-0.73 over two seeds;
-    the noise rate comes from only 29 val samples, so it is estimated low) and says where each
-    came from and what it looks like."""
+    the rate is estimated low: 29 val samples, and a model that memorises these 121 train samples
+    within 5 epochs, so their negative-AUM share is low too) and says where each came from and what
+    it looks like."""
     shards, flipped = noisy_shards(tmp_path, n=150, flip=0.1)
     train(shards, tmp_path / "run", epochs=5, batch_size=16)
     result = cli("labels", str(tmp_path / "run"))
@@ -217,6 +218,44 @@ def test_without_val_predictions_the_rate_is_the_negative_margin_share_and_says_
     found = labels.analyse(_signals([-1.0, -0.5, 2.0, 3.0], 0.5), None, ["a", "b"])
     assert found.rate == 0.5 and sorted(r["key"] for r in found.rows) == ["t0", "t1"]
     assert any("no validation predictions" in w for w in found.warnings)
+
+
+def _val(n: int, wrong: int) -> labels.ValSignals:
+    """``n`` val samples of two classes the model is sure of, but for ``wrong`` it leans the other way
+    without conviction (argmax not the label, under every class's threshold: confident learning
+    counts none of them, so the val estimate is 0)."""
+    probs = np.array([[0.9, 0.1], [0.1, 0.9]] * (n // 2))
+    label = np.array([0, 1] * (n // 2))
+    for i in range(wrong):
+        probs[i] = [0.45, 0.55] if label[i] == 0 else [0.55, 0.45]
+    return labels.ValSignals(keys=[f"v{i}" for i in range(n)], label=label, probs=probs, epoch=2)
+
+
+def test_the_rate_comes_from_the_train_split_when_the_val_split_is_too_small_to_see_it():
+    """100 train samples, 10 of them with a negative AUM; the val split's estimate is 0 (the default
+    split's few val samples can hold few or no flips): the rate is the train split's 10%, the 10
+    lowest AUMs are flagged, and no warning blames the val split's size."""
+    aum = [-3.0 + 0.1 * i for i in range(10)] + [1.0 + 0.01 * i for i in range(90)]
+    val = _val(20, wrong=2)
+    assert labels.noise_rate(labels.calibrated_joint(labels.confident_joint(val.probs, val.label), val.label)) == 0
+    found = labels.analyse(_signals(aum, 0.9), val, ["a", "b"])
+    assert found.rate == pytest.approx(0.1) and found.rate_from == labels.TRAIN_RATE_FROM
+    assert sorted(r["key"] for r in found.rows) == sorted(f"t{i}" for i in range(10))
+    assert found.summary()["estimated_from"] == labels.TRAIN_RATE_FROM
+    assert not any("val samples" in w for w in found.warnings)
+    lo, hi = found.interval()  # over the 100 train samples, not the 20 val ones
+    assert hi - lo == pytest.approx(2 * 1.96 * (0.1 * 0.9 / 100) ** 0.5)
+
+
+@pytest.mark.parametrize("wrong, share", [(0, 0.0), (10, 0.1 + 1.96 * (0.1 * 0.9 / 100) ** 0.5)])
+def test_a_model_still_learning_flags_no_more_than_it_gets_wrong_on_unseen_samples(wrong, share):
+    """40% negative AUMs from a model still learning (right labels it learned late): capped at the
+    top of the 95% interval of its val error, since a label it gets right on unseen samples is no
+    evidence of a wrong one; with no val error, nothing is flagged from the train split."""
+    aum = [-1.0] * 40 + [1.0] * 60
+    found = labels.analyse(_signals(aum, 0.9), _val(100, wrong=wrong), ["a", "b"])
+    assert found.rate == pytest.approx(share)
+    assert sum(r["split"] == "train" for r in found.rows) == round(share * 100)
 
 
 def test_pipe_labels_does_not_import_torch(clean_run):
