@@ -18,6 +18,7 @@ import codecs
 from collections import Counter
 from dataclasses import dataclass
 
+from pipeline.media.text.decoded import Decoded
 from pipeline.media.text.plausibility import penalty_of
 from pipeline.media.text.scripts import SCRIPT_TAGS
 
@@ -27,6 +28,8 @@ EVIDENCE_CAP = 64
 MIN_SUPPORT = 3
 # ...and this many times the evidence of the file's own encoding among the other files.
 LEAD = 2.0
+# The confidence recorded for a reading the folder's prior decided.
+PRIOR_CONFIDENCE = 0.9
 # A file whose own reading is as plausible as the leader's keeps it from this many bytes beyond
 # ASCII up: a KOI8-R caption of 30 Cyrillic letters in a cp866 folder is a KOI8-R caption, while
 # one or two accented letters fit any neighbouring code page.
@@ -52,6 +55,10 @@ class Chosen:
     encoding: str | None
     by_prior: bool = False
     note: str = ""
+
+    def decoded(self) -> Decoded:
+        """The prior's reading, for `clean.clean_text` to judge in place of its own detection."""
+        return Decoded(self.text, self.encoding, PRIOR_CONFIDENCE, notes=[self.note] if self.note else [])
 
 
 def by_folder(files: list[FolderFile]) -> list[Chosen]:

@@ -73,3 +73,19 @@ def test_no_clear_leader_decides_nothing_and_order_does_not_matter():
     forward = by_folder(more)
     backward = by_folder(more[::-1])[::-1]
     assert forward == backward
+
+
+def test_the_priors_reading_goes_through_the_text_stage_with_its_note():
+    from pipeline.media.text.clean import clean_text
+
+    texts = _sentences("ar") + _short_words("ar")
+    files = _folder(texts, "cp1256")
+    chosen = by_folder(files)
+    decided = [(f, c, t) for f, c, t in zip(files, chosen, texts, strict=True) if c.by_prior]
+    assert decided
+    for f, c, t in decided:
+        reading = c.decoded()
+        o = clean_text(f.data, reading=reading)
+        assert (o.reason, o.text, o.encoding) == (None, t, "cp1256")
+        assert o.content_hash and o.minhash and c.note in o.notes
+        assert reading.text == c.text  # the caller's reading is left as it was
