@@ -18,11 +18,12 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import xxhash
 
 from pipeline.formats.vocabulary import Reason
+from pipeline.media.text.decoded import Decoded
 
 # Default --max-text-bytes. The longest texts that make sense as one sample are books: a long
 # novel is 1-3 MB of UTF-8 (War and Peace about 3.2 MB), captions and documents far less; 16 MiB
@@ -58,12 +59,17 @@ _BREAKS = re.compile("\r\n|[\r\x85\x0b\x0c\u2028\u2029]")
 _CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\ufeff]")
 
 
-def clean_text(data: bytes, s: TextSettings = TextSettings()) -> TextOutcome:
+def clean_text(data: bytes, s: TextSettings = TextSettings(), reading: Decoded | None = None) -> TextOutcome:
+    """The text stage on one file's bytes; ``reading``: a decode made elsewhere (the folder prior's,
+    `prior.by_folder`) to judge instead of detecting the encoding again."""
     if len(data) > s.max_bytes:  # callers check the size before reading; this keeps the bound for any other
         return TextOutcome(reason=Reason.TOO_LARGE, detail=f"{len(data)} bytes > --max-text-bytes {s.max_bytes}")
-    from pipeline.media.text.encodings import decode_bytes  # its alphabets take ~0.15 s to build: workers only
+    if reading is None:
+        from pipeline.media.text.encodings import decode_bytes  # its alphabets take ~0.15 s to build: workers only
 
-    d = decode_bytes(data)
+        d = decode_bytes(data)
+    else:
+        d = replace(reading, notes=list(reading.notes))  # (the text is let go below: not the caller's copy)
     out = TextOutcome(encoding=d.encoding, confidence=d.confidence, notes=list(d.notes))
     if d.text is None:
         out.reason, out.detail = d.reason, d.detail

@@ -4,7 +4,9 @@
 
 1. a byte-order mark (UTF-32, UTF-8, UTF-16): the mark says the encoding;
 2. UTF-16/32 without a mark, from the byte pattern (NUL bytes at one parity for mostly-ASCII
-   text; for CJK text, which has no NULs, a strict decode whose characters are plausible);
+   text; for a short text of one alphabet, every other byte one or two of its block's high
+   bytes, control bytes; for CJK text, which has no NULs, a strict decode whose characters are
+   plausible);
 3. binary content: NUL bytes and other control bytes make up a noticeable share;
 4. HZ (7-bit GB2312 between "~{" and "~}", which UTF-8 would take for ASCII), then strict
    UTF-8 (the fast path: most files end here, at memory speed);
@@ -56,7 +58,7 @@ from pipeline.media.text.decoded import Decoded
 from pipeline.media.text.guesses import DETECT_WINDOW
 from pipeline.media.text.legacy import detect
 from pipeline.media.text.scripts import HAN, Lazy
-from pipeline.media.text.wide import SNIFF_BYTES, utf16_32_by_nuls, utf16_without_nuls
+from pipeline.media.text.wide import SNIFF_BYTES, utf16_32_by_nuls, utf16_by_high_bytes, utf16_without_nuls
 
 # More than this share of control bytes (NUL included) in the sniffed bytes means binary.
 MAX_CONTROL_SHARE = 0.01
@@ -89,7 +91,9 @@ def decode_bytes(data: bytes, window: int = DETECT_WINDOW) -> Decoded:
         # taken for binary
         wide = utf16_32_by_nuls(data, head) if b"\x00" in head else None
         if wide is None and len(data) % 2 == 0:
-            wide = utf16_without_nuls(data)
+            # (the high bytes first: a control byte at every other position is the stronger
+            # evidence; U+3004 is a Cyrillic "а" read in the other byte order)
+            wide = utf16_by_high_bytes(data) or utf16_without_nuls(data)
         if wide is not None:
             return wide
         if controls == len(head) or (controls >= 2 and controls / len(head) > MAX_CONTROL_SHARE):

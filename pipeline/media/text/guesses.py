@@ -26,7 +26,7 @@ from pipeline.media.text.codepages import (
     rare,
 )
 from pipeline.media.text.decoded import Decoded
-from pipeline.media.text.plausibility import has_c1, oddities, paired, single_byte
+from pipeline.media.text.plausibility import has_c1, oddities, paired, penalty_of, single_byte
 from pipeline.media.text.scripts import LATIN_LETTER, LETTER_RE
 
 # chardet looks at this many bytes; enough for a stable guess, far less than reading it all.
@@ -222,10 +222,28 @@ def _best_strict(data: bytes, guesses: list[tuple[str, float]], tried: list[str]
             continue  # cannot beat a flawless earlier decode: skip the costly score
         score = (oddities(t, data, e), evidence, less, i)
         if best is None or score < best:
+            if best is not None and score[:2] == best[:2] and best[2] and _fewer_foreign(decoded[best[-1]], (t, e), data):
+                continue  # the less common code page's reading is the only one whose letters make one language
             best = score
     if best is None or (plausible_only and best[0] > 0):  # (best is None only when nothing decoded)
         return None
     return (*decoded[best[-1]], best[0])
+
+
+# Characters of two single-byte readings compared by their letters (`_fewer_foreign`).
+FOREIGN_WINDOW = 4000
+
+
+def _fewer_foreign(less: tuple[str, str, float], other: tuple[str, str], data: bytes) -> bool:
+    """Of two single-byte readings as odd, the one in a less common code page (``less``) has
+    letters no less plausible for one language (`penalty_of`) and the other has more: a Maltese
+    ISO-8859-3 text read as ISO-8859-2 turns "ċ ġ ħ" into "ĺ ő ą", clean symbols-wise but letters
+    of three languages at once. Compared on the first `FOREIGN_WINDOW` bytes."""
+    if single_byte(less[1]) is None or single_byte(other[1]) is None:
+        return False
+    n = FOREIGN_WINDOW
+    mine = penalty_of(less[0][:n], data[:n], less[1])
+    return mine < penalty_of(other[0][:n], data[:n], other[1])
 
 
 _LESS_PLAUSIBLE = "gave less plausible text"

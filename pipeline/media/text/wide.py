@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from pipeline.media.text.alphabets import foreign_letters
 from pipeline.media.text.decoded import Decoded
 from pipeline.media.text.scripts import SCRIPT_TAGS, Lazy, script_count
 
@@ -18,8 +19,8 @@ PLAUSIBLE_CHARS = 4096
 # script throughout (`_one_script_throughout`): a legacy text this short passes the shares.
 SHORT_UTF16_CHARS = 64
 # Likely scripts for the letters of a text read as UTF-16 without a byte-order mark.
-_PLAUSIBLE_UTF16 = ((0x0020, 0x024F), (0x0370, 0x052F), (0x0590, 0x06FF), (0x0900, 0x0E7F),
-                    (0x2000, 0x206F), (0x3000, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF),
+_PLAUSIBLE_UTF16 = ((0x0020, 0x024F), (0x0300, 0x06FF), (0x0900, 0x0E7F),
+                    (0x1E00, 0x1EFF), (0x2000, 0x206F), (0x3000, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF),
                     (0xAC00, 0xD7A3), (0xFF00, 0xFFEF))
 
 
@@ -41,9 +42,9 @@ def utf16_32_by_nuls(data: bytes, head: bytes) -> Decoded | None:
             candidates.append("utf-32-be")
     if len(data) % 2 == 0:
         even, odd = (lanes[0] + lanes[2]) / 2, (lanes[1] + lanes[3]) / 2
-        if odd > 0.05 and even < odd / 10:
+        if odd > 0.05 and even < odd / 3:  # (CJK characters such as U+5F00 put a NUL at the other parity)
             candidates.append("utf-16-le")
-        if even > 0.05 and odd < even / 10:
+        if even > 0.05 and odd < even / 3:
             candidates.append("utf-16-be")
     for enc in candidates:
         try:
@@ -53,6 +54,53 @@ def utf16_32_by_nuls(data: bytes, head: bytes) -> Decoded | None:
         if not _plausible_text(text[:SNIFF_BYTES // 2], 0.0):
             continue  # e.g. an array of small 16-bit integers: binary after all
         return Decoded(text, enc, 0.9, notes=[f"{enc.upper()} without a byte-order mark (from the byte pattern)"])
+    return None
+
+
+# The high bytes of UTF-16 code units in the blocks of the alphabets (Latin Extended, combining
+# marks, Greek, Cyrillic, Armenian, Hebrew, Arabic, Syriac, Thaana; Indic to Thai and Lao; Latin
+# Extended Additional, as Vietnamese writes it): control bytes, which legacy text never has at
+# every other position. (0x09, 0x0A and 0x0D are also tab and line breaks: one of the others must
+# be there too.)
+_ALPHABET_HIGH = frozenset([*range(0x01, 0x08), *range(0x09, 0x0F), 0x1E])
+_LINE_CONTROLS = frozenset([0x09, 0x0A, 0x0D])
+# Kana code units (U+3041-U+30FF) a short Japanese text read as UTF-16 must show, without the
+# punctuation `_plausible_text` asks of longer text: their high byte 0x30 is the digit "0" in a
+# legacy text, where it is never a Shift_JIS or EUC-JP trail byte.
+MIN_KANA = 2
+# Text longer than this has spaces (NULs at one parity: `utf16_32_by_nuls`); without any, it is
+# more likely 16-bit numbers than text.
+SHORT_ALPHABET_BYTES = 1024
+
+
+def _letters_assigned(text: str) -> bool:
+    """Mostly letters, every character assigned, all of one language's alphabet
+    (`foreign_letters`): 16-bit readings in one block (a 10-bit sensor's values 768-1023 are
+    U+0300-U+03FF, 1024-1279 the whole Cyrillic block) hit unassigned code points, combining marks
+    and the letters of many languages at once."""
+    cats = [unicodedata.category(ch) for ch in text if not ch.isspace()]
+    return "Cn" not in cats and 2 * sum(1 for c in cats if c.startswith("L")) >= len(cats) and not foreign_letters(text)
+
+
+def utf16_by_high_bytes(data: bytes) -> Decoded | None:
+    """Short UTF-16 text of one alphabet without a byte-order mark, and often without a space
+    ("Προτείνει", "الأڤستانية"): no NULs to go by, and too few characters for the shares
+    `_plausible_text` counts. Every other byte is then one or two high bytes of its script's
+    block (Greek 0x03, Cyrillic 0x04, Hebrew 0x05, Arabic 0x06, Thai 0x0E; 0x00 for ASCII), control
+    bytes that a text in a legacy code page never has at every other position; the characters
+    must then keep to one script throughout."""
+    if len(data) % 2 or not 4 <= len(data) <= SHORT_ALPHABET_BYTES:
+        return None
+    for enc, lane in (("utf-16-le", data[1::2]), ("utf-16-be", data[0::2])):
+        high = set(lane) - {0}
+        if not high or len(high) > 2 or not high <= _ALPHABET_HIGH or high <= _LINE_CONTROLS:
+            continue
+        try:
+            text = data.decode(enc)
+        except UnicodeDecodeError:
+            continue
+        if _plausible_text(text, 0.0) and _one_script_throughout(text) and _letters_assigned(text):
+            return Decoded(text, enc, 0.8, notes=[f"{enc.upper()} without a byte-order mark (from the byte pattern)"])
     return None
 
 
@@ -81,7 +129,8 @@ def utf16_without_nuls(data: bytes) -> Decoded | None:
         # no NULs to go by: a Shift_JIS or GBK text read as UTF-16 is all "CJK" too, but without
         # the ideographic punctuation real prose has every sentence or so
         if len(text) >= 8 and _plausible_text(text, 1 / 80) and script_count(text) <= 3 \
-                and (len(data) >= 2 * SHORT_UTF16_CHARS or _one_script_throughout(text)):
+                and (len(data) >= 2 * SHORT_UTF16_CHARS or _one_script_throughout(text)) \
+                or _short_japanese(text):
             best = enc
             break
     if best is None:
@@ -91,6 +140,13 @@ def utf16_without_nuls(data: bytes) -> Decoded | None:
     except UnicodeDecodeError:
         return None
     return Decoded(text, best, 0.8, notes=[f"{best.upper()} without a byte-order mark (from the characters)"])
+
+
+def _short_japanese(text: str) -> bool:
+    """A short Japanese text without punctuation ("標準出力に書き込めません"): its kana say so
+    (`MIN_KANA`), and all its characters are Japanese."""
+    return (len(_KANA.compiled.findall(text)) >= MIN_KANA and _plausible_text(text, 0.0)
+            and _one_script_throughout(text))
 
 
 def _one_script_throughout(text: str) -> bool:
@@ -118,6 +174,7 @@ def _plausible_text(text: str, min_breaks: float) -> bool:
     return odd <= most and breaks >= min_breaks * len(text)
 
 
+_KANA = Lazy("[\u3041-\u30ff]")
 _IMPLAUSIBLE_CHAR = Lazy("[^\t\n\r" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _PLAUSIBLE_UTF16) + "]")
 # Spaces and the punctuation of East Asian prose: the ideographic space, comma and full stop,
 # brackets and quotation marks, and the full-width and half-width forms of ASCII punctuation

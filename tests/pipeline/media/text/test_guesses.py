@@ -1,6 +1,8 @@
 """Our own reading of a legacy file: what the quick pass settles alone, and what it leaves to the
 full detection."""
 
+import random
+
 import pytest
 
 from pipeline.media.text import guesses
@@ -40,3 +42,21 @@ def test_what_the_quick_pass_cannot_settle_goes_to_the_full_detection(text, enc,
     data = text.encode(enc)
     assert _quick(data) is None, why
     assert decode_bytes(data).text == text
+
+
+# Maltese names of countries and languages, one a line (a list of class names): "Ġ Ħ Ċ" start
+# many of them
+_MALTESE = ("Ġappuniż", "Ħawajjan", "Ċipewjan", "Ġermaniż", "Maċedonjan", "Alġerija", "Arġentina", "Ażerbajġan",
+            "Gżejjer Kajman", "Kaledonja l-Ġdida", "Ħong Kong", "Raġastani", "Luwisinuż", "Finlandiż", "Olandiż",
+            "Irlandiż, Antik (sa l-900)", "Użbekistan", "Veneżwela", "Indoneżja", "Ċina", "Ħungerija", "Ġorġja",
+            "Gżejjer Faroe", "Stati Federati tal-Mikroneżja", "Żimbabwe", "Afriħili", "Sundaniż", "Ingliż")
+
+
+@pytest.mark.parametrize("lines", [30, 300, 600, 1000, 3000])
+def test_maltese_in_iso8859_3_is_not_read_as_a_more_common_code_page(lines):
+    # "ċ ġ ħ" are ISO-8859-2's "ĺ ő ą": no symbol out of place, but letters of three languages at once
+    for seed in range(3):
+        rng = random.Random(seed * 7919 + lines)
+        text = "\n".join(rng.choice(_MALTESE) for _ in range(lines))
+        d = decode_bytes(text.encode("iso8859_3"))
+        assert (d.text, d.encoding) == (text, "iso8859-3"), d.encoding

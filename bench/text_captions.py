@@ -1,0 +1,142 @@
+"""Decoding short captions (class names, prompts, tags) in legacy code pages, the way datasets hold
+them: a folder of captions from one source, in one language and (mostly) one encoding.
+
+The captions are real translations from the machine's gettext catalogs (as bench/text_accuracy.py
+takes them), 90% of them at most 300 bytes, encoded in the code pages their language was written
+in, plus UTF-16-LE and -BE without a byte-order mark. Each (language, encoding) is a folder of
+``--per-folder`` captions; with ``--mixed`` (the default) every folder also holds two captions in
+another code page of its language, as real folders mix encodings.
+
+Three ways run on every file in the same run:
+
+* chardet: `chardet.detect` on the whole file, then a strict decode with its answer (the naive way);
+* pipe: `pipeline.media.text.clean.clean_text` per file, as `pipe clean` reads one file;
+* pipe + folder: the same readings, then the folder prior (`pipeline.media.text.prior`) over each
+  folder's files.
+
+Each file is right (exactly the true text after pipe's normalisation), a variant (a superset's
+reading differing in a few symbols: cp932 for Shift_JIS, ...), refused (no text: honest), or
+WRONG (other text, silently: the failure that costs days).
+
+    python bench/text_captions.py [--seed 0] [--per-folder 12] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from text_accuracy import LEGACY, messages  # noqa: E402
+from text_packages import verdict  # noqa: E402
+
+# Languages whose captions also come in UTF-16 without a byte-order mark (Windows "Unicode" exports).
+WIDE = ("de", "fr", "ru", "el", "ar", "he", "tr", "ja", "zh_CN", "ko", "th", "vi")
+# Share of a folder's captions longer than this many bytes (the rest are at most this long).
+SHORT_BYTES = 300
+LONG_SHARE = 0.1
+
+
+def fits(msgs: list[str], enc: str) -> list[tuple[str, bytes]]:
+    """(caption, bytes) for each message the encoding holds and writes beyond ASCII."""
+    out = []
+    for m in msgs:
+        try:
+            data = m.encode(enc)
+        except UnicodeEncodeError:
+            continue
+        if not data.isascii():
+            out.append((m, data))
+    return out
+
+
+def folders(catalogs: Path, seed: int, per_folder: int, mixed: bool) -> dict[str, list[tuple[str, str, bytes]]]:
+    """folder name -> [(true encoding, true text, bytes)]."""
+    rng = random.Random(seed)
+    out: dict[str, list[tuple[str, str, bytes]]] = {}
+    langs = dict(LEGACY)
+    langs["vi"] = ("cp1258",)
+    for lang, encodings in langs.items():
+        msgs = messages(catalogs, lang)
+        if not msgs:
+            continue
+        encs = list(encodings) + (["utf-16-le", "utf-16-be"] if lang in WIDE else [])
+        pools = {enc: fits(msgs, enc) for enc in encs}
+        for enc in encs:
+            pool = pools[enc]
+            if len(pool) < per_folder:
+                continue
+            short = [p for p in pool if len(p[1]) <= SHORT_BYTES]
+            long = [p for p in pool if len(p[1]) > SHORT_BYTES]
+            n_long = min(len(long), round(per_folder * LONG_SHARE))
+            chosen = rng.sample(short, min(len(short), per_folder - n_long)) + rng.sample(long, n_long)
+            files = [(enc, m, data) for m, data in chosen]
+            others = [e for e in encodings if e != enc and len(pools[e]) >= 2 and not enc.startswith("utf-16")]
+            if mixed and others:
+                other = rng.choice(others)
+                files += [(other, m, data) for m, data in rng.sample(pools[other], 2)]
+            out[f"{lang}/{enc}"] = files
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--catalogs", type=Path, default=Path("/usr/share/locale"), help="a gettext locale folder")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per-folder", type=int, default=12)
+    ap.add_argument("--single", action="store_true", help="every folder in one encoding (no intruders)")
+    ap.add_argument("--list", action="store_true", help="print every file a way got wrong")
+    args = ap.parse_args()
+    from naive import chardet_decode
+
+    from pipeline.media.text.clean import TextSettings, clean_text
+    from pipeline.media.text.prior import FolderFile, by_folder
+
+    tree = folders(args.catalogs, args.seed, args.per_folder, not args.single)
+    if not tree:
+        sys.exit(f"no gettext catalogs with legacy-encodable translations under {args.catalogs}")
+    score: dict[str, Counter[str]] = {w: Counter() for w in ("chardet", "pipe", "pipe + folder")}
+    listed: list[str] = []
+    decided = 0
+    sizes = [len(data) for files in tree.values() for _e, _t, data in files]
+    for name, files in tree.items():
+        per_file = []
+        for enc, text, data in files:
+            got, got_enc = chardet_decode(data)
+            v = verdict(text, got, enc, got_enc)
+            score["chardet"][v] += 1
+            if args.list and v in ("WRONG", "refused"):
+                listed.append(f"chardet {v:8}{name:22}{enc:12}as {got_enc} ({len(data)} B)")
+            o = clean_text(data, TextSettings())
+            per_file.append(FolderFile(data, o.text if o.reason is None else None, o.encoding, o.confidence))
+        chosen = by_folder(per_file)
+        for (enc, text, data), f, c in zip(files, per_file, chosen, strict=True):
+            for way, (t, e) in (("pipe", (f.text, f.encoding)), ("pipe + folder", (c.text, c.encoding))):
+                v = verdict(text, t, enc, e)
+                score[way][v] += 1
+                if args.list and v in ("WRONG", "refused"):
+                    listed.append(f"{way:8}{v:8}{name:22}{enc:12}as {e} ({len(data)} B)")
+            decided += c.by_prior
+    n = len(sizes)
+    short = sum(1 for s in sizes if s <= SHORT_BYTES)
+    print(f"{n} captions in {len(tree)} folders ({len({k.split('/')[0] for k in tree})} languages, seed {args.seed}, "
+          f"{'one encoding a folder' if args.single else 'two intruders a folder'}), "
+          f"{short / n:.0%} at most {SHORT_BYTES} bytes, median {sorted(sizes)[n // 2]} B")
+    print(f"{'':16}{'right':>8}{'variant':>9}{'refused':>9}{'WRONG':>8}{'right+variant':>15}{'WRONG':>8}")
+    for way, s in score.items():
+        ok = s["right"] + s["variant"]
+        print(f"{way:16}{s['right']:>8}{s['variant']:>9}{s['refused']:>9}{s['WRONG']:>8}"
+              f"{ok / n:>14.1%}{s['WRONG'] / n:>8.1%}")
+    print(f"the folder prior decided {decided} files")
+    for line in listed:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
