@@ -142,7 +142,7 @@ class Trainer:
         # a library model whose pretrained weights were not given: random, and said so
         pretrained_from = getattr(self.model, "pretrained_from", None)
         self.random_weights = bool(pretrained_from) and cfg.init_from is None and resume_from is None
-        if self.random_weights:
+        if self.random_weights and pretrained_from:
             self.out.random_weights(cfg.model, pretrained_from)
         if d.is_main and resume_from is None:  # where the weights started: what pipe export --wise rebuilds
             start.record(self.run_dir, cfg.as_dict(), self.model, self.index["classes"], start.fresh(self.model, loaded))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pipeline import __version__
 from pipeline.core import settings
 from pipeline.core.settings import setting
-from pipeline.executors import EXECUTORS, HELP, keep_warm_setting
+from pipeline.executors import EXECUTORS, HELP, address_setting, keep_warm_setting
 from pipeline.storage import EXAMPLE_URL, Location, open_folder
 
 TOOL = "pipe shard"
@@ -42,8 +42,7 @@ class ShardConfig:
         "local", f"Who writes the shards (one part each): {HELP}. On a cluster, a local CLEAN_DIR and SHARD_DIR must "
                  "be on a file system every node mounts at the same path; object storage is read and written by the "
                  "nodes themselves.", choices=tuple(EXECUTORS))
-    ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
-                                       "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
+    ray_address: str = address_setting()
     ray_keep_warm: float = keep_warm_setting()
 
     # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
