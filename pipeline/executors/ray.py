@@ -49,6 +49,7 @@ import hashlib
 import logging
 import os
 import pickle
+import re
 import shutil
 import socket
 import sys
@@ -187,11 +188,11 @@ def _join(ray, address: str) -> str | None:
     a traceback about after that line when their references are dropped (a user's own
     RAY_IGNORE_UNHANDLED_ERRORS is left as it is)."""
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
-    private = tempfile.mkdtemp(prefix="pipe-ray-") if address == LOCAL else None
+    private = tempfile.mkdtemp(prefix="pipe-ray-", dir=private_root()) if address == LOCAL else None
     extra: dict[str, Any] = {"include_dashboard": False, "_temp_dir": private} if private else {}
     try:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **extra)
-    except (ConnectionError, RuntimeError, ValueError) as e:
+    except (ConnectionError, RuntimeError, ValueError, OSError) as e:
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
             raise UsageError(f"could not start a private Ray cluster (--ray-address local): "
@@ -201,6 +202,19 @@ def _join(ray, address: str) -> str | None:
                          "cluster of this machine with --ray-address local") from None
     atexit.register(_skip_last_collection)
     return private
+
+
+# Ray's sockets lie in its temp dir, at <dir>/session_<date>_<time>_<us>_<pid>/sockets/plasma_store,
+# and a Unix socket's path holds 107 bytes at most: 64 of them are Ray's (a 7-digit pid), 18 the
+# private dir's own.
+SOCKET_PATH_MAX, RAY_SOCKET_TAIL = 107, 64 + 18
+
+
+def private_root() -> str:
+    """Where a private cluster's temp dir goes: the user's temp dir (TMPDIR), or /tmp where that
+    path is too long for Ray's sockets to be made under it."""
+    root = tempfile.gettempdir()
+    return root if len(os.fsencode(root)) + RAY_SOCKET_TAIL <= SOCKET_PATH_MAX else "/tmp"
 
 
 MAX_NODES_SHOWN = 8  # a cluster line names this many nodes, then counts the rest
@@ -214,8 +228,8 @@ def cluster_line(ray, address: str) -> str:
     from pipeline.core.ui import shown
     from pipeline.storage.secrets import scrub
 
-    nodes = sorted((str(n.get("NodeManagerAddress", "?")), int(n.get("Resources", {}).get("CPU", 0)))
-                   for n in ray.nodes() if n.get("Alive"))
+    nodes = sorted(((str(n.get("NodeManagerAddress", "?")), int(n.get("Resources", {}).get("CPU", 0)))
+                    for n in ray.nodes() if n.get("Alive")), key=lambda n: _natural(n[0]))
     cpus = sum(c for _, c in nodes)
     listed = ", ".join(f"{ip} ({_cpus(c)})" for ip, c in nodes[:MAX_NODES_SHOWN])
     if len(nodes) > MAX_NODES_SHOWN:
@@ -228,6 +242,11 @@ def cluster_line(ray, address: str) -> str:
         how = (f"joined the cluster at {_gcs_address(ray)} (--ray-address {address}: {found}; "
                "--ray-address local starts a private one)")
     return shown(scrub(f"ray: {how}: {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {_cpus(cpus)}: {listed}"))
+
+
+def _natural(address: str) -> list:
+    """10.0.0.2 before 10.0.0.10: the numbers in an address compared as numbers."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", address)]
 
 
 def _cpus(n: int) -> str:
