@@ -387,3 +387,18 @@ def test_a_pair_in_a_near_duplicate_group_records_it(tmp_path):
         assert "group" not in json.loads(samples[key]["json"]), key
     shards = index_of(tmp_path / "out")["shards"]
     assert sum(s["bytes"] for s in shards) == sum((tmp_path / "out" / s["name"]).stat().st_size for s in shards)
+
+
+def test_the_readers_warning_with_the_default_layout_waits_for_a_split_where_idle_readers_cost_time(tmp_path, clean):
+    """Nobody said how they will train (8 ranks x 4 workers assumed): a small split gets no advice
+    to cut it into 32 tiny shards; a large one (here: the threshold lowered) still does, saying
+    which flags describe the real layout."""
+    assert not any("readers" in w for w in run(clean, tmp_path / "a")["warnings"])
+    cfg = stage.ShardConfig(input=clean, output=tmp_path / "x")
+    per_reader = stage.READER_BYTES_WORTH_A_WARNING
+    assert stage.readers_warning(1, 167, cfg, train_bytes=32 * per_reader - 1) is None
+    big = stage.readers_warning(1, 167, cfg, train_bytes=32 * per_reader)
+    assert big is not None and big.startswith("only 1 train shard for 8 ranks x 4 workers = 32 readers "
+                                              "(--expected-ranks/--expected-workers: how you will train)")
+    asked = stage.ShardConfig(input=clean, output=tmp_path / "x", expected_ranks=2, expected_workers=3)
+    assert stage.readers_warning(1, 167, asked, train_bytes=1).startswith("only 1 train shard for 2 ranks x 3 workers")
