@@ -28,9 +28,10 @@ one-CPU task instead, as Ray counts them, in worker processes that end with the 
 (or RAY_ADDRESS), and Ray's own fallback for ``auto`` joins any other it finds running here: a
 user's first run can land on someone else's. So the driver says, before the first part, the
 address it joined, its nodes and their CPUs (`cluster_line`). ``--ray-address local`` starts a
-private one-node cluster for this command instead (Ray's ``address="local"``, with a temp dir of
-its own, so no ``auto`` of another command finds it by its files), which ends with the command:
-its parts run as plain tasks, since no next command could find warm workers there.
+private one-node cluster for this command instead (Ray's ``address="local"``, in a temp dir of
+its own: it never becomes the machine's default cluster in /tmp/ray, the one ``auto`` reads
+first), which ends with the command: its parts run as plain tasks, since no next command could
+find warm workers there.
 
 Failures: a part whose worker process or node dies is run again on another warm worker (then, if
 none is left, as a task), `MAX_RETRIES` times at most; parts rewrite the same bytes under the same
@@ -239,7 +240,7 @@ def cluster_line(ray, address: str) -> str:
     else:
         found = ("RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "the one running on this machine") \
             if address == "auto" else "as given"
-        how = (f"joined the cluster at {_gcs_address(ray)} (--ray-address {address}: {found}; "
+        how = (f"joined the cluster at {_head_address(ray)} (--ray-address {address}: {found}; "
                "--ray-address local starts a private one)")
     return shown(scrub(f"ray: {how}: {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {_cpus(cpus)}: {listed}"))
 
@@ -253,8 +254,8 @@ def _cpus(n: int) -> str:
     return f"{n} CPU{'s' if n != 1 else ''}"
 
 
-def _gcs_address(ray) -> str:
-    """The address of the cluster this driver joined (its GCS), or "?" where Ray does not say."""
+def _head_address(ray) -> str:
+    """The address of the cluster this driver joined (its head's control store), or "?" where Ray does not say."""
     try:
         return str(ray.get_runtime_context().gcs_address)
     except Exception:  # noqa: BLE001 - only for the line said

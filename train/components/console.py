@@ -61,9 +61,9 @@ class RunConsole:
             return
         from rich.text import Text
 
-        self.console.print(Text(f"warning: --model {model} starts from RANDOM weights (no --init-from; pipe downloads "
-                                "no weights): it trains from scratch, not a fine-tune. For its pretrained weights: "
-                                f"{pretrained_from}", style="bold yellow"), highlight=False)
+        self.console.print(Text(shown(f"warning: --model {model} starts from RANDOM weights (no --init-from; pipe "
+                                      "downloads no weights): it trains from scratch, not a fine-tune. For its "
+                                      f"pretrained weights: {pretrained_from}"), style="bold yellow"), highlight=False)
 
     def init_report(self, report) -> None:
         """What --init-from loaded into the model (`train.models.finetune.InitReport`), as a table."""
