@@ -113,3 +113,39 @@ def test_pipe_torch_and_other_systems_are_taken_as_they_are(tmp_path, index):
     assert (why, pip) == ("PIPE_TORCH, as set", "torch==2.9.1 torchvision==0.24.1")
     why, pip, _ = _which(tmp_path / "mac", smi=None, cpu_index=f"{index}/cpu", uname="Darwin")
     assert pip == PINS and why == "the default build (Darwin: PyPI's torch has no CUDA libraries there)"
+
+
+def test_setup_says_which_build_it_installs_with_what_pip_is_given_and_what_was_installed(tmp_path, index):
+    """The whole script, its pip a stand-in that records its arguments (nothing is installed): the
+    CPU build's index reaches pip, the choice and the installed versions are said, and a second
+    run does nothing."""
+    import os
+    import sys
+
+    repo, log = tmp_path / "repo", tmp_path / "pip.log"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "setup", repo / "scripts" / "setup")
+    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
+    venv_bin = repo / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").write_text(f'#!/bin/sh\necho "$@" >> {log}\n[ "$1" = "-" ] && exec {sys.executable} -\nexit 0\n')
+    (venv_bin / "python").chmod(0o755)
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia" / "gpus").mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PIPE_TORCH"}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", PIPE_SETUP_PROC=str(proc), PIPE_TORCH_CPU_INDEX=f"{index}/cpu")
+    p = subprocess.run(["bash", str(repo / "scripts" / "setup")], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    said = p.stderr.splitlines()
+    assert said[0] == f"setup: torch: the CPU build from {index}/cpu (no NVIDIA GPU here; set PIPE_TORCH to choose)"
+    assert said[-1].startswith("setup: installed torch ") and ", torchvision " in said[-1]
+    pip = [line for line in log.read_text().splitlines() if line.startswith("-m pip install")]
+    assert pip == ["-m pip install -q --upgrade pip", f"-m pip install -q {PINS} --index-url {index}/cpu",
+                   "-m pip install -q -e .[dev]"]
+    log.unlink()
+    again = subprocess.run(["bash", str(repo / "scripts" / "setup")], capture_output=True, text=True, env=env, timeout=60)
+    assert again.returncode == 0 and again.stderr == "" and not log.exists()  # the stamp: nothing to do
