@@ -139,6 +139,11 @@ class Trainer:
         if cfg.init_from is not None and resume_from is None:
             loaded.append(load_init(self.model, cfg.init_from))
             self.out.init_report(loaded[-1])
+        # a library model whose pretrained weights were not given: random, and said so
+        pretrained_from = getattr(self.model, "pretrained_from", None)
+        self.random_weights = bool(pretrained_from) and cfg.init_from is None and resume_from is None
+        if self.random_weights and pretrained_from:
+            self.out.random_weights(cfg.model, pretrained_from)
         if d.is_main and resume_from is None:  # where the weights started: what pipe export --wise rebuilds
             start.record(self.run_dir, cfg.as_dict(), self.model, self.index["classes"], start.fresh(self.model, loaded))
         if cfg.sync_bn and d.is_distributed:  # before the Freezer: the layers become new modules
@@ -388,7 +393,7 @@ class Trainer:
     def _say_setup(self, warmup: int) -> None:
         reads_images = "image" in reader_fields(self.model)
         if reads_images:
-            self.out.say(f"input: {self.input_norm.describe(self.data.train.image_size)}")
+            self.out.say(f"input: {self.input_norm.describe(self.data.train.image_size, self.random_weights)}")
         tokenize = getattr(self.model, "tokenize", None)
         if tokenize is not None and hasattr(tokenize, "describe"):
             self.out.say(f"input: {tokenize.describe()}")

@@ -11,7 +11,7 @@ from pipeline.core.config import parse_byte_size
 from pipeline.core.errors import UsageError
 from pipeline.core.settings import check as check_settings
 from pipeline.core.settings import setting
-from pipeline.executors import EXECUTORS, HELP, keep_warm_setting, require
+from pipeline.executors import EXECUTORS, HELP, address_setting, keep_warm_setting, require
 from pipeline.media.image.clean import BACKGROUNDS
 from pipeline.media.image.window import PATTERN as WINDOW
 from pipeline.media.image.window import parse_window
@@ -77,8 +77,7 @@ class CleanConfig:
         "local", f"Who processes the files: {HELP}. On a cluster, a local INPUT and CLEAN_DIR must be on a file system "
                  "every node mounts at the same path; object storage is read and written by the nodes themselves.",
         choices=tuple(EXECUTORS))
-    ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
-                                       "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
+    ray_address: str = address_setting()
     ray_keep_warm: float = keep_warm_setting()
     part_files: int = setting(PART_FILES, "Files per part: what one task on a cluster processes, and what a killed run "
                                           "redoes at most (the local executor's parts hold at most 256).", minimum=1)

@@ -62,6 +62,7 @@ class Outcome:
     decisions: Sequence[Decision]  # a `Decisions`: columns, one decision per file on demand
     label_conflicts: list[dict] = field(default_factory=list)
     near: dict = field(default_factory=dict)  # near-duplicate search: candidates, confirmed
+    kept_samples: int = 0  # kept samples (an image and its caption file are one), what pipe shard counts
 
 
 class Outputs:
@@ -185,7 +186,7 @@ def decide(results: Sequence[FileResult] | Columns, s: DecideSettings = DecideSe
     conflicts = _label_conflicts(c, smp, rank, groups, sig, s.label_conflicts)
     _caption_notes(c, smp, caption)
     _to_files(c, smp, out, caption)
-    return Outcome(out, conflicts, near)
+    return Outcome(out, conflicts, near, int(np.count_nonzero(smp.status == KEPT)))
 
 
 # --- samples ------------------------------------------------------------------------------

@@ -16,6 +16,9 @@ from pipeline.formats.vocabulary import Reason, Status
 
 # Links, FIFOs and unreadable files have nothing (or nothing of ours) to copy into quarantine/.
 NO_COPY_REASONS = {Reason.OUTSIDE_ROOT, Reason.UNREADABLE}
+# Inputs rejected for their size are not copied again: linked where the storage can (no bytes),
+# else left where they are, the manifest row (source, bytes, sha256) their reference.
+LINK_ONLY_REASONS = {Reason.TOO_LARGE}
 
 
 def finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict:
@@ -74,7 +77,11 @@ def _finalize_file(place, r: FileResult, d, keep_outputs: set, keep_parked: set,
         keep_quarantine.add(rel)
         if not place.has(rel, r.bytes):
             try:
-                place.copy_input(r.source, rel)
+                if d.reason in LINK_ONLY_REASONS:
+                    if not place.link_input(r.source, rel):
+                        keep_quarantine.discard(rel)
+                else:
+                    place.copy_input(r.source, rel)
             except FileNotFoundError:  # gone since, or a name that is not UTF-8
                 keep_quarantine.discard(rel)
     return cap

@@ -147,6 +147,15 @@ class CleanDir:
         gone since, or a name that is not UTF-8."""
         self.sizes().changed(rel, self.out.copy_in(self.inp, source, rel))
 
+    def link_input(self, source: str, rel: str) -> bool:
+        """A rejected input put in quarantine/ without copying its bytes (a hard link), where the
+        storage can; False where it cannot. FileNotFoundError: gone since."""
+        size = self.out.link_in(self.inp, source, rel)
+        if size is None:
+            return False
+        self.sizes().changed(rel, size)
+        return True
+
     def sweep(self, folder: str, keep: set[str]) -> None:
         self.out.sweep(folder, keep)
         self._sizes = None

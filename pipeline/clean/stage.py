@@ -138,7 +138,7 @@ def _decide_and_finalize(cfg: CleanConfig, results, lab, label_notes: dict, reus
     timings["decide_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    extra = {"reused": reused, **({"labels": label_notes} if label_notes else {}),
+    extra = {"reused": reused, "kept_samples": outcome.kept_samples, **({"labels": label_notes} if label_notes else {}),
              "label_conflicts": outcome.label_conflicts, "near_duplicate_search": outcome.near,
              **({"parts": parts_report} if parts_report is not None else {})}
     report = finalize(cfg, results, outcome.decisions, place, extra, timings)

@@ -54,11 +54,19 @@ def _summary(report: dict, cfg) -> None:
     st = report["by_status"]
     rows = [("files", report["files"])]
     for status in Status:
-        rows.append((status.value, st[status]))
+        rows.append((status.value, _kept(st[status], report.get("kept_samples")) if status == Status.KEPT else st[status]))
         rows += [(f"  {reason}", n) for reason, n in report["by_reason"].items() if _status_of(reason) == status]
     rows += _label_rows(report.get("labels") or {})
     rows.append(("time", f"{sum(report['timings'].values()):.1f} s"))
     ui.summary_table(f"pipe clean -> {cfg.output}", rows)
+
+
+def _kept(files: int, samples: int | None) -> object:
+    """The kept row in both units: the table counts files, pipe shard counts samples (an image and
+    its caption file are one), and a user compares the two."""
+    if samples is None:
+        return files
+    return f"{files} file{'s' * (files != 1)} = {samples} sample{'s' * (samples != 1)}"
 
 
 def _status_of(reason: str):

@@ -32,6 +32,17 @@ HELP = "; ".join(f"{name}: {what}" + (f" ({INSTALL[need]})" if need else "") for
 KEEP_WARM_S = 600.0  # how long a cluster's warm workers wait for the next command, unless --ray-keep-warm says
 
 
+def address_setting() -> Any:
+    """The ``ray_address`` field of every stage's Config that runs on an executor: declared here,
+    once, like `keep_warm_setting`."""
+    from pipeline.core.settings import setting
+
+    return setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
+                           "RAY_ADDRESS; the run names the cluster, its nodes and CPUs before the first part), local "
+                           "(a private cluster on this machine for this command alone) or HOST:PORT.",
+                   schema={"type": "string", "minLength": 1})
+
+
 def keep_warm_setting() -> Any:
     """The ``ray_keep_warm`` field of every stage's Config that runs on an executor: declared here,
     once (a dataclass field cannot be shared, so each Config calls this)."""

@@ -24,6 +24,15 @@ know those CPUs are busy, and on a cluster shared with other work their tasks ma
 same cores (both slow down; nothing fails). ``--ray-keep-warm 0`` runs every part as a plain
 one-CPU task instead, as Ray counts them, in worker processes that end with the command.
 
+**Which cluster.** ``--ray-address auto`` joins the cluster `ray start` started on this machine
+(or RAY_ADDRESS), and Ray's own fallback for ``auto`` joins any other it finds running here: a
+user's first run can land on someone else's. So the driver says, before the first part, the
+address it joined, its nodes and their CPUs (`cluster_line`). ``--ray-address local`` starts a
+private one-node cluster for this command instead (Ray's ``address="local"``, in a temp dir of
+its own: it never becomes the machine's default cluster in /tmp/ray, the one ``auto`` reads
+first), which ends with the command: its parts run as plain tasks, since no next command could
+find warm workers there.
+
 Failures: a part whose worker process or node dies is run again on another warm worker (then, if
 none is left, as a task), `MAX_RETRIES` times at most; parts rewrite the same bytes under the same
 names. A part whose driver died (killed, or stopped on another part's failure) is not left
@@ -41,8 +50,11 @@ import hashlib
 import logging
 import os
 import pickle
+import re
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -58,6 +70,7 @@ from pipeline.executors import INSTALL, KEEP_WARM_S, Items, Later, OnPart, PartR
 # part's life is bad luck; five times is a broken cluster, and the run stops saying so); a part
 # whose warm worker died is run again elsewhere as often.
 MAX_RETRIES = 5
+LOCAL = "local"  # --ray-address: a private cluster on this machine for this command alone
 NAMESPACE = "pipe"  # the warm workers' Ray namespace: their names are found there by any driver
 WATCH_S = 0.5  # how often a warm worker checks that the driver of its part lives, and whether it idled long enough
 
@@ -67,7 +80,8 @@ class RayExecutor:
 
     def __init__(self, address: str = "auto", workers: int = 0, keep_warm: float = KEEP_WARM_S):
         self.address = address
-        self.keep_warm = keep_warm
+        # a private cluster ends with the command: no next one will find warm workers there
+        self.keep_warm = 0.0 if address == LOCAL else keep_warm
         self._pool: WarmPool | None = None
 
     def session(self, items: Items | None = None, part_fn: Callable | None = None,
@@ -86,7 +100,7 @@ class RayExecutor:
         The session ends with the block, not in Ray's exit handler, which first sleeps 0.5 s for
         worker log lines to reach the driver (this one takes none, ``log_to_driver=False``): a
         trace of the driver showed 0.8 s from a command's return to its exit."""
-        with connected(self.address) as ray:
+        with connected(self.address, announce=True) as ray:
             if self.keep_warm > 0:
                 self._pool = WarmPool.find_or_start(ray, self.keep_warm)
                 self._pool.ready(items, part_fn)
@@ -123,7 +137,7 @@ class RayExecutor:
 
     def _run(self, fn: Callable, calls: Iterable[tuple], done: Callable[[int, Any], None], name: str) -> None:
         """``fn(*call)`` for every call, on the warm workers (or as tasks, with ``keep_warm`` 0)."""
-        with connected(self.address) as ray:
+        with connected(self.address, announce=True) as ray:
             pool = self._pool
             if pool is None and self.keep_warm > 0:  # parts outside a session
                 pool = WarmPool.find_or_start(ray, self.keep_warm)
@@ -137,19 +151,25 @@ class RayExecutor:
 
 
 @contextlib.contextmanager
-def connected(address: str):
+def connected(address: str, announce: bool = False):
     """Join the cluster at ``address`` ("auto": the one `ray start` started on this machine, or
-    RAY_ADDRESS) for the block; yield the ray module. A session the caller already had is used
-    and left open. Usage errors name what to do."""
+    RAY_ADDRESS; `LOCAL`: a private one started now) for the block; yield the ray module. A session
+    the caller already had is used and left open. ``announce``: say on stderr which cluster this
+    is (`cluster_line`) once joined. Usage errors name what to do."""
     ray = _import_ray()
     if ray.is_initialized():
         yield ray
         return
-    _join(ray, address)
+    private = _join(ray, address)
     try:
+        if announce:
+            sys.stderr.write(cluster_line(ray, address) + "\n")
+            sys.stderr.flush()
         yield ray
     finally:
         ray.shutdown()
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
 
 
 def _import_ray():
@@ -161,18 +181,85 @@ def _import_ray():
     return ray
 
 
-def _join(ray, address: str) -> None:
-    """Join the cluster. The driver waits for every part whose outcome counts and reports its
-    failure in one line; the calls it lets go on purpose (warm-ups, the parts still in flight when
-    a run stops on a failed one) are not for Ray to print a traceback about after that line when
-    their references are dropped (a user's own RAY_IGNORE_UNHANDLED_ERRORS is left as it is)."""
+def _join(ray, address: str) -> str | None:
+    """Join the cluster, or with `LOCAL` start a private one (no dashboard; its own temp dir,
+    returned for the caller to remove once it has ended, else None). The driver waits for every
+    part whose outcome counts and reports its failure in one line; the calls it lets go on purpose
+    (warm-ups, the parts still in flight when a run stops on a failed one) are not for Ray to print
+    a traceback about after that line when their references are dropped (a user's own
+    RAY_IGNORE_UNHANDLED_ERRORS is left as it is)."""
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    private = tempfile.mkdtemp(prefix="pipe-ray-", dir=private_root()) if address == LOCAL else None
+    extra: dict[str, Any] = {"include_dashboard": False, "_temp_dir": private} if private else {}
     try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as e:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **extra)
+    except (ConnectionError, RuntimeError, ValueError, OSError) as e:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+            raise UsageError(f"could not start a private Ray cluster (--ray-address local): "
+                             f"{str(e).splitlines()[0][:200]}") from None
         raise UsageError(f"no Ray cluster at --ray-address {address} ({str(e).splitlines()[0][:200]}); "
-                         "start one with `ray start --head` or pass its address") from None
+                         "start one with `ray start --head` or pass its address, or run on a private "
+                         "cluster of this machine with --ray-address local") from None
     atexit.register(_skip_last_collection)
+    return private
+
+
+# Ray's sockets lie in its temp dir, at <dir>/session_<date>_<time>_<us>_<pid>/sockets/plasma_store,
+# and a Unix socket's path holds 107 bytes at most: 64 of them are Ray's (a 7-digit pid), 18 the
+# private dir's own.
+SOCKET_PATH_MAX, RAY_SOCKET_TAIL = 107, 64 + 18
+
+
+def private_root() -> str:
+    """Where a private cluster's temp dir goes: the user's temp dir (TMPDIR), or /tmp where that
+    path is too long for Ray's sockets to be made under it."""
+    root = tempfile.gettempdir()
+    return root if len(os.fsencode(root)) + RAY_SOCKET_TAIL <= SOCKET_PATH_MAX else "/tmp"
+
+
+MAX_NODES_SHOWN = 8  # a cluster line names this many nodes, then counts the rest
+
+
+def cluster_line(ray, address: str) -> str:
+    """Which cluster the parts will run on, in one line: how it was found, its address, its live
+    nodes and their CPUs (e.g. ``ray: joined the cluster at 10.0.0.1:6379 (--ray-address auto: the
+    one running on this machine; --ray-address local starts a private one): 2 nodes, 16 CPUs:
+    10.0.0.1 (8 CPUs), 10.0.0.2 (8 CPUs)``)."""
+    from pipeline.core.ui import shown
+    from pipeline.storage.secrets import scrub
+
+    nodes = sorted(((str(n.get("NodeManagerAddress", "?")), int(n.get("Resources", {}).get("CPU", 0)))
+                    for n in ray.nodes() if n.get("Alive")), key=lambda n: _natural(n[0]))
+    cpus = sum(c for _, c in nodes)
+    listed = ", ".join(f"{ip} ({_cpus(c)})" for ip, c in nodes[:MAX_NODES_SHOWN])
+    if len(nodes) > MAX_NODES_SHOWN:
+        listed += f" and {len(nodes) - MAX_NODES_SHOWN} more"
+    if address == LOCAL:
+        how = "started a private cluster for this command (--ray-address local; it ends with the command)"
+    else:
+        found = ("RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "the one running on this machine") \
+            if address == "auto" else "as given"
+        how = (f"joined the cluster at {_head_address(ray)} (--ray-address {address}: {found}; "
+               "--ray-address local starts a private one)")
+    return shown(scrub(f"ray: {how}: {len(nodes)} node{'s' if len(nodes) != 1 else ''}, {_cpus(cpus)}: {listed}"))
+
+
+def _natural(address: str) -> list:
+    """10.0.0.2 before 10.0.0.10: the numbers in an address compared as numbers."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", address)]
+
+
+def _cpus(n: int) -> str:
+    return f"{n} CPU{'s' if n != 1 else ''}"
+
+
+def _head_address(ray) -> str:
+    """The address of the cluster this driver joined (its head's control store), or "?" where Ray does not say."""
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - only for the line said
+        return "?"
 
 
 def _skip_last_collection() -> None:

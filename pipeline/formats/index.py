@@ -89,8 +89,7 @@ def load_bytes(where: Where) -> tuple[dict, bytes]:
     try:
         raw = folder.read(INDEX_NAME, max_bytes=MAX_BYTES)
     except (FileNotFoundError, IsADirectoryError):
-        hint = " (pipe shard writes it last: was the run interrupted?)" if folder.local_path is None or folder.local_path.is_dir() else ""
-        raise UsageError(f"{name} not found{hint}") from None
+        raise UsageError(f"{name} not found{_missing_hint(folder)}") from None
     except TooLarge:
         raise UsageError(f"{name} is larger than {MAX_BYTES} bytes: not an index pipe shard wrote") from None
     except OSError as e:
@@ -102,6 +101,22 @@ def load_bytes(where: Where) -> tuple[dict, bytes]:
     if doc["schema_version"] != SCHEMA_VERSION:
         raise UsageError(f"{name} has schema_version {doc['schema_version']}; this pipe reads version {SCHEMA_VERSION}")
     return doc, raw
+
+
+def _missing_hint(folder: Folder) -> str:
+    """Why a folder has no index.json, as the rest of the line: what its marker says it is (the
+    commonest mistake is a CLEAN_DIR handed to a command that takes a SHARD_DIR), or that pipe
+    shard writes it last."""
+    if folder.local_path is not None and not folder.local_path.is_dir():
+        return ""
+    from pipeline.storage.output import read_marker
+
+    tool = (read_marker(folder) or {}).get("tool")
+    if tool == "pipe clean" or (tool is None and folder.exists("manifest.parquet")):
+        where = str(folder.local_path) if folder.local_path is not None else folder.url.rstrip("/")
+        return (f": {where} is a clean folder (pipe clean's output), not shards: run pipe shard {where} -o SHARD_DIR, "
+                "then pass SHARD_DIR")
+    return " (pipe shard writes it last: was the run interrupted?)"
 
 
 def parse(where: Where) -> tuple[Any, str | None]:

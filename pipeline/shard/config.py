@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from pipeline import __version__
 from pipeline.core import settings
 from pipeline.core.settings import setting
-from pipeline.executors import EXECUTORS, HELP, keep_warm_setting
+from pipeline.executors import EXECUTORS, HELP, address_setting, keep_warm_setting
 from pipeline.storage import EXAMPLE_URL, Location, open_folder
 
 TOOL = "pipe shard"
+# the layout the 'too few shards' warning assumes when nobody said how they will train
+DEFAULT_RANKS, DEFAULT_WORKERS = 8, 4
 
 
 @dataclass
@@ -35,9 +37,10 @@ class ShardConfig:
         6, "Images within this many perceptual-hash bits (of 64) stay on one side of the split. Its cost grows with "
            "the square of the image count over 2^(64/(d+1)): about 1 s per 100k images at 6, 10 s at 8.",
         minimum=0, maximum=32, unit="bits")
-    expected_ranks: int = setting(8, "Ranks you expect to train with (sizes the 'too few shards' warning).", minimum=1)
-    expected_workers: int = setting(4, "Dataloader workers per rank you expect to train with (for the same warning).",
-                                    minimum=0)
+    expected_ranks: int = setting(DEFAULT_RANKS, "Ranks you expect to train with (sizes the 'too few shards' warning, "
+                                                 "which the defaults give only for a large train split).", minimum=1)
+    expected_workers: int = setting(DEFAULT_WORKERS, "Dataloader workers per rank you expect to train with (for the "
+                                                     "same warning).", minimum=0)
     workers: int = setting(0, "Processes that decode images to measure them (0 = one per core).", minimum=0)
     overwrite: bool = setting(False, "Replace a SHARD_DIR that pipe shard made from other input or settings (its "
                                      ".pipe/state.json says so); a folder pipe shard did not write is refused regardless.")
@@ -45,8 +48,7 @@ class ShardConfig:
         "local", f"Who writes the shards (one part each): {HELP}. On a cluster, a local CLEAN_DIR and SHARD_DIR must "
                  "be on a file system every node mounts at the same path; object storage is read and written by the "
                  "nodes themselves.", choices=tuple(EXECUTORS))
-    ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
-                                       "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
+    ray_address: str = address_setting()
     ray_keep_warm: float = keep_warm_setting()
 
     # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite

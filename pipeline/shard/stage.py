@@ -47,7 +47,7 @@ from pipeline.executors import Executor, Later, require
 from pipeline.formats import index as shard_index
 from pipeline.formats.labels import similar_names_warning
 from pipeline.formats.pixels import ImagePixels
-from pipeline.shard.config import TOOL, ShardConfig
+from pipeline.shard.config import DEFAULT_RANKS, DEFAULT_WORKERS, TOOL, ShardConfig
 from pipeline.shard.plan import SPLITS, ShardPlan, Span, entry, make_plan
 from pipeline.shard.samples import IMAGE_EXT, Samples, give_back_freed, load
 from pipeline.shard.split import split_arrays
@@ -242,13 +242,28 @@ def decoded_notice(decoded: int, images: int) -> str:
 # ---------------------------------------------------------------- 5. write
 
 
-def readers_warning(train_shards: int, n_train: int, cfg: ShardConfig) -> str | None:
-    """Warn when per-shard readers (stock webdataset: one shard per worker) would sit idle."""
-    readers = cfg.expected_ranks * max(1, cfg.expected_workers)
+# Below this many train bytes per expected reader, idle readers cost nothing worth a line: any
+# reader takes the whole split in moments, and shards cut smaller only to feed 32 of them would be
+# tiny (the old warning advised --max-count 5 for 167 samples).
+READER_BYTES_WORTH_A_WARNING = 16 << 20
+
+
+def readers_warning(train_shards: int, n_train: int, cfg: ShardConfig, train_bytes: int | None = None) -> str | None:
+    """Warn when per-shard readers (stock webdataset: one shard per worker; pipe train's reader
+    does not) would sit idle. With the default layout (--expected-ranks 8, --expected-workers 4:
+    nobody said how they will train) only where the train split is large enough for that to cost
+    time (`READER_BYTES_WORTH_A_WARNING` per reader; ``train_bytes`` None: large enough); with a
+    layout the user gave, always: they asked."""
+    workers = max(1, cfg.expected_workers)
+    readers = cfg.expected_ranks * workers
     if train_shards >= readers or n_train == 0:
         return None
+    defaults = (cfg.expected_ranks, cfg.expected_workers) == (DEFAULT_RANKS, DEFAULT_WORKERS)
+    if defaults and train_bytes is not None and train_bytes < readers * READER_BYTES_WORTH_A_WARNING:
+        return None
+    said = " (--expected-ranks/--expected-workers: how you will train)" if defaults else ""
     what = (f"only {train_shards} train shard{'s' * (train_shards != 1)} for {cfg.expected_ranks} ranks x "
-            f"{max(1, cfg.expected_workers)} workers = {readers} readers")
+            f"{workers} workers = {readers} readers{said}")
     if n_train < readers:
         return f"{what}, and only {n_train} train samples: readers that take whole shards will sit idle (pipe train's reader does not)"
     fix = max(1, n_train // readers)
@@ -335,7 +350,8 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
     if res.classes_without_val:
         warnings.append(f"classes with no validation sample (their samples are near duplicates of each other): "
                         f"{', '.join(res.classes_without_val[:5])}")
-    w = readers_warning(counts["train"]["shards"], counts["train"]["samples"], cfg)
+    w = readers_warning(counts["train"]["shards"], counts["train"]["samples"], cfg,
+                        sum(e.bytes for e in entries if e.split == "train"))
     if w:
         warnings.append(w)
     doc: dict[str, Any] = {

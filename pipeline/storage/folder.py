@@ -325,6 +325,12 @@ class Folder(abc.ABC):
                 shutil.copyfileobj(stream, out, 1 << 20)
             self.put_file(rel, path)
 
+    def link_in(self, src: Folder, src_rel: str, rel: str) -> int | None:
+        """``src``'s file ``src_rel`` made ``rel`` here without copying its bytes (a hard link on
+        one file system); its size, or None where this storage cannot (then nothing is written).
+        FileNotFoundError when it is gone."""
+        return None
+
     def copy_in(self, src: Folder, src_rel: str, rel: str) -> int:
         """Copy ``src``'s file ``src_rel`` to ``rel`` here; return its size. FileNotFoundError
         when it is gone."""

@@ -262,6 +262,25 @@ class LocalFolder(Folder):
                 tmp.unlink()
             raise
 
+    def link_in(self, src: Folder, src_rel: str, rel: str) -> int | None:
+        """A hard link through a temporary name and a rename; None across file systems, or where
+        the file system or its rules (fs.protected_hardlinks: a file of another owner) refuse."""
+        if not isinstance(src, LocalFolder):
+            return None
+        path, target = src._path(src_rel), self._path(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_name(target)
+        try:
+            os.link(path, tmp)
+            os.replace(tmp, target)
+        except FileNotFoundError:
+            raise
+        except OSError:  # EXDEV, EPERM, EMLINK, ENOTSUP...: the caller does without
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return None
+        return target.stat().st_size
+
     def copy_in(self, src: Folder, src_rel: str, rel: str) -> int:
         if isinstance(src, LocalFolder):
             path = src._path(src_rel)

@@ -53,6 +53,18 @@ class RunConsole:
             self.say(f"data: images decoded at {decoded_at} px (stored {stored} px) in {where}; "
                      f"{threads} compute thread{'s' if threads != 1 else ''} per rank")
 
+    def random_weights(self, model: str, pretrained_from: str) -> None:
+        """A torchvision/timm model built without --init-from: its weights are random (pipe never
+        downloads weights), which its name and its library's normalisation hide; said in bold
+        before anything else about the model, with what to pass instead."""
+        if not self.is_main:
+            return
+        from rich.text import Text
+
+        self.console.print(Text(shown(f"warning: --model {model} starts from RANDOM weights (no --init-from; pipe "
+                                      "downloads no weights): it trains from scratch, not a fine-tune. For its "
+                                      f"pretrained weights: {pretrained_from}"), style="bold yellow"), highlight=False)
+
     def init_report(self, report) -> None:
         """What --init-from loaded into the model (`train.models.finetune.InitReport`), as a table."""
         if not self.is_main:

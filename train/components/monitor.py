@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
+from rich.markup import escape
 
 from train.distributed.group import Dist, all_gather_tensor
 
@@ -257,7 +258,7 @@ class Monitor:
         tb.add_scalar("memory/peak_mb", row["memory_mb"], step)
         for warning in self.drift.update(step, losses, means, stds):
             self._write({"kind": "drift", **warning})
-            self.console.print(f"[yellow]warning:[/] {warning['message']}")
+            self.console.print(f"[yellow]warning:[/] {escape(warning['message'])}")  # "[" in it is no markup
         if self.bar is None and self.console is not None:
             self.console.print(self._line(row, epochs), highlight=False)
 

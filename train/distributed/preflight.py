@@ -16,6 +16,7 @@ import socket
 from collections import Counter
 
 import torch
+from rich.markup import escape
 
 from pipeline.core.errors import StageFailed
 from train.distributed.group import Dist, all_gather_object
@@ -111,7 +112,7 @@ def run(d: Dist, dataset_fingerprint: str, config_hash: str, console=None) -> li
     if d.is_main and console is not None:
         console.print(table(reports))
         for p in problems:
-            console.print(f"[red]preflight:[/] {p}")
+            console.print(f"[red]preflight:[/] {escape(p)}")  # a path's "[" is no markup
     if problems:
         raise PreflightFailed("preflight: ranks disagree: " + "; ".join(problems))
     return reports

@@ -38,15 +38,20 @@ class InputNorm:
         return next((name for (m, s), name in KNOWN.items()
                      if all(abs(a - b) < 1e-6 for a, b in zip(key[0] + key[1], m + s))), None)
 
-    def describe(self, decoded: int | None = None) -> str:
+    def describe(self, decoded: int | None = None, random_weights: bool = False) -> str:
         """e.g. ``224 px, mean/std from hf:PATH preprocessor_config.json (ImageNet: ...)``;
-        ``decoded``: the side the reader decodes at, when it is not the model's."""
+        ``decoded``: the side the reader decodes at, when it is not the model's. ``random_weights``:
+        the model starts from random weights, so the line names the statistics as the recipe of
+        weights that are *not* loaded (a line naming a weights release reads as if they were)."""
         size = f"{self.size} px" if self.size else f"{decoded} px" if decoded else "the stored size"
         if decoded and self.size and decoded != self.size:
             how = "and enlarged in the model" if self.enlarged else "which this model takes as it is"
             size = f"{self.size} px (decoded at {decoded} px, the shards' size, {how})"
         name = self.known_as()
         values = f"mean {_fmt(self.mean)} std {_fmt(self.std)}"
+        if random_weights:
+            return (f"{size}, {name + ' ' if name else ''}{values}, the normalisation of {self.source}; "
+                    "the model's weights are random, not those (no --init-from)")
         return f"{size}, mean/std from {self.source} ({name}: {values})" if name else \
             f"{size}, mean/std from {self.source} ({values})"
 

@@ -54,7 +54,7 @@ class VisionClassifier(nn.Module):
 
     def __init__(self, model: nn.Module, *, head_path: str, groups: Callable[[nn.Module], list[list[nn.Module]]],
                  input_params: Callable[[nn.Module], list[nn.Parameter]], input_norm: InputNorm, fixed_size: bool,
-                 label: str):
+                 label: str, pretrained_from: str | None = None):
         super().__init__()
         self.model = model
         self.head_path = head_path
@@ -62,6 +62,9 @@ class VisionClassifier(nn.Module):
         self.input_norm = input_norm
         self.fixed_size = fixed_size
         self.label = label
+        # how to get the pretrained weights this normalisation was made for: without them the
+        # model starts random, and the run says so loudly (`RunConsole.random_weights`)
+        self.pretrained_from = pretrained_from
 
     @property
     def image_size(self) -> int | None:
@@ -157,6 +160,14 @@ def _tv_input_params(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in found if isinstance(p, nn.Parameter)]
 
 
+def _tv_weights(default) -> str:
+    """Where torchvision's default weights for the model are downloaded from, and the flag that loads them."""
+    url = str(getattr(default, "url", "") or "")
+    if not url:
+        return f"the {default} weights saved as a state dict: --init-from FILE.pth"
+    return f"{default}: download {url}, then --init-from {url.rsplit('/', 1)[-1]}"
+
+
 def build_torchvision(name: str, num_classes: int, options: families.Options | None = None) -> VisionClassifier:
     """The torchvision family's builder (``options``: nothing a library model takes)."""
     label = TORCHVISION + name
@@ -180,7 +191,7 @@ def build_torchvision(name: str, num_classes: int, options: families.Options | N
     fixed = tuple(min_size) == (size, size)  # a ViT/Swin takes exactly its size; CNNs take any
     norm = dataclasses.replace(norm, enlarged=fixed)
     return VisionClassifier(model, head_path=_tv_head(model, label), groups=_tv_groups, input_params=_tv_input_params,
-                            input_norm=norm, fixed_size=fixed, label=label)
+                            input_norm=norm, fixed_size=fixed, label=label, pretrained_from=_tv_weights(default))
 
 
 # -- timm ---------------------------------------------------------------------------------------
@@ -241,6 +252,18 @@ def _timm_input_params(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in found if isinstance(p, nn.Parameter)]
 
 
+def _timm_weights(cfg: dict) -> str:
+    """Where timm's weights for the model's pretrained_cfg are downloaded from (its Hugging Face
+    repository's model.safetensors, else the cfg's url), and the flag that loads them."""
+    hub = cfg.get("hf_hub_id")
+    if isinstance(hub, str) and hub:
+        return f"download https://huggingface.co/{hub}/resolve/main/model.safetensors, then --init-from model.safetensors"
+    url = cfg.get("url")
+    if isinstance(url, str) and url:
+        return f"download {url}, then --init-from {url.rsplit('/', 1)[-1]}"
+    return "a state dict or .safetensors of its pretrained weights: --init-from FILE"
+
+
 def build_timm(name: str, num_classes: int, options: families.Options | None = None) -> VisionClassifier:
     """The timm family's builder (``options``: nothing a library model takes)."""
     label = TIMM + name
@@ -256,7 +279,8 @@ def build_timm(name: str, num_classes: int, options: families.Options | None = N
     norm = InputNorm(tuple(float(v) for v in mean), tuple(float(v) for v in std), int(size),
                      f"{label} pretrained_cfg" + (f" ({cfg.get('architecture', name)}.{tag})" if tag else ""), fixed)
     return VisionClassifier(model, head_path=_timm_head(model, label), groups=_timm_groups,
-                            input_params=_timm_input_params, input_norm=norm, fixed_size=fixed, label=label)
+                            input_params=_timm_input_params, input_norm=norm, fixed_size=fixed, label=label,
+                            pretrained_from=_timm_weights(cfg))
 
 
 def check_torchvision(name: str) -> None:

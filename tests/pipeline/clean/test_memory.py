@@ -104,11 +104,13 @@ def test_a_1gb_text_is_too_large_at_once_and_never_read_into_memory(tmp_path):
     got = rows(tmp_path / "out")
     assert got["notes/dump.txt"]["reason"] == "too_large"
     assert "--max-text-bytes" in got["notes/dump.txt"]["detail"] and got["notes/dump.txt"]["bytes"] == GB
-    assert got["notes/dump.txt"]["sha256"]  # hashed in chunks all the same, and copied to quarantine/
+    assert got["notes/dump.txt"]["sha256"]  # hashed in chunks all the same, and linked into quarantine/
     assert (tmp_path / "out" / "quarantine" / "too_large" / "notes" / "dump.txt").stat().st_size == GB
+    assert os.path.samefile(tmp_path / "out" / "quarantine" / "too_large" / "notes" / "dump.txt",
+                            src / "notes" / "dump.txt")  # not another GB
     assert got["notes/small.txt"]["status"] == "kept"
     assert peak < GB and seen < GB, (peak, seen)
-    assert seconds < 120  # was 3 minutes before ending unreadable; here hashing and copying 1 GB dominate
+    assert seconds < 120  # was 3 minutes before ending unreadable; here hashing 1 GB dominates
     shutil.rmtree(tmp_path)  # pytest keeps the last runs' folders: not 1 GB of them
 
 

@@ -37,3 +37,27 @@ def test_labels_file_problems_are_counted_on_the_console(cli, tmp_path):
     assert rows["  rows naming missing files"] == "2"
     assert rows["  re-labelled rows (first kept)"] == "1"
     assert rows["  files no row names"] == "1"  # b.jpg
+
+
+def test_kept_is_said_in_files_and_in_samples_as_pipe_shard_counts_them(cli, tmp_path):
+    """An image and its caption file are two kept files and one sample; a caption alone is a sample
+    of its own; a copy is no sample. The table and report.json say both, and pipe shard's samples
+    (with those it leaves out) add up to the samples said here."""
+    import json
+
+    raw = tmp_path / "raw"
+    for i in range(4):
+        photo(raw / "cat" / f"p{i}.jpg", seed=i)
+        write(raw / "cat" / f"p{i}.txt", f"a cat, picture number {i}")
+    photo(raw / "dog" / "d.jpg", seed=9)
+    (raw / "dog" / "copy.jpg").write_bytes((raw / "dog" / "d.jpg").read_bytes())
+    write(raw / "dog" / "note.txt", "a dog's note without a picture")
+    r = cli("clean", raw, "-o", tmp_path / "clean", "--workers", "1")
+    assert r.exit_code == 0, r.output
+    assert dict(_rows(r.stdout))["kept"] == "10 files = 6 samples"
+    report = json.loads((tmp_path / "clean" / "report.json").read_text())
+    assert report["by_status"]["kept"] == 10 and report["kept_samples"] == 6
+    r = cli("shard", tmp_path / "clean", "-o", tmp_path / "shards", "--json")
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["train"] + s["val"] + s["unlabelled"] == 6

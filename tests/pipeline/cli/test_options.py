@@ -86,6 +86,22 @@ def test_a_help_text_is_shown_as_declared_brackets_and_all():
         "description"]
 
 
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_every_bracket_of_every_help_text_survives_on_the_command_line(name):
+    """No command's help loses a `[...]` to rich's markup (`pipe-ml[ray]` once became `pipe-ml`):
+    each bracketed word a setting's help declares is in the command's --help, and no `pipe-ml`
+    is shown without its extra."""
+    fn = TABLES[name]
+    r = CliRunner().invoke(commands._app((name,)), [name, "--help"], env={"COLUMNS": "1000"}, prog_name="pipe")
+    assert r.exit_code == 0, r.output
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.output).split())
+    for d in [*declared(fn.config), *own_flags(fn)]:
+        if d.setting.cli and not d.setting.hidden:
+            for bracketed in re.findall(r"\S*\[[^\]\s]*\]\S*", d.setting.help):
+                assert bracketed in text, (name, d.flag, bracketed)
+    assert not re.search(r"pipe-ml(?!\[)", text), name
+
+
 def test_a_declared_range_holds_on_the_command_line_and_in_the_file_alike(cli, tmp_path):
     (tmp_path / "raw").mkdir()
     r = cli("clean", tmp_path / "raw", "-o", tmp_path / "a", "--near-image-distance", "13")
@@ -111,3 +127,35 @@ def test_a_file_sets_what_the_command_line_leaves_and_a_typed_flag_wins(cli, tmp
     assert r.exit_code == 2 and "elsewhere" in r.stderr, r.stderr
     r = cli("labels", tmp_path / "run", "--config", toml, "--shards", tmp_path / "typed")
     assert r.exit_code == 2 and "typed" in r.stderr and "elsewhere" not in r.stderr, r.stderr
+
+
+# values a README synopsis shows as an example rather than the default: (command, flag)
+SYNOPSIS_EXAMPLES = {("train", "--freeze")}
+
+
+def test_a_number_in_a_readme_synopsis_is_that_flags_default():
+    """`[--nproc-per-node 2]` where the default is 1 reads as the default: every `[--flag NUMBER]`
+    of the README's `pipe clean|shard|train` synopses is the setting's default (the --data-only
+    one shows a data-only run's values; SYNOPSIS_EXAMPLES are examples on purpose)."""
+    import dataclasses
+    import re
+
+    from pipeline.clean.config import CleanConfig
+    from pipeline.shard.config import ShardConfig
+    from tests.conftest import REPO
+    from train.config import TrainConfig
+
+    configs = {"clean": CleanConfig, "shard": ShardConfig, "train": TrainConfig}
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    checked = 0
+    for block, command in re.findall(r"```\n(pipe (\w+) .*?)```", text, re.S):
+        if command not in configs or "--data-only" in block.splitlines()[0]:
+            continue
+        defaults = {f.name: f.default for f in dataclasses.fields(configs[command])}
+        for flag, value in re.findall(r"\[(--[a-z-]+) ([0-9][0-9.e-]*)[] ]", block):
+            if (command, flag) in SYNOPSIS_EXAMPLES:
+                continue
+            default = defaults[flag[2:].replace("-", "_")]
+            assert default is not None and float(value) == float(default), (command, flag, value, default)
+            checked += 1
+    assert checked >= 10

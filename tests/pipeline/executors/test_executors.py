@@ -64,3 +64,66 @@ def test_the_local_executor_runs_a_fake_stages_parts():
     from tests import fake_stage
 
     assert fake_stage.run(get("local", workers=2)) == fake_stage.EXPECTED
+
+
+class _FakeRay:
+    """What `cluster_line` asks of Ray: the nodes (a dead one among them) and the address joined."""
+
+    def __init__(self, cpus: list[int], gcs: str = "10.0.0.1:6379"):
+        self._nodes = [{"NodeManagerAddress": f"10.0.0.{i + 1}", "Alive": True, "Resources": {"CPU": float(c)}}
+                       for i, c in enumerate(cpus)] + [{"NodeManagerAddress": "10.0.9.9", "Alive": False,
+                                                        "Resources": {"CPU": 64.0}}]
+        self._gcs = gcs
+
+    def nodes(self) -> list[dict]:
+        return self._nodes
+
+    def get_runtime_context(self):
+        return type("Context", (), {"gcs_address": self._gcs})()
+
+
+def test_the_ray_cluster_line_names_how_it_was_found_its_address_nodes_and_cpus(monkeypatch):
+    """Before the first part a Ray run says which cluster it joined and why (auto may find someone
+    else's), its live nodes and CPUs, or that it started a private one (Ray itself is not needed)."""
+    from pipeline.executors.ray import MAX_NODES_SHOWN, cluster_line
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_line(_FakeRay([8, 4]), "auto") == (
+        "ray: joined the cluster at 10.0.0.1:6379 (--ray-address auto: the one running on this machine; "
+        "--ray-address local starts a private one): 2 nodes, 12 CPUs: 10.0.0.1 (8 CPUs), 10.0.0.2 (4 CPUs)")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert "(--ray-address auto: RAY_ADDRESS; " in cluster_line(_FakeRay([1]), "auto")
+    assert "(--ray-address 10.0.0.1:6379: as given; " in cluster_line(_FakeRay([1]), "10.0.0.1:6379")
+    assert cluster_line(_FakeRay([1], gcs="127.0.0.1:5"), "local") == (
+        "ray: started a private cluster for this command (--ray-address local; it ends with the command): "
+        "1 node, 1 CPU: 10.0.0.1 (1 CPU)")
+    many = cluster_line(_FakeRay([2] * (MAX_NODES_SHOWN + 3)), "auto")
+    assert f"{MAX_NODES_SHOWN + 3} nodes, {2 * (MAX_NODES_SHOWN + 3)} CPUs: " in many
+    assert many.endswith(f"10.0.0.{MAX_NODES_SHOWN} (2 CPUs) and 3 more")
+    secret = cluster_line(_FakeRay([1], gcs="ray://user:hunter2@10.0.0.1:10001"), "ray://user:hunter2@10.0.0.1:10001")
+    assert "hunter2" not in secret
+
+
+def test_a_private_ray_cluster_runs_its_parts_as_tasks():
+    """Warm workers wait for a next command, which a cluster ending with this one never sees."""
+    from pipeline.executors import get
+
+    assert get("ray", address="local", keep_warm=600).keep_warm == 0
+    assert get("ray", address="auto", keep_warm=600).keep_warm == 600
+
+
+def test_a_private_ray_cluster_keeps_its_sockets_paths_short(monkeypatch):
+    """Ray makes Unix sockets under its temp dir (107 bytes at most): a TMPDIR too long for them
+    sends the private cluster's temp dir to /tmp instead of failing."""
+    import tempfile
+
+    from pipeline.executors import ray
+
+    longest = "/" + "d" * (ray.SOCKET_PATH_MAX - ray.RAY_SOCKET_TAIL - 1)
+    monkeypatch.setattr(tempfile, "tempdir", longest)
+    assert ray.private_root() == longest
+    # the longest socket Ray makes there: mkdtemp's name, a session of a 7-digit pid, the object store
+    socket = f"{longest}/pipe-ray-abcdefgh/session_2026-12-05_07-59-47_933350_4194304/sockets/plasma_store"
+    assert len(socket) == ray.SOCKET_PATH_MAX
+    monkeypatch.setattr(tempfile, "tempdir", longest + "d")
+    assert ray.private_root() == "/tmp"

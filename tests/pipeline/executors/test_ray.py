@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -149,6 +150,10 @@ def test_clean_and_shard_on_ray_equal_local_and_shard_resumes(cluster, raw, loca
     p = cluster.pipe(_clean_args(raw, tmp_path / "clean", cluster))
     assert p.returncode == 0, p.stderr
     _same_clean(tmp_path / "clean", local / "clean")
+    # before the first part, the run said which cluster it joined, once: its address, nodes and CPUs
+    assert [ln for ln in p.stderr.splitlines() if "cluster" in ln] == [
+        f"ray: joined the cluster at {cluster.address} (--ray-address {cluster.address}: as given; --ray-address "
+        "local starts a private one): 2 nodes, 2 CPUs: 127.0.0.2 (1 CPU), 127.0.0.3 (1 CPU)"], p.stderr
     from pipeline.core.schemas import errors
 
     assert errors(_report(tmp_path / "clean"), "report") == []
@@ -248,7 +253,10 @@ def test_a_local_output_no_node_can_see_stops_the_run_in_one_line(cluster, raw, 
     p = cluster.ns.run(["unshare", "--mount", "--", "sh", "-c", cmd], env=cluster.env, cwd=REPO_ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr
-    assert "shared file system" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    # one line for the failure, after the one that names the cluster (said before the first part)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("ray: joined the cluster at ") and "shared file system" in lines[1], \
+        p.stderr
     assert os.listdir(out) == []  # nothing landed where the driver cannot see it
 
 
@@ -294,6 +302,44 @@ def test_the_ray_executor_runs_a_fake_stages_parts(cluster):
     from tests import fake_stage
 
     assert json.loads(p.stdout.strip().splitlines()[-1]) == fake_stage.EXPECTED
+
+
+def test_ray_address_local_runs_on_a_private_cluster_that_ends_with_the_command(cluster, raw, local, tmp_path,
+                                                                                  request):
+    """--ray-address local: a cluster of this machine for this command alone (not the one running
+    here), said so before the first part; the result equals a local run's, and the command leaves
+    neither a process nor a file of that cluster behind."""
+    # where the private cluster's temp dir goes (TMPDIR): short, as Ray's socket paths must be
+    private_tmp = Path(tempfile.mkdtemp(prefix="pt-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(private_tmp, ignore_errors=True))
+    before = len(_warm(cluster))
+    args = ["clean", raw, "-o", tmp_path / "clean", "--size", "64", "--executor", "ray", "--ray-address", "local",
+            "--part-files", PART, "--json"]
+    p = cluster.ns.run([sys.executable, "-m", "pipeline", *map(str, args)], env={**cluster.env, "TMPDIR": str(private_tmp)},
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    _same_clean(tmp_path / "clean", local / "clean")
+    said = [ln for ln in p.stderr.splitlines() if "cluster" in ln]
+    assert len(said) == 1 and said[0].startswith(
+        "ray: started a private cluster for this command (--ray-address local; it ends with the command): 1 node, "), \
+        p.stderr
+    assert {r["node"] for r in _report(tmp_path / "clean")["parts"]["runs"]} == {"127.0.0.1"}  # not the 2-node cluster
+    assert len(_warm(cluster)) == before  # nothing started there
+    _wait(lambda: not _processes_naming(str(private_tmp)), timeout=60)
+    assert list(private_tmp.iterdir()) == []
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Live processes whose command line names ``text`` (a Ray node's processes name its temp dir)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
 
 
 # the warm workers of this code on the cluster at argv[1]: what each says of itself (pid, node, parts run)

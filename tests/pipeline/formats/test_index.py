@@ -113,3 +113,21 @@ def test_no_module_outside_formats_opens_index_json():
             if named == "INDEX_NAME" and rel not in WRITERS:
                 found.append(f"{rel}:{node.lineno}: INDEX_NAME")
     assert not found, found
+
+
+def test_a_clean_folder_where_shards_belong_says_run_pipe_shard(tmp_path):
+    """The commonest first mistake: pipe clean's output handed to a command that reads shards. Its
+    marker (or, without one, its manifest) says what it is, and the line says what to run."""
+    marked = tmp_path / "clean"
+    (marked / ".pipe").mkdir(parents=True)
+    (marked / ".pipe" / "state.json").write_text(json.dumps({"tool": "pipe clean"}))
+    with pytest.raises(UsageError) as e:
+        shard_index.load(marked)
+    assert str(e.value) == (f"{marked}/index.json not found: {marked} is a clean folder (pipe clean's output), not "
+                            f"shards: run pipe shard {marked} -o SHARD_DIR, then pass SHARD_DIR")
+    with pytest.raises(UsageError, match=r"^mem://bucket/shards/index.json not found: mem://bucket/shards is a clean "
+                                         r"folder \(pipe clean's output\), not shards: run pipe shard mem://bucket/shards"):
+        shard_index.load(MemoryFolder({"manifest.parquet": b"PAR1"}))
+    shard_marked = MemoryFolder({".pipe/state.json": json.dumps({"tool": "pipe shard"}).encode()})
+    with pytest.raises(UsageError, match=r"index.json not found \(pipe shard writes it last: was the run interrupted"):
+        shard_index.load(shard_marked)

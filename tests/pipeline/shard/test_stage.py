@@ -454,3 +454,18 @@ def test_pairs_only_without_any_pair_is_one_line(tmp_path, cli):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1, r.stderr
     assert "no kept image-caption pairs to shard with --pairs-only (4 kept samples are images or texts alone)" in lines[0]
+
+
+def test_the_readers_warning_with_the_default_layout_waits_for_a_split_where_idle_readers_cost_time(tmp_path, clean):
+    """Nobody said how they will train (8 ranks x 4 workers assumed): a small split gets no advice
+    to cut it into 32 tiny shards; a large one (here: the threshold lowered) still does, saying
+    which flags describe the real layout."""
+    assert not any("readers" in w for w in run(clean, tmp_path / "a")["warnings"])
+    cfg = stage.ShardConfig(input=clean, output=tmp_path / "x")
+    per_reader = stage.READER_BYTES_WORTH_A_WARNING
+    assert stage.readers_warning(1, 167, cfg, train_bytes=32 * per_reader - 1) is None
+    big = stage.readers_warning(1, 167, cfg, train_bytes=32 * per_reader)
+    assert big is not None and big.startswith("only 1 train shard for 8 ranks x 4 workers = 32 readers "
+                                              "(--expected-ranks/--expected-workers: how you will train)")
+    asked = stage.ShardConfig(input=clean, output=tmp_path / "x", expected_ranks=2, expected_workers=3)
+    assert stage.readers_warning(1, 167, asked, train_bytes=1).startswith("only 1 train shard for 2 ranks x 3 workers")

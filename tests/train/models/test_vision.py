@@ -343,3 +343,49 @@ def test_ranks_hold_identical_resnet_parameters_after_an_unfreeze():
         assert torch.equal(r["frozen_phase"]["model.bn1.running_mean"], r["initial"]["model.bn1.running_mean"])
         assert not torch.equal(r["frozen_phase"]["model.layer4.0.bn1.running_mean"],
                                r["initial"]["model.layer4.0.bn1.running_mean"])
+
+
+@needs_vision
+@pytest.mark.parametrize("spec, url", [
+    ("torchvision:resnet18", "https://download.pytorch.org/models/resnet18-f37072fd.pth"),
+    ("timm:test_vit", "https://huggingface.co/timm/test_vit.r160_in1k/resolve/main/model.safetensors"),
+])
+def test_a_library_model_knows_where_its_pretrained_weights_are_and_says_it_is_random_without_them(spec, url):
+    """Built without weights, a library model carries where its normalisation's weights come from;
+    the run's lines say the weights are random and what to pass, and the input line names the
+    statistics as a recipe, not as weights that were loaded."""
+    import io
+
+    from rich.console import Console
+
+    from train.components.console import RunConsole
+    from train.models.builtin import build_model
+
+    model = build_model(spec, 3, index={"classes": ["a", "b", "c"], "image_size": 32})
+    assert url in model.pretrained_from and f"--init-from {url.rsplit('/', 1)[-1]}" in model.pretrained_from
+    buf = io.StringIO()
+    RunConsole(Console(file=buf, width=400), is_main=True).random_weights(spec, model.pretrained_from)
+    said = buf.getvalue()
+    assert said.startswith(f"warning: --model {spec} starts from RANDOM weights (no --init-from") and url in said
+    silent = io.StringIO()
+    RunConsole(Console(file=silent), is_main=False).random_weights(spec, model.pretrained_from)
+    assert silent.getvalue() == ""
+    loaded, random = model.input_norm.describe(32), model.input_norm.describe(32, random_weights=True)
+    assert f"mean/std from {model.input_norm.source}" in loaded and "random" not in loaded
+    assert "mean/std from" not in random and random.endswith("the model's weights are random, not those (no --init-from)")
+    assert random.split(",")[0] == loaded.split(",")[0]  # the same size, the same numbers
+
+
+@pytest.mark.slow
+@needs_vision
+@pytest.mark.timeout(600)
+def test_a_torchvision_model_without_init_from_says_loudly_its_weights_are_random(pipe_proc, shards, tmp_path):
+    p = pipe_proc("train", shards, "-o", tmp_path / "run", "--model", "torchvision:resnet18", "--epochs", "1",
+                  "--batch-size", "16", "--workers", "0", timeout=540)
+    assert p.returncode == 0, p.stderr[-3000:]
+    err = " ".join(p.stderr.split())
+    assert "warning: --model torchvision:resnet18 starts from RANDOM weights" in err
+    assert "download https://download.pytorch.org/models/resnet18-f37072fd.pth, then --init-from " \
+           "resnet18-f37072fd.pth" in err
+    assert "(ResNet18_Weights.IMAGENET1K_V1 transforms); the model's weights are random, not those" in err
+    assert "mean/std from torchvision" not in err
