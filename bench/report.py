@@ -78,7 +78,9 @@ def synth_manifest(n: int, classes: int, seed: int = 0) -> tuple[pa.Table, dict]
         "content_hash": pa.array([sha[i * 64:(i + 1) * 64] for i in range(n)], pa.string()),
         "phash": pa.array(np.where(is_text, None, np.array([phash[i * 16:(i + 1) * 16] for i in range(n)], dtype=object)), pa.string()),
     }
-    table = pa.table(cols).cast(COLUMNS)
+    for f in COLUMNS:  # columns the report does not read (output sizes, pixel sums): empty
+        cols.setdefault(f.name, pa.nulls(n, f.type))
+    table = pa.table({f.name: cols[f.name] for f in COLUMNS}).cast(COLUMNS)
     return table, {"labels": sorted(set(labels)), "status": status, "reason": reason, "kind": np.where(is_text, "text", "image")}
 
 
@@ -104,16 +106,24 @@ def build(root: Path, n: int, classes: int) -> list[Path]:
         (clean / "data" / lab / "t.txt").write_text("a caption of this class\n", encoding="utf-8")
     conflicts = [{"files": [f"a/{i}.jpg", f"b/{i}.jpg"], "labels": {"a": 1, "b": 1}, "policy": "quarantine",
                   "action": "quarantined every copy", "kept": None} for i in range(2000)]
-    report = {"schema_version": 1, "files": n, "by_status": counts(facts["status"]), "by_reason": counts(facts["reason"]),
-              "by_kind": counts(facts["kind"]), "label_conflicts": conflicts, "settings": {"input": str(root / "gone")}}
+    by_status = {"kept": 0, "duplicate": 0, "quarantined": 0, **counts(facts["status"])}
+    report = {"schema_version": 1, "tool": "pipe bench", "files": n, "by_status": by_status,
+              "by_reason": counts(facts["reason"]), "by_kind": counts(facts["kind"]), "by_encoding": {}, "kept_by_label": {},
+              "label_conflicts": conflicts, "settings": {"input": str(root / "gone")},
+              "input": {"path": str(root / "gone"), "from_clean_dir": "../gone"}, "timings": {}}  # valid: the page checks it
     (clean / "report.json").write_text(json.dumps(report), encoding="utf-8")
     shards = root / "shards"
     shards.mkdir()
     per = {lab: int(c * 0.9) for lab, c in zip(facts["labels"], range(9000, 9000 + classes))}
-    (shards / "index.json").write_text(json.dumps({
-        "schema_version": 1, "classes": facts["labels"], "image_size": 512, "shards": [],
-        "counts": {"train": {"samples": sum(per.values()), "shards": 900, "per_class": per},
-                   "val": {"samples": sum(per.values()) // 9, "shards": 100, "per_class": {k: v // 9 for k, v in per.items()}}}}),
+    (shards / "index.json").write_text(json.dumps({  # schema-valid (the page shows nothing of an index that is not)
+        "schema_version": 1, "created_by": "pipe bench", "manifest_sha256": "0" * 64,
+        "settings": {"val_fraction": 0.1, "max_count": 1000, "max_size": 2**30, "seed": 0, "split_distance": 4,
+                     "expected_ranks": 8, "expected_workers": 4},
+        "classes": facts["labels"], "image_size": 512, "mean": [0.5] * 3, "std": [0.25] * 3, "shards": [],
+        "excluded": {"unlabelled": 0}, "near_duplicate_groups": {"groups": 0, "samples": 0, "max_distance": 4},
+        "counts": {"train": {"samples": sum(per.values()), "shards": 900, "per_class": per, "images": sum(per.values()), "texts": 0},
+                   "val": {"samples": sum(per.values()) // 9, "shards": 100, "per_class": {k: v // 9 for k, v in per.items()},
+                           "images": sum(per.values()) // 9, "texts": 0}}}),
         encoding="utf-8")
     run = root / "run"
     run.mkdir()

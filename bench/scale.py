@@ -6,10 +6,12 @@
    Ray's throughput relative to local is local seconds / Ray seconds (the engine's overhead).
    Per command: wall, CPU of the driver (and what it waited for) and of the cluster's processes
    (`ClusterCPU`; the idle cluster's own daemons show in the local runs' figure), the stage's timings.
-   Two sizes by default, 2000 and 5000 files: Ray's costs beyond local are fixed ones per command
-   (the driver's import of Ray, joining, a job's fresh worker processes importing Ray and ours,
-   the session's end), so one size alone would say little; the two give each way's seconds per
-   1000 files and its fixed seconds per clean + shard.
+   First, the fixed cost per command, read directly: clean and shard of `FIXED_FILES` files, each
+   round Ray cold (its warm workers ended first, as after `--ray-keep-warm` seconds idle: clean
+   starts them, shard finds them), Ray warm (a second clean + shard) and local, rounds interleaved.
+   Then two sizes by default, 2000 and 5000 files, on the warm workers the first part left (as the
+   commands of one pipeline run after its first): each way's seconds per 1000 files and its fixed
+   seconds per clean + shard come from the two sizes too.
 2. driver (`--driver N [N ...]`): N synthetic rows written as part results files (Arrow IPC,
    as the tasks write them), then, in a fresh process each, what the driver does with them, with
    its own functions: hold the listing, gather (each part's decide columns), decide (exact +
@@ -17,6 +19,7 @@
    Memory per file is the slope between two sizes.
 
     .venv/bin/python bench/scale.py [--files 2000 5000] [--repeat 2] [--quick]
+    .venv/bin/python bench/scale.py --files --repeat 4     # the fixed cost per command alone
     .venv/bin/python bench/scale.py --driver 10000 50000 200000 1000000
 """
 
@@ -133,6 +136,7 @@ def whole_runs(sizes: list[int], repeat: int, part_files: int) -> None:
         cluster = start_cluster()
         print(f"cluster of 2 one-CPU nodes up in {time.perf_counter() - t:.0f} s (not counted)")
         try:
+            fixed_costs(work, repeat, cluster)
             means = {n: _runs_of(work, n, repeat, part_files, cluster) for n in sizes}
         finally:
             cluster.stop()
@@ -141,12 +145,60 @@ def whole_runs(sizes: list[int], repeat: int, part_files: int) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+FIXED_FILES = 20  # files in the runs that show each command's fixed cost (their work is a few tens of ms)
+
+
+def fixed_costs(work: Path, repeat: int, cluster) -> None:
+    """Each command's wall on `FIXED_FILES` files: Ray cold (no warm workers: clean starts them,
+    shard finds them), Ray warm, local; ``repeat`` rounds interleaved, then the means."""
+    raw = work / "raw-fixed"
+    make_input(raw, FIXED_FILES)
+    ray_args = ["--executor", "ray", "--ray-address", cluster.address]
+    walls: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}  # driver + cluster: what a loaded machine's wall hides
+    for k in range(repeat):
+        out = work / f"fixed{k}"
+        ended = end_warm(cluster)
+        runs = {}
+        for way, extra in (("ray cold", ray_args), ("ray warm", ray_args), ("local", ["--workers", "2"])):
+            runs[f"{way} clean"] = timed(["clean", raw, "-o", out / f"{way}-c", "--json", *extra], cluster)
+            shard_extra = extra if extra is ray_args else []
+            runs[f"{way} shard"] = timed(["shard", out / f"{way}-c", "-o", out / f"{way}-s", "--json", *shard_extra], cluster)
+        for name, r in runs.items():
+            walls.setdefault(name, []).append(r.wall)
+            cpus.setdefault(name, []).append(r.cpu + r.cluster_cpu)
+        print(f"fixed round {k} ({ended} warm workers ended first): "
+              + ", ".join(f"{name} {r.wall:.2f} s (CPU {r.cpu + r.cluster_cpu:.2f})" for name, r in runs.items())
+              + f"; load {os.getloadavg()[0]:.1f}")
+        shutil.rmtree(out)
+    mean = {name: sum(v) / len(v) for name, v in walls.items()}
+    cpu = {name: sum(v) / len(v) for name, v in cpus.items()}
+    print(f"fixed seconds per command ({FIXED_FILES} files, mean of {repeat}): "
+          + ", ".join(f"{name} {v:.2f} (CPU {cpu[name]:.2f})" for name, v in mean.items()))
+    for way in ("ray cold", "ray warm"):
+        extra = [mean[f"{way} {c}"] - mean[f"local {c}"] for c in ("clean", "shard")]
+        extra_cpu = [cpu[f"{way} {c}"] - cpu[f"local {c}"] for c in ("clean", "shard")]
+        print(f"  {way} beyond local: clean +{extra[0]:.2f} s (CPU +{extra_cpu[0]:.2f}), shard +{extra[1]:.2f} s "
+              f"(CPU +{extra_cpu[1]:.2f}); target: Ray's fixed cost <= 3 s a command")
+
+
+def end_warm(cluster) -> int:
+    """End the cluster's warm workers (from a driver in its namespace); how many there were."""
+    code = "import sys; from pipeline.executors.ray import end_warm; print(end_warm(sys.argv[1]))"
+    p = cluster.ns.run([sys.executable, "-c", code, cluster.address], env=cluster.env, cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    if p.returncode != 0:
+        raise SystemExit(f"could not end the warm workers: {p.stderr[-2000:]}")
+    time.sleep(1)  # their processes end
+    return int(p.stdout.split()[-1])
+
+
 def _runs_of(work: Path, files: int, repeat: int, part_files: int, cluster) -> tuple[float, float]:
     """``repeat`` pairs of whole runs on ``files`` generated files; the mean seconds (local, Ray)."""
     raw = work / f"raw{files}"
     make_input(raw, files)
     print(f"input: {files} files, {sum(p.stat().st_size for p in raw.rglob('*') if p.is_file()) / 1e6:.0f} MB")
-    ratios, locals_, rays = [], [], []
+    ratios, cpu_ratios, locals_, rays = [], [], [], []
     for k in range(repeat):
         out = work / f"run{k}"
         ray_args = ["--executor", "ray", "--ray-address", cluster.address]
@@ -161,13 +213,21 @@ def _runs_of(work: Path, files: int, repeat: int, part_files: int, cluster) -> t
         local = runs["local clean"].wall + runs["local shard"].wall
         ray = runs["ray clean"].wall + runs["ray shard"].wall
         same = _same(out / "ls", out / "rs")
+        # CPU of each way (driver + cluster, idle daemons included on both sides): on a loaded machine the
+        # cluster's processes (sessions of their own) get a larger share of the cores than the local pool,
+        # so the wall ratio flatters Ray there; this one does not depend on who got the cores
+        cpu = {way: sum(runs[f"{way} {c}"].cpu + runs[f"{way} {c}"].cluster_cpu for c in ("clean", "shard"))
+               for way in ("local", "ray")}
+        cpu_ratios.append(cpu["local"] / cpu["ray"])
         ratios.append(local / ray)
         locals_.append(local)
         rays.append(ray)
         print(f"run {k}: local {local:.1f} s ({files / local:.0f} files/s), ray {ray:.1f} s ({files / ray:.0f} files/s), "
-              f"ray/local throughput {local / ray:.2f}, shards identical: {same}, load {os.getloadavg()[0]:.1f}")
+              f"ray/local throughput {local / ray:.2f}, CPU local/ray {cpu_ratios[-1]:.2f}, shards identical: {same}, "
+              f"load {os.getloadavg()[0]:.1f}")
         shutil.rmtree(out)
-    print(f"{files} files: ray/local throughput: {', '.join(f'{r:.2f}' for r in ratios)} (target >= 0.8)")
+    print(f"{files} files: ray/local throughput: {', '.join(f'{r:.2f}' for r in ratios)} (target >= 0.8); "
+          f"CPU local/ray: {', '.join(f'{r:.2f}' for r in cpu_ratios)}")
     return sum(locals_) / repeat, sum(rays) / repeat
 
 
@@ -348,8 +408,9 @@ def driver(sizes: list[int], part_files: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--files", type=int, nargs="+", default=[2000, 5000],
-                    help="input sizes, each measured (two or more: the fixed and per-file costs too)")
+    ap.add_argument("--files", type=int, nargs="*", default=[2000, 5000],
+                    help="input sizes, each measured (two or more: the fixed and per-file costs too; none: only "
+                         "the fixed cost per command)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--part-files", type=int, default=250)
     ap.add_argument("--quick", action="store_true", help="400 files, one pair of runs")

@@ -6,6 +6,8 @@ travel to worker processes and Ray nodes by name."""
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 from pipeline.executors import Items, Later
 
@@ -30,6 +32,14 @@ def total(name: str, numbers: list[int]) -> Later:
     """A whole part whose last step is left for later (as a shard's sync and rename are)."""
     value = {"part": name, "total": sum(numbers)}
     return Later(value, lambda: value.update(finished=True))
+
+
+def slow(marker: str, seconds: float) -> str:
+    """A whole part that takes ``seconds`` and then leaves the file ``marker``: whether a part
+    outlives its driver shows."""
+    time.sleep(seconds)
+    Path(marker).write_text("done")
+    return marker
 
 
 ITEMS = Items(square, crashed, finish=finish, name="fake_part")

@@ -34,6 +34,7 @@ SCENARIOS = [
     "tests.train.distributed.test_group:unfreeze_scenario",
     "tests.train.distributed.test_preflight:mismatch_scenario",
     "tests.train.models.test_vision:bn_unfreeze_scenario",
+    "tests.train.objectives.test_losses:global_batch_scenario",
 ]
 # ... or as fn(workdir), joining the group itself (the training loop does)
 SELF_MANAGED = [

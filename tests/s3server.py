@@ -7,7 +7,8 @@ on the same port and folder, for the reader's "object store restarts mid-epoch" 
 
 `moto_conditional_server`: moto's server mode on 127.0.0.5, used ONLY where a test needs a server
 that honours conditional writes (`If-None-Match: *`): rclone ignores that header, so the commit race
-on object storage is tested against moto. Its name says what it is.
+on object storage is tested against moto. Its name says what it is. (Also where a test needs keys
+rclone's file-backed store cannot hold: "cats/" with content beside "cats/a.jpg", "../x".)
 
 `start_rclone(root, netns=PREFIX)` starts it inside a network namespace instead (PREFIX: the
 command prefix that enters it, e.g. `tests.raycluster.Namespace.prefix()`), where the Ray test
@@ -214,7 +215,7 @@ def s3_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def moto_conditional_server(tmp_path_factory):
     """moto's server mode on 127.0.0.5: only for tests of the conditional-write commit race,
-    which rclone cannot serve (it ignores If-None-Match)."""
+    which rclone cannot serve (it ignores If-None-Match), and of keys no file can be named."""
     server = start_moto(tmp_path_factory.mktemp("moto-s3"))
     try:
         yield server

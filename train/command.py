@@ -25,7 +25,8 @@ def train(ctx: typer.Context, **given: Any) -> None:
 
     Checkpoints (last.pt, best.pt), metrics.jsonl and TensorBoard logs (tb/) go to RUN_DIR;
     --resume continues from last.pt. --data-only runs just the streaming data pipeline under the
-    same launcher and prints samples/s per rank; --record-keys writes the keys each rank consumed.
+    same launcher and prints samples/s per rank; --record-keys writes the keys each rank trained on.
+    Several SHARD_DIRs are trained on together, mixed by --mix.
     """
     from train.distributed.launch import launch, quiet_cpp_logs
 
@@ -50,10 +51,20 @@ def check(cfg):
     from train.config import validate as validate_train
     from train.data import sources
     from train.data.plan import epoch_plan
+    from train.data.skips import parse_limit
     from train.distributed.launch import validate, world_size
 
     validate(cfg.launch_config())
-    index, _ = sources.read_index(cfg.shard_dir)
+    dataset = None
+    if len(cfg.shard_dirs) > 1:  # a mix (`train.data.mix`): its folders read, its weights and classes checked
+        if cfg.data_only:
+            raise UsageError("--data-only reads one SHARD_DIR; give the folders of a mix one at a time")
+        from train.data.loaders import mixed
+
+        dataset = mixed(cfg)
+        index = dataset.index
+    else:
+        index, _ = sources.read_index(cfg.shard_dir)
     world = world_size(cfg.launch_config())
     validate_train(cfg, world)
     if cfg.backend == "nccl":
@@ -64,18 +75,25 @@ def check(cfg):
         choose_backend("nccl", torch.cuda.is_available())  # without CUDA: a usage error here, not in every rank
     if not cfg.data_only:
         _check_model(cfg, index)
+        if cfg.init_from is not None:  # read through the restricted unpickler here, not first in every rank
+            from train.models.finetune import check_init
+
+            check_init(cfg.init_from)
     plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world)
+    parse_limit(cfg.max_skipped, index["counts"]["train"]["samples"])  # --max-skipped 150%: one line, exit 2
     cfg = dataclasses.replace(cfg, batch_size=plan.batch_size, accum=plan.accum, global_batch=plan.global_batch)
-    counts = [s["count"] for s in index["shards"] if s["split"] == "train"]
+    counts = [s["count"] for s in (dataset.shards("train") if dataset else index["shards"]) if s["split"] == "train"]
+    mix = dataset.mix("train") if dataset else None
     try:
-        steps = epoch_plan(counts, world, plan.batch_size, cfg.seed, 0).steps
+        steps = epoch_plan(counts, world, plan.batch_size, cfg.seed, 0, mix=mix).steps
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not cfg.data_only:
         check_epoch_fits(steps, plan)
     _check_run_dir(cfg)
     if cfg.verify:
-        verify_shards(cfg.shard_dir, index)
+        for folder, folder_index in zip(cfg.shard_dirs, dataset.indexes if dataset else [index]):
+            verify_shards(folder, folder_index)
     try:
         cfg.output.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -133,6 +151,32 @@ def _check_model(cfg, index: dict) -> None:
             raise UsageError("--sync-bn needs CUDA ranks: torch's SyncBatchNorm runs on GPUs only (on CPU each rank's "
                              "BatchNorm normalises with its own batch; leave --sync-bn out)")
     _check_modalities(cfg, index, families.inputs(cfg.model) or (), families.resolve(cfg.model).family is families.BUILTIN)
+    _check_labels(cfg, index)
+
+
+def _check_labels(cfg, index: dict) -> None:
+    """--objective classify needs a class for every sample: a dataset with image-caption pairs
+    without a label (`pipe shard` keeps them) is refused, not trained on in part (the reader's
+    plan counts every sample; skipping some would make ranks' steps differ). --objective
+    contrastive needs every train sample to be a pair (an image without a caption has nothing to
+    be matched with)."""
+    from pipeline.core.errors import UsageError
+
+    counts = index["counts"]
+    if cfg.objective == "classify":
+        loose = {split: counts[split]["samples"] - sum(counts[split]["per_class"].values()) for split in ("train", "val")}
+        if any(loose.values()):
+            raise UsageError(f"{cfg.shard_dir} holds {sum(loose.values())} image-caption pairs without a label "
+                             f"({loose['train']} train, {loose['val']} val): --objective classify needs a class for "
+                             "every sample; train them with --objective contrastive, or label them (pipe clean "
+                             "--labels) and shard again")
+        return
+    train = counts["train"]
+    lacking = train["samples"] - min(train["images"], train["texts"])
+    if lacking:
+        raise UsageError(f"--objective contrastive matches images with their captions, but {lacking} of "
+                         f"{train['samples']} train samples in {cfg.shard_dir} are an image or a text alone: "
+                         "shard the image-caption pairs on their own")
 
 
 def _check_modalities(cfg, index: dict, needs: tuple[str, ...], builtin: bool) -> None:

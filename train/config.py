@@ -23,6 +23,8 @@ from pipeline.storage import FOLDER_HELP
 from train.models import families
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+OBJECTIVES = ("classify", "contrastive")  # what each is: `train.objectives`
+LOSSES = ("clip", "siglip")
 STRATEGIES = ("ddp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -61,14 +63,29 @@ class TrainConfig(LaunchConfig):
 
     shard_dir: str = setting(".", f"SHARD_DIR written by pipe shard: {FOLDER_HELP}; its index.json is the only entry "
                                   "point.", argument=True, required=True)
+    more_shard_dirs: list[str] | None = setting(None, "More SHARD_DIRs to train on together with the first, mixed by "
+                                                      "--mix: classes merged by name.", argument=True, remote=True,
+                                                schema={"type": "array", "items": {"type": "string"}})
     output: Path = setting(Path("run"), "RUN_DIR to write: checkpoints (last.pt, best.pt), metrics.jsonl, tb/ "
                                         "(TensorBoard), config.json, keys/.", flags=("--output", "-o"), required=True)
     data_only: bool = setting(False, "Run only the data pipeline (no model) and print samples/s per rank.",
                               flags=("--data-only",), panel=DATA)
-    record_keys: bool = setting(False, "Write the keys each rank consumed, per epoch, to RUN_DIR/keys/epoch{E}-rank{R}.txt "
-                                       "(--data-only).", flags=("--record-keys",), panel=DATA)
+    record_keys: bool = setting(False, "Write the keys each rank trained on, in order, to RUN_DIR/keys/epoch{E}-rank{R}"
+                                       "[-attempt{A}].txt with every checkpoint (what the checkpointed model saw; a "
+                                       "skipped sample as 'KEY skipped'); under --data-only the keys each rank read.",
+                                flags=("--record-keys",), panel=DATA)
     verify: bool = setting(False, "Before training, check every shard's size and sha256 against index.json; a mismatch "
                                   "stops the run naming the shard, exit 1.", flags=("--verify",), panel=DATA)
+    mix: str | None = setting(None, "Weights of the SHARD_DIRs in every epoch, one per folder (3,1: three quarters from "
+                                    "the first); default equal. A source up-sampled shows every sample once before any "
+                                    "twice; one down-sampled continues its pass next epoch.",
+                              pattern=r"^ *[0-9]*\.?[0-9]+( *, *[0-9]*\.?[0-9]+)* *$", panel=DATA)
+    epoch_samples: int | None = setting(None, "Samples per epoch of a mix of SHARD_DIRs (default: all of theirs "
+                                              "together).", minimum=1, panel=DATA)
+    max_skipped: str = setting("0.1%", "Samples that do not read or decode are skipped (named in the log and "
+                                       "RUN_DIR/skipped.jsonl); past this many distinct ones, N or P% of the train split "
+                                       "(at least 1), the run stops, exit 1.", pattern=r"^([0-9]+|[0-9]*\.?[0-9]+%)$",
+                               panel=DATA)
 
     # -- schedule ---------------------------------------------------------------------------
     epochs: int = setting(3, "Passes over the train split.", minimum=1, panel=OPTIM)
@@ -107,12 +124,25 @@ class TrainConfig(LaunchConfig):
                                      flags=("--auto-micro-batch",), panel=OPTIM)
 
     # -- model and fine-tuning -----------------------------------------------------------------
+    objective: str = setting("classify", "classify (a head over the classes, cross-entropy) or contrastive (images and "
+                                         "captions matched over the global batch: --model clip, or an hf: CLIP or SigLIP "
+                                         "folder).", choices=OBJECTIVES, panel=MODEL)
+    loss: str = setting("clip", "With --objective contrastive: clip (symmetric InfoNCE, learnable temperature) or siglip "
+                                "(sigmoid, learnable bias).", choices=LOSSES, panel=MODEL)
+    lock_image: bool = setting(False, "With --objective contrastive: the image tower frozen, its norm layers in eval mode; "
+                                      "only the text tower learns (LiT).", flags=("--lock-image",), panel=MODEL)
+    zeroshot_prompt: list[str] | None = setting(
+        None, "With --objective contrastive: a template for zero-shot accuracy, {} standing for the class name; "
+              "repeatable, text embeddings averaged over them (default: 'a photo of a {}.', CLIP's).",
+        flags=("--zeroshot-prompt",), schema={"type": "array", "items": {"type": "string", "pattern": "[{][}]"}},
+        panel=MODEL)
     model: str = setting("image", families.model_help(), panel=MODEL)  # each family checks its own syntax (resolve)
     width: int = setting(32, "Channels of the built-in models' first stage (later stages double it).", minimum=4,
                          panel=MODEL)
     resolution: int = setting(64, "Side, in pixels, the built-in image model works at (larger inputs are area-resized "
                                   "down to it).", minimum=8, panel=MODEL)
-    init_from: Path | None = setting(None, "Start from these weights: a pipe train checkpoint, a state dict (.pt/.pth), a "
+    init_from: Path | None = setting(None, "Start from these weights: a pipe train checkpoint (last.pt, or a last.dcp folder "
+                                           "of --strategy fsdp), a folder pipe export wrote, a state dict (.pt/.pth), a "
                                            ".safetensors file or a Hugging Face folder.", panel=MODEL)
     freeze: float = setting(0.0, "Fraction of the model's blocks, counted from the input, frozen at start (0.7 = the "
                                  "first 70%).", minimum=0, maximum=1, panel=MODEL)
@@ -144,9 +174,15 @@ class TrainConfig(LaunchConfig):
                              minimum=1, panel=RUN)
 
     def as_dict(self) -> dict:
-        """JSON-ready values (paths as strings), e.g. for config.json and checkpoints."""
-        return {f.name: (str(v) if isinstance(v, Path) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+        """JSON-ready values (paths as strings, secrets scrubbed), e.g. for config.json and checkpoints."""
+        from pipeline.core import settings
+
+        return settings.as_dict(self)
+
+    @property
+    def shard_dirs(self) -> list[str]:
+        """Every SHARD_DIR of the run: the first, then the ones mixed in (`train.data.mix`)."""
+        return [str(self.shard_dir), *map(str, self.more_shard_dirs or ())]
 
     @property
     def cache_max_bytes(self) -> int | None:
@@ -158,7 +194,7 @@ class TrainConfig(LaunchConfig):
     # Settings that may differ between nodes without changing the run: where files live, how
     # many processes decode, when things are logged, how this node was launched. Everything
     # else must agree on every rank.
-    LOCAL_SETTINGS = ("shard_dir", "output", "init_from", "workers", "resume", "log_every", "record_keys", "verify",
+    LOCAL_SETTINGS = ("shard_dir", "more_shard_dirs", "output", "init_from", "workers", "resume", "log_every", "record_keys", "verify",
                       "cache_dir", "cache_max_gb",
                       "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "max_restarts",
                       "rdzv_timeout")
@@ -167,17 +203,20 @@ class TrainConfig(LaunchConfig):
     # the numerics, the data order's seed): a resumed run must keep the values it was started with,
     # or the restored scheduler and weights would silently follow the old ones while config.json
     # and last.pt claimed the new. The batch is compared as the global batch: how it is split
-    # (--batch-size, --accum, ranks) may change, the reader restarts a mid-epoch position then.
-    RESUME_SETTINGS = ("epochs", "max_steps", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
+    # (--batch-size, --accum, ranks) may change: the reader continues a mid-epoch position on the
+    # new split.
+    RESUME_SETTINGS = ("epochs", "max_steps", "mix", "epoch_samples", "global_batch", "lr", "weight_decay", "warmup", "min_lr_fraction",
                        "grad_clip", "precision", "strategy", "model", "width", "resolution", "init_from", "freeze",
-                       "unfreeze_at", "sync_bn", "max_text_len", "seed")
+                       "unfreeze_at", "sync_bn", "max_text_len", "seed", "objective", "loss", "lock_image")
     # Everything else may change on --resume: where files are, how ranks are launched, how the
-    # batch is split and read (workers, shuffle buffer: a changed layout restarts the epoch in
-    # progress, see `ShardReader.load_state_dict`), memory-saving recomputation, logging, checkpoints.
-    RESUME_FREE = ("shard_dir", "output", "data_only", "record_keys", "verify", "batch_size", "accum", "grad_checkpoint",
-                   "auto_micro_batch", "workers", "shuffle_buffer", "checkpoint_every", "resume", "log_every",
+    # batch is split and read (workers, shuffle buffer: a changed layout continues the epoch in
+    # progress with its unread samples, see `ShardReader.load_state_dict`), memory-saving
+    # recomputation, logging, checkpoints.
+    RESUME_FREE = ("shard_dir", "more_shard_dirs", "output", "data_only", "record_keys", "verify", "max_skipped",
+                   "batch_size", "accum", "grad_checkpoint", "auto_micro_batch", "workers", "shuffle_buffer",
+                   "checkpoint_every", "resume", "log_every",
                    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
-                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb")
+                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb", "zeroshot_prompt")
 
     def fingerprint(self) -> str:
         """Hash of the settings every rank must share; the preflight compares it across ranks."""
@@ -337,9 +376,13 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     from pipeline.formats import index as shard_index
     from pipeline.storage import local_path
 
-    here = local_path(cfg.shard_dir)  # None: object storage, read (and judged) by train.command.check
-    if here is not None and not shard_index.exists(here):
-        raise UsageError(f"{cfg.shard_dir} has no index.json: run `pipe shard` first (it writes index.json last)")
+    for folder in cfg.shard_dirs:
+        here = local_path(folder)  # None: object storage, read (and judged) by train.command.check
+        if here is not None and not shard_index.exists(here):
+            raise UsageError(f"{folder} has no index.json: run `pipe shard` first (it writes index.json last)")
+    if (cfg.mix is not None or cfg.epoch_samples is not None) and len(cfg.shard_dirs) < 2:
+        raise UsageError(f"{'--mix' if cfg.mix is not None else '--epoch-samples'} mixes several SHARD_DIRs; "
+                         "give two or more")
     out = Path(cfg.output)
     if out.exists() and not out.is_dir():
         raise UsageError(f"the run folder {out} exists and is not a folder")
@@ -351,12 +394,13 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
         if not ok:
             raise UsageError(message)
     families.resolve(cfg.model)  # a family it names; whether it can be built: train.command (families.check)
+    _check_objective(cfg)
     if cfg.init_from is not None and not Path(cfg.init_from).is_file():
         if not Path(cfg.init_from).is_dir():
             raise UsageError(f"--init-from {cfg.init_from}: no such file")
-        if not (Path(cfg.init_from) / "config.json").is_file():
-            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a Hugging Face model "
-                             "folder (no config.json)")
+        if not (Path(cfg.init_from) / "config.json").is_file() and not (Path(cfg.init_from) / ".metadata").is_file():
+            raise UsageError(f"--init-from {cfg.init_from}: a folder, not a checkpoint file nor a checkpoint folder of "
+                             "--strategy fsdp (no .metadata) nor a Hugging Face or pipe export folder (no config.json)")
     schedule = parse_unfreeze_at(cfg.unfreeze_at)
     if schedule is not None and schedule[1] >= cfg.freeze:
         raise UsageError(f"--unfreeze-at {cfg.unfreeze_at} would leave {schedule[1]:.0%} frozen, "
@@ -365,3 +409,18 @@ def validate(cfg: TrainConfig, world_size: int | None = None) -> TrainConfig:
     if world_size is not None:
         resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, world_size)
     return cfg
+
+
+def _check_objective(cfg: TrainConfig) -> None:
+    """The model serves --objective, and the settings of one objective are not given to the other."""
+    families.check_objective(cfg.model, cfg.objective)
+    if cfg.objective == "contrastive":
+        for template in cfg.zeroshot_prompt or ():
+            if "{}" not in template:
+                raise UsageError(f"--zeroshot-prompt {template!r} has no {{}} for the class name, e.g. 'a photo of a {{}}.'")
+        return
+    given = [flag for flag, on in (("--lock-image", cfg.lock_image), (f"--loss {cfg.loss}", cfg.loss != "clip"),
+                                   ("--zeroshot-prompt", bool(cfg.zeroshot_prompt))) if on]
+    if given:
+        raise UsageError(f"{given[0]} is a setting of --objective contrastive (image-caption models); this run is "
+                         f"--objective {cfg.objective}")

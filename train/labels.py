@@ -40,6 +40,13 @@ COLUMNS = ["rank", "key", "source", "split", "given", "suggested", "score"]
 RECORDS = "margins"  # RUN_DIR/margins/{train,val}-rank{R}-step{S}.parquet, written by pipe train
 _RECORD = re.compile(r"^(train|val)-rank(\d+)-step(\d+)\.parquet$")
 MEMORISED = 0.99  # last-epoch training accuracy from which margins stop separating wrong from right
+NEAR_CHANCE = 0.25
+"""A model whose last-epoch training accuracy has covered less than this share of the way from
+chance (its commonest class's share) to 100% learned next to nothing: its margins rank noise."""
+COLUMNS_OF = {"train": {"epoch": "integer", "key": "string", "label": "integer", "rival": "integer",
+                        "margin": "floating", "prob": "floating"},
+              "val": {"epoch": "integer", "key": "string", "label": "integer", "probs": "list"}}
+"""The columns `pipe labels` reads from each kind of record file, and their kinds."""
 
 
 # -- confident learning (val predictions) ----------------------------------------------------------
@@ -126,12 +133,57 @@ class ValSignals:
     epoch: int
 
 
-def _read(paths: list[Path]):
+def _read(paths: list[Path], split: str):
+    """The record files as one table of the columns `COLUMNS_OF` names, each file checked: a file
+    that is not such a record (damaged, or written by someone else) is one line, never a traceback."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tables = [pq.read_table(p) for p in paths]
+    canonical = pa.schema([(name, {"integer": pa.int64(), "string": pa.string(), "floating": pa.float64(),
+                                   "list": pa.list_(pa.float64())}[kind]) for name, kind in COLUMNS_OF[split].items()])
+    tables: list = []
+    for p in paths:
+        try:
+            table = pq.read_table(p, columns=list(COLUMNS_OF[split]))
+        except (OSError, ValueError, pa.ArrowException) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"{p} is not a readable {split} record of pipe train ({first[:200]})") from None
+        wrong = [name for name, kind in COLUMNS_OF[split].items() if not _is_kind(table.schema.field(name).type, kind)]
+        if wrong:
+            raise UsageError(f"{p} is not a {split} record of pipe train: column {wrong[0]!r} is "
+                             f"{table.schema.field(wrong[0]).type}, not {COLUMNS_OF[split][wrong[0]]}")
+        try:  # one schema for all (pipe train writes int32 labels and float32 stats; a hand-made file may differ)
+            tables.append(table.cast(canonical))
+        except (ValueError, pa.ArrowException) as e:
+            raise UsageError(f"{p} is not a {split} record of pipe train ({str(e)[:200]})") from None
     return pa.concat_tables(tables) if tables else None
+
+
+def _is_kind(dtype, kind: str) -> bool:
+    import pyarrow.types as t
+
+    if kind == "list":
+        return (t.is_list(dtype) or t.is_fixed_size_list(dtype) or t.is_large_list(dtype)) and t.is_floating(dtype.value_type)
+    return {"integer": t.is_integer, "string": lambda d: t.is_string(d) or t.is_large_string(d),
+            "floating": t.is_floating}[kind](dtype)
+
+
+def _refuse_non_finite(run_dir: Path, split: str, values, epochs) -> None:
+    """Records of a run whose outputs went NaN or inf say nothing about the labels: refused, so no
+    "0 flagged" stands for "no label is wrong"."""
+    bad = ~np.isfinite(values)
+    if bad.ndim > 1:
+        bad = bad.any(axis=tuple(range(1, bad.ndim)))
+    if bad.any():
+        raise UsageError(f"{Path(run_dir) / RECORDS}: {int(bad.sum())} of {len(bad)} {split} records hold NaN or inf "
+                         f"(from epoch {int(np.asarray(epochs)[bad].min()) + 1} on): the run diverged and its outputs rank "
+                         "nothing; train it again (a lower --lr, --grad-clip, or --precision fp32) before pipe labels")
+
+
+def _refuse_negative(path: Path, split: str, name: str, values) -> None:
+    if len(values) and int(np.min(values)) < 0:
+        raise UsageError(f"{Path(path) / RECORDS}: a {split} record has the {name} {int(np.min(values))}: not "
+                         "written by pipe train")
 
 
 def record_files(run_dir: Path) -> list[tuple[str, int, int, Path]]:
@@ -155,11 +207,17 @@ def load_train(run_dir: Path) -> TrainSignals | None:
     """Per train key: AUM over the epochs it was trained in. A (key, epoch) recorded twice keeps
     the later record (files come in step order)."""
     files = [p for split, _, _, p in record_files(run_dir) if split == "train"]
-    table = _read(files)
+    table = _read(files, "train")
     if table is None or table.num_rows == 0:
         return None
+    if table.column("key").null_count or table.column("label").null_count or table.column("epoch").null_count:
+        raise UsageError(f"{Path(run_dir) / RECORDS}: a train record has no key, label or epoch: not written by pipe train")
     uniq, inverse = np.unique(np.asarray(table.column("key").to_pylist(), dtype=str), return_inverse=True)
     epoch = table.column("epoch").to_numpy().astype(np.int64)
+    for name in ("epoch", "label", "rival"):
+        _refuse_negative(run_dir, "train", name, table.column(name).to_numpy(zero_copy_only=False))
+    _refuse_non_finite(run_dir, "train", np.stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+                                                   for c in ("margin", "prob")], axis=1), epoch)
     # one record per (key, epoch), the last written (a resumed epoch recorded again)
     pair = inverse.astype(np.int64) * (int(epoch.max()) + 1) + epoch
     _, last = np.unique(pair[::-1], return_index=True)
@@ -186,11 +244,23 @@ def load_train(run_dir: Path) -> TrainSignals | None:
 
 def load_val(run_dir: Path) -> ValSignals | None:
     """The val predictions of the last validation recorded (every rank's part of it)."""
+    import pyarrow.compute as pc
+
     files = [(step, p) for split, _, step, p in record_files(run_dir) if split == "val"]
     if not files:
         return None
     last = max(step for step, _ in files)
-    table = _read([p for step, p in files if step == last])
+    table = _read([p for step, p in files if step == last], "val")
+    if table.num_rows == 0:
+        return None
+    if table.column("key").null_count or table.column("label").null_count or table.column("probs").null_count:
+        raise UsageError(f"{Path(run_dir) / RECORDS}: a val record has no key, label or probabilities: not written by "
+                         "pipe train")
+    _refuse_negative(run_dir, "val", "label", table.column("label").to_numpy(zero_copy_only=False))
+    widths = set(pc.list_value_length(table.column("probs")).to_pylist())
+    if len(widths) != 1:
+        raise UsageError(f"{Path(run_dir) / RECORDS}: val records with {sorted(widths)} probabilities: not written by "
+                         "pipe train")
     keys = table.column("key").to_pylist()
     first: dict[str, int] = {}
     for i, k in enumerate(keys):
@@ -198,6 +268,7 @@ def load_val(run_dir: Path) -> ValSignals | None:
     keep = np.array(sorted(first.values()), dtype=np.int64)
     probs = np.asarray(table.column("probs").combine_chunks().flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
     probs = probs.reshape(table.num_rows, -1)[keep]
+    _refuse_non_finite(run_dir, "val", probs, table.column("epoch").to_numpy()[keep])
     return ValSignals(keys=[keys[i] for i in keep], label=table.column("label").to_numpy()[keep].astype(np.int64),
                       probs=probs, epoch=int(table.column("epoch").to_numpy().max()))
 
@@ -207,12 +278,20 @@ def load_val(run_dir: Path) -> ValSignals | None:
 
 def sources(shard_dir: Path, index: dict, wanted: set[str]) -> dict[str, str]:
     """key -> the source file (path relative to clean's INPUT) of the ``wanted`` keys, from the
-    .json member of their shard sample. One 512-byte header read per sample finds the keys (index.json
-    has each sample's offset); only the wanted samples are read whole."""
-    from pipeline.formats import tarstream
-    from pipeline.formats.sample import META_EXT, member_name, split_name
+    .json member of their shard sample."""
+    from pipeline.formats.sample import META_EXT
 
-    found: dict[str, str] = {}
+    return {key: _source(data) for key, data in members(shard_dir, index, wanted, META_EXT).items()}
+
+
+def members(shard_dir: Path, index: dict, wanted: set[str], ext: str) -> dict[str, bytes]:
+    """key -> the bytes of the ``ext`` member of the ``wanted`` keys' samples. One 512-byte header
+    read per sample finds the keys (index.json has each sample's offset); only the wanted samples
+    are read whole."""
+    from pipeline.formats import tarstream
+    from pipeline.formats.sample import member_name, split_name
+
+    found: dict[str, bytes] = {}
     for shard in index.get("shards", []):
         if len(found) == len(wanted):
             break
@@ -232,10 +311,10 @@ def sources(shard_dir: Path, index: dict, wanted: set[str]) -> dict[str, str]:
                     continue
                 stop = offsets[i + 1] if i + 1 < len(offsets) else end
                 span = memoryview(os.pread(fd, stop - at, at))
-                meta = member_name(key, META_EXT)
-                for member, pos, size in tarstream.members(span):
-                    if member == meta:
-                        found[key] = _source(bytes(span[pos + tarstream.BLOCK: pos + tarstream.BLOCK + size]))
+                member = member_name(key, ext)
+                for named, pos, size in tarstream.members(span):
+                    if named == member:
+                        found[key] = bytes(span[pos + tarstream.BLOCK: pos + tarstream.BLOCK + size])
         except (OSError, ValueError):
             pass  # a damaged shard: `pipe check` says so; its samples keep an empty source
         finally:
@@ -265,6 +344,11 @@ class Findings:
     train_accuracy: float | None
     pairs: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    kind: str = "labels"
+    """labels (a classifier's label issues) or pairs (a contrastive run's mismatched pairs, `train.mismatched`)."""
+    finding: str | None = None
+    """What makes the flags themselves untrustworthy (a model near chance on its own training
+    data): said first, before any flag, in the summary and on the terminal."""
 
     def interval(self) -> tuple[float, float]:
         """A rough 95% interval of the rate (normal approximation over the samples it came from):
@@ -280,7 +364,7 @@ class Findings:
                 "train_samples": self.train_samples, "val_samples": self.val_samples, "epochs_recorded": self.epochs,
                 "last_epoch_train_accuracy": self.train_accuracy,
                 "flagged": {"train": by_split.get("train", 0), "val": by_split.get("val", 0), "total": len(self.rows)},
-                "pairs": self.pairs, "warnings": self.warnings}
+                "pairs": self.pairs, "warnings": self.warnings, "finding": self.finding}
 
 
 def analyse(train: TrainSignals | None, val: ValSignals | None, classes: list[str]) -> Findings:
@@ -334,7 +418,25 @@ def analyse(train: TrainSignals | None, val: ValSignals | None, classes: list[st
                     train_accuracy=train.last_epoch_accuracy if train else None,
                     pairs=[{"given": g, "suggested": s, "count": n} for (g, s), n in
                            sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))],
-                    warnings=warnings)
+                    warnings=warnings, finding=near_chance(train, len(rows)))
+
+
+def near_chance(train: TrainSignals | None, flagged: int) -> str | None:
+    """The finding for a model that learned next to nothing, even on the samples it trained on: its
+    last-epoch training accuracy is within `NEAR_CHANCE` of the way from chance (the commonest given
+    label's share: what answering that class always scores) to 100%. Its margins are low for every
+    sample, right or wrong, so whatever it flags (and the class pairs "that look like" others) is
+    noise; None for a model that learned."""
+    if train is None or not len(train.keys):
+        return None
+    chance = float(np.bincount(train.label).max() / len(train.label))
+    accuracy = train.last_epoch_accuracy
+    if accuracy >= chance + NEAR_CHANCE * (1.0 - chance):
+        return None
+    return (f"the model is near chance on its own training data (last-epoch training accuracy {accuracy:.1%}; "
+            f"always answering the commonest class scores {chance:.1%}): it learned too little for its margins to "
+            f"say which labels are wrong, so the {flagged} flagged samples are not evidence; train longer, with a "
+            "higher --lr or a larger model, then run pipe labels again")
 
 
 def write(run_dir: Path, findings: Findings) -> None:
@@ -358,6 +460,14 @@ def write(run_dir: Path, findings: Findings) -> None:
     atomic_write_text(Path(run_dir) / SUMMARY, json.dumps(findings.summary(), indent=2, ensure_ascii=False) + "\n")
 
 
+def objective_of(run_dir: Path) -> str:
+    """The run's --objective (config.json; classify for a run of an older pipe)."""
+    try:
+        return str(json.loads((Path(run_dir) / "config.json").read_text()).get("objective") or "classify")
+    except (OSError, ValueError, AttributeError):
+        return "classify"
+
+
 def shard_dir_of(run_dir: Path, given: Path | None) -> Path:
     if given is not None:
         return given
@@ -367,8 +477,8 @@ def shard_dir_of(run_dir: Path, given: Path | None) -> Path:
         raise UsageError(f"{run_dir}/config.json does not name the run's SHARD_DIR: pass --shards") from None
 
 
-def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
-    """The whole of `pipe labels`: read the records, flag, find sources, write."""
+def open_run(run_dir: Path, shard_dir: Path | None = None) -> tuple[Path, dict]:
+    """The run's SHARD_DIR and its index, as the training loop read them; a clear error when gone."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a folder (a RUN_DIR written by pipe train)")
@@ -377,13 +487,37 @@ def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
 
     if not shard_index.exists(shards):
         raise UsageError(f"{shards} has no readable index.json (the run's SHARD_DIR moved?): pass --shards")
-    index = shard_index.load(shards)  # as the training loop reads it: the classes and the shards' offsets
-    findings = analyse(load_train(run_dir), load_val(run_dir), list(index["classes"]))
+    return shards, shard_index.load(shards)  # the classes and the shards' offsets
+
+
+def run(run_dir: Path, shard_dir: Path | None = None) -> Findings:
+    """`pipe labels` on a classifier's run: read the records, flag, find sources, write (a
+    contrastive run's mismatched pairs: `train.mismatched`)."""
+    run_dir = Path(run_dir)
+    shards, index = open_run(run_dir, shard_dir)
+    classes = list(index["classes"])
+    train, val = load_train(run_dir), load_val(run_dir)
+    _refuse_other_classes(run_dir, train, val, len(classes))
+    findings = analyse(train, val, classes)
     found = sources(shards, index, {r["key"] for r in findings.rows})
     for r in findings.rows:
         r["source"] = found.get(r["key"], "")
     write(run_dir, findings)
     return findings
+
+
+def _refuse_other_classes(run_dir: Path, train: TrainSignals | None, val: ValSignals | None, k: int) -> None:
+    """Records whose labels (or probability vectors) are not of the SHARD_DIR's ``k`` classes were
+    made on other data, or not by pipe train: refused rather than named by number."""
+    top = [int(train.label.max()), int(train.rival.max())] if train is not None and len(train.keys) else []
+    if val is not None and len(val.keys):
+        top.append(int(val.label.max()))
+        if val.probs.shape[1] != k:
+            raise UsageError(f"{Path(run_dir) / RECORDS}: val records over {val.probs.shape[1]} classes, the SHARD_DIR "
+                             f"has {k}: the run was trained on other shards (pass its own with --shards)")
+    if top and max(top) >= k:
+        raise UsageError(f"{Path(run_dir) / RECORDS}: records name class {max(top)}, the SHARD_DIR has {k} classes: the "
+                         "run was trained on other shards (pass its own with --shards)")
 
 
 # -- the command -----------------------------------------------------------------------------------
@@ -395,20 +529,36 @@ def print_findings(findings: Findings, run_dir: Path) -> None:
     from pipeline.core import ui
 
     s = findings.summary()
-    t = Table(title=f"pipe labels -> {run_dir / ISSUES}", show_header=False, title_justify="left")
+    t = Table(title=ui.plain(f"pipe labels -> {run_dir / ISSUES}"), show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column(justify="right")
     lo, hi = findings.interval()
-    t.add_row("estimated noise rate", f"{findings.rate:.1%} (95%: {lo:.1%}-{hi:.1%})")
+    t.add_row("flagged share" if findings.kind == "pairs" else "estimated noise rate",
+              f"{findings.rate:.1%} (95%: {lo:.1%}-{hi:.1%})")
     t.add_row("from", findings.rate_from)
     t.add_row("train samples (epochs)", f"{findings.train_samples:,} ({findings.epochs})")
     t.add_row("val samples", f"{findings.val_samples:,}")
     t.add_row("flagged", f"{s['flagged']['total']:,} ({s['flagged']['train']:,} train, {s['flagged']['val']:,} val)")
+    if findings.finding:  # before anything that reads like a result
+        ui.out_console.print(f"finding: {ui.shown(findings.finding)}", highlight=False, markup=False)
     ui.out_console.print(t)
-    for p in findings.pairs[:10]:
-        ui.out_console.print(f"{p['count']} labelled {p['given']} look like {p['suggested']}", highlight=False, markup=False)
+    for p in findings.pairs[:10] if not findings.finding else ():
+        ui.out_console.print(f"{p['count']} labelled {ui.shown(p['given'])} look like {ui.shown(p['suggested'])}",
+                             highlight=False, markup=False)
+    if findings.kind == "pairs":
+        for line in _pair_lines(findings):
+            ui.out_console.print(f"caption fits other images better: {ui.shown(line)}", highlight=False, markup=False)
     for w in findings.warnings:
-        ui.err_console.print(f"warning: {w}", highlight=False, markup=False)
+        ui.err_console.print(f"warning: {ui.shown(w)}", highlight=False, markup=False)
+    if findings.kind == "pairs":
+        ui.out_console.print("nothing was removed: review the file, then correct those captions in the input folder "
+                             "and run pipe clean again", highlight=False, markup=False)
+        return
     ui.out_console.print("nothing was removed: review the file, then pass corrected labels to "
                          "pipe clean --labels (see the README)", highlight=False, markup=False)
 
+
+def _pair_lines(findings: Findings) -> list[str]:
+    """The first flagged image-caption pairs, a line each."""
+    return [f"{r['split']} {r['key']} ({r['source'] or 'source unknown'}): {json.dumps(r['given'], ensure_ascii=False)}"
+            for r in findings.rows[:10]]

@@ -35,5 +35,12 @@ def labels(ctx: typer.Context, **given: Any) -> None:
     from train import labels as analysis
 
     cfg = options.read(ctx, LabelsConfig, "labels", given)
-    findings = analysis.run(cfg.run_dir, cfg.shards)
+    if analysis.objective_of(cfg.run_dir) == "contrastive":  # which captions sit on the wrong image
+        from train import mismatched
+
+        shards, index = analysis.open_run(cfg.run_dir, cfg.shards)
+        findings = mismatched.run(cfg.run_dir, shards, index)
+        analysis.write(cfg.run_dir, findings)
+    else:
+        findings = analysis.run(cfg.run_dir, cfg.shards)
     analysis.print_findings(findings, cfg.run_dir)

@@ -35,32 +35,35 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from pipeline.core.errors import StageFailed
+from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
-from train.components import micro_batch, resume, wrapping
+from train.components import keys, micro_batch, resume, skipping, start, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
-from train.components.margins import MarginRecorder
 from train.components.monitor import Monitor
 from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
 from train.components.step import Step, step_seed
-from train.components.validation import validate
+from train.components.validation import together
 from train.config import TrainConfig, check_epoch_fits, parse_unfreeze_at, resolve_batch
-from train.data.loaders import DataSource, open_shards, read_index
+from train.data.loaders import DataSource, open_shards, read_dataset
+from train.data.skips import parse_limit
 from train.distributed import group as distributed
 from train.distributed import preflight
 from train.distributed.group import Dist, unwrap
 from train.models import norm as input_norm
 from train.models.builtin import build_model, reader_fields, reader_image_size
-from train.models.finetune import Freezer, FreezeSchedule, load_init, sync_batch_norm
+from train.models.finetune import Freezer, FreezeSchedule, load_init, lock_image, sync_batch_norm
+from train.objectives import Validation
+from train.objectives import make as make_objective
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-# Fault injection for drills and tests: "STEP[:RANK]" SIGKILLs that rank (default 0) right after
-# optimizer step STEP, once per RUN_DIR (a marker file stops a restarted run from dying again).
+# Fault injection for drills and tests: "STEP[,STEP...][:RANK]" SIGKILLs that rank (default 0) right
+# after optimizer step STEP, once per step per RUN_DIR (a marker file, one line per kill, stops a
+# restarted run from dying there again): "3,7:1" kills rank 1 after step 3 and, resumed, after step 7.
 FAULT_ENV = "PIPE_FAULT_KILL_AT_STEP"
 
 
@@ -78,8 +81,13 @@ def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
         return
     at, _, rank = spec.partition(":")
     marker = run_dir / ".fault-injected"
-    if step == int(at) and d.rank == int(rank or 0) and not marker.exists():
-        marker.write_text(f"SIGKILL rank {d.rank} after step {step}\n")
+    line = f"SIGKILL rank {d.rank} after step {step}\n"
+    if step in {int(a) for a in at.split(",")} and d.rank == int(rank or 0) and (
+            not marker.exists() or line not in marker.read_text()):
+        with open(marker, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -109,14 +117,16 @@ class Trainer:
 
         # 1. what, where, with which batch arithmetic; every rank agrees or nobody starts
         self.plan = resolve_batch(cfg.batch_size, cfg.global_batch, cfg.accum, d.world_size)
-        self.index, self.fingerprint = read_index(cfg.shard_dir)
+        self.index, self.fingerprint = read_dataset(cfg)  # several SHARD_DIRs: merged (`train.data.mix`)
+        self.objective = make_objective(cfg.objective, loss=cfg.loss, classes=self.index["classes"],
+                                        templates=cfg.zeroshot_prompt)
 
         # 2. the model, identical on every rank (same seed; DDP also broadcasts rank 0's weights);
         # built before the preflight, which compares the input it is fed (`train.models.norm`)
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg.model, len(self.index["classes"]), index=self.index, width=cfg.width,
                                  resolution=cfg.resolution, max_text_len=cfg.max_text_len,
-                                 grad_checkpoint=cfg.grad_checkpoint)
+                                 grad_checkpoint=cfg.grad_checkpoint, objective=cfg.objective, loss=cfg.loss)
         self.input_norm = input_norm.resolve(self.model, self.index)
         config_hash = preflight.config_hash(cfg.fingerprint(), self._model_input())
         reports = preflight.run(d, self.fingerprint, config_hash, self.console if d.is_main else None)
@@ -125,17 +135,23 @@ class Trainer:
         built = getattr(self.model, "init_report", None)  # the weights an hf: folder brought
         if built is not None and resume_from is None:
             self.out.init_report(built)
+        loaded = [built] if built is not None else []
         if cfg.init_from is not None and resume_from is None:
-            self.out.init_report(load_init(self.model, cfg.init_from))
+            loaded.append(load_init(self.model, cfg.init_from))
+            self.out.init_report(loaded[-1])
+        if d.is_main and resume_from is None:  # where the weights started: what pipe export --wise rebuilds
+            start.record(self.run_dir, cfg.as_dict(), self.model, self.index["classes"], start.fresh(self.model, loaded))
         if cfg.sync_bn and d.is_distributed:  # before the Freezer: the layers become new modules
             self.out.say(f"sync-bn: {sync_batch_norm(self.model)} BatchNorm layers normalise over the global batch")
+        locked = lock_image(self.model) if cfg.lock_image else []  # LiT: before sharding, which takes what trains
         unfreeze = parse_unfreeze_at(cfg.unfreeze_at)
         self.schedule = FreezeSchedule(cfg.freeze, *(unfreeze or (None, 0.0)))
         placed = wrapping.place(self.model, cfg, d)  # its device, memory format, precision; sharded under fsdp
         self.precision, self.channels_last, self.sharded = placed.precision, placed.channels_last, placed.sharded
-        self.freezer = Freezer(self.model)  # after sharding: it keeps the parameters the model trains
+        self.freezer = Freezer(self.model, locked)  # after sharding: it keeps the parameters the model trains
         if cfg.auto_micro_batch:
-            self.plan = micro_batch.probe(self.model, self.index, cfg, self.plan, d, self.precision, self.out.say)
+            self.plan = micro_batch.probe(self.model, self.index, cfg, self.plan, d, self.precision, self.out.say,
+                                          self.objective)
 
         # 3. data, optimizer, schedule
         reader_input: dict[str, Any] = {}  # the model's own normalisation and tokenizer, when it has them
@@ -143,7 +159,7 @@ class Trainer:
             reader_input.update(mean=self.input_norm.mean, std=self.input_norm.std)
         if getattr(self.model, "tokenize", None) is not None:
             reader_input["tokenize"] = self.model.tokenize
-        self.data = open_data(cfg, d, self.plan, reader_fields(self.model), self.index,
+        self.data = open_data(cfg, d, self.plan, self.objective.fields(self.model), self.index,
                               image_size=reader_image_size(self.model, self.index.get("image_size")), **reader_input)
         check_epoch_fits(self.data.train.steps_per_epoch, self.plan)
         self.steps_per_epoch = self.data.train.steps_per_epoch // self.plan.accum
@@ -154,11 +170,19 @@ class Trainer:
         self.scheduler = make_scheduler(self.optimizer, cfg, self.total_steps, warmup)
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.precision == "fp16")
         self.optimizer_step = Step(self.model, self.optimizer, self.scheduler, self.scaler, self.plan, d, self.precision,
-                                   self.channels_last, cfg.grad_clip, cfg.grad_checkpoint, self.steps_per_epoch)
+                                   self.channels_last, cfg.grad_clip, cfg.grad_checkpoint, self.steps_per_epoch,
+                                   self.objective)
         self.state = self._restore(resume_from) if resume_from is not None else TrainState()
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
-        self.margins = MarginRecorder(self.run_dir, d.rank, d.world_size, start_step=self.state.step)  # for pipe labels
+        self.margins = self.objective.recorder(self.run_dir, d.rank, d.world_size, self.state.step)  # for pipe labels
+        resumed = keys.Records.of(resume_from)  # --record-keys: what the continued checkpoint had trained on
+        if d.is_main:
+            keys.prepare(self.run_dir, resumed)
+        self.keys = keys.KeyRecorder(self.run_dir, d.rank, keys.attempt_of(resumed), cfg.record_keys)
+        limit = parse_limit(cfg.max_skipped, self.index["counts"]["train"]["samples"])
+        self.skips = skipping.SkipTracker(self.run_dir, d, limit, cfg.max_skipped, self.console,
+                                          ((resume_from or {}).get("records") or {}).get("skipped"))
         self._say_setup(warmup)
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             self.out.say(TORCHRUN_STORE_WARNING)
@@ -192,7 +216,7 @@ class Trainer:
             "val_loss": last_val[0] if last_val else None, "val_acc": last_val[1] if last_val else None,
             "best_val_loss": None if math.isinf(self.state.best_val_loss) else self.state.best_val_loss,
             "best_val_acc": self.state.best_val_acc, "seconds": elapsed, "run_dir": str(self.run_dir),
-            "val_majority": _majority_share(self.index),
+            "val_majority": _majority_share(self.index), "skipped": self.skips.total,
         }
         best = self.run_dir / (ckpt.BEST_DCP if self.sharded else ckpt.BEST)
         self.out.summary(self.run_dir, summary, has_best=best.exists(), sharded=self.sharded)
@@ -203,7 +227,7 @@ class Trainer:
         cfg, d, plan, state = self.cfg, self.d, self.plan, self.state
         # the reader continues mid-epoch: samples this rank already consumed in this epoch
         self.data.train.set_epoch(epoch, consumed=state.step_in_epoch * plan.accum * plan.batch_size)
-        batches = self._batches(self.data.train, f"epoch {epoch + 1}")
+        batches = self._recorded(self._batches(self.data.train, f"epoch {epoch + 1}"), epoch)
         self.freezer.train_mode()  # frozen BatchNorm layers stay in eval mode
         try:
             while state.step_in_epoch < self.steps_per_epoch:
@@ -215,6 +239,7 @@ class Trainer:
                                                                   self.monitor, self.margins)
                 state.step += 1
                 state.step_in_epoch += 1
+                self.skips.exchange(count=True)  # every rank learns every skip; past --max-skipped all stop
                 self.monitor.step_done(loss_sum, samples, wait, time.perf_counter() - t0)
                 self.monitor.advance_bar(state.step, epoch, cfg.epochs)
                 epoch_end = state.step_in_epoch == self.steps_per_epoch
@@ -239,23 +264,49 @@ class Trainer:
                 raise StageFailed(f"rank {self.d.rank}, {where}: {e}") from None
             yield batch
 
+    def _recorded(self, batches: Generator[dict, None, None], epoch: int) -> Generator[dict, None, None]:
+        """The train batches, each one's keys recorded as the step takes it (--record-keys)."""
+        try:
+            for batch in batches:
+                if batch.get("skipped"):  # samples the reader could not read or decode (bad data)
+                    self.skips.seen("train", epoch, self.state.step + 1, batch["skipped"])
+                if batch.get("key") is not None:
+                    self.keys.trained(epoch, batch["key"], skipping.skipped_slots(batch))
+                yield batch
+        finally:
+            batches.close()
+
+    def _val_batches(self, reader: Any) -> Generator[dict, None, None]:
+        for batch in self._batches(reader, "validation"):
+            if batch.get("skipped"):
+                self.skips.seen("val", self.state.epoch, self.state.step, batch["skipped"])
+            yield batch
+
     def _wrapped(self) -> nn.Module:
         if self.wrapped is None:  # wrapped at each epoch's start, before any step
             raise RuntimeError("internal: a training step before the model was wrapped for the epoch")
         return self.wrapped
 
     def _validate(self) -> tuple[float, float, int] | None:
-        """Loss and accuracy over the val split, exact across ranks (`train.components.validation`)."""
-        if self.data.val is None:
-            return None
-        self.data.val.set_epoch(0)
-        val = validate(self.model, self._batches(self.data.val, "validation"), self.d, self.precision,
-                       self.channels_last, lambda batch, logits: self.margins.val(self.state.epoch, batch, logits))
+        """Loss and accuracy over the val split, exact across ranks (the objective's: `train.objectives`);
+        with several SHARD_DIRs mixed, over each one's val split apart and over all of them."""
+        readers = self.data.val_parts or ({"": self.data.val} if self.data.val is not None else {})
+        found: dict[str, Validation | None] = {}
+        for name, reader in readers.items():
+            reader.set_epoch(0)
+            found[name] = self.objective.validate(self.model, self._val_batches(reader), self.d, self.precision,
+                                                  self.channels_last, self.margins, self.state.epoch)
+        self.skips.exchange(count=False)  # validation's skips: named and recorded, not counted
         self.freezer.train_mode()
-        if val is None:
+        parts = {name: v for name, v in found.items() if v is not None}
+        if not parts:
             return None
-        self.monitor.validation(self.state.step, self.state.epoch, *val)
-        self.out.validation(self.state.epoch, *val)
+        whole = parts.get("")
+        val = whole.as_tuple() if whole is not None else together([v.as_tuple() for v in parts.values()])
+        metrics = whole.metrics if whole is not None else None  # mixed: loss and accuracy per source
+        apart = None if whole is not None else {name: v.as_tuple() for name, v in parts.items()}
+        self.monitor.validation(self.state.step, self.state.epoch, *val, metrics=metrics, parts=apart)
+        self.out.validation(self.state.epoch, *val, metrics=metrics, parts=apart)
         return val
 
     # -- freezing --------------------------------------------------------------------------------
@@ -283,7 +334,11 @@ class Trainer:
     def _save(self, best: bool = False, val: tuple | None = None) -> None:
         """Every rank calls this (the RNG states are gathered); rank 0 writes."""
         self.margins.flush(self.state.step)  # before the gather: every rank's records precede last.pt
-        rngs = distributed.all_gather_object(ckpt.rng_state(), self.d)
+        # every rank's RNG states and the key files it appended to (--record-keys), in one gather
+        gathered = distributed.all_gather_object((ckpt.rng_state(), self.keys.flush()), self.d)
+        rngs = [rng for rng, _ in gathered]
+        records = {**keys.Records(self.keys.attempt, {n: size for _, files in gathered for n, size in files.items()}).as_dict(),
+                   "skipped": self.skips.state()}
         if best and val is not None:  # a best checkpoint always comes with its validation
             self.state.best_val_loss, self.state.best_val_acc = val[0], val[1]
         # the train reader's position: the epoch in progress and the samples this rank consumed
@@ -293,13 +348,14 @@ class Trainer:
             token = distributed.broadcast_object(uuid.uuid4().hex[:8], self.d)
             ckpt.save_sharded(self.run_dir, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                               scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
-                              fingerprint=self.fingerprint, best=best, token=token, is_main=self.d.is_main)
+                              fingerprint=self.fingerprint, best=best, token=token, is_main=self.d.is_main,
+                              records=records)
             return
         if not self.d.is_main:
             return
         ckpt.save(self.run_dir, model=unwrap(self.model), optimizer=self.optimizer, scheduler=self.scheduler,
                   scaler=self.scaler, state=self.state, reader=reader, rngs=rngs, config=self._resolved(),
-                  fingerprint=self.fingerprint, best=best)
+                  fingerprint=self.fingerprint, best=best, records=records)
 
     def _restore(self, saved: dict) -> TrainState:
         """The weights, optimizer, schedule, scaler and RNG states of ``saved``, and the reader where
@@ -309,14 +365,11 @@ class Trainer:
         s = ckpt.restore(saved, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                          scaler=self.scaler, rank=self.d.rank, world_size=self.d.world_size)
         if s.step_in_epoch:
-            try:
-                self.data.train.load_state_dict(saved["reader"])  # checks world size, batch, workers, seed, ...
-            except ValueError as e:
-                # the position is "samples each rank consumed" in the old layout; in a new one it means
-                # other samples, so the epoch restarts rather than skipping samples silently
-                self.out.epoch_restarts(str(e), s.epoch)
-                s.step -= s.step_in_epoch
-                s.step_in_epoch = 0
+            try:  # the same layout continues where it was; another one reads the epoch's unread samples
+                self.data.train.load_state_dict(saved["reader"])
+            except ValueError as e:  # a position that cannot be continued exactly: refused before any step
+                raise UsageError(f"--resume: {e}") from None
+            self.out.layout_changed(saved["reader"], self.data.train, s.epoch)
         self.out.resumed(self.run_dir / (ckpt.LAST_DCP if ckpt.SHARDED_FROM in saved else ckpt.LAST), s.epoch, s.step)
         return s
 

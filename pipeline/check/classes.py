@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 
 from pipeline.check.policy import Policy
 from pipeline.check.result import CheckResult, fail, ok, skip
+from pipeline.formats.labels import similar_names
 
 
 def min_samples(counts: Counter | None, p: Policy, what: str) -> CheckResult:
@@ -37,3 +39,19 @@ def imbalance(counts: Counter | None, p: Policy) -> CheckResult:
     if ratio <= p.max_class_imbalance:
         return ok(name, f"{text} <= {p.max_class_imbalance:g}", **nums)
     return fail(name, f"{text} > {p.max_class_imbalance:g}", [f"{c}: {n}" for c, n in counts.most_common()], **nums)
+
+
+def distinct(names: Collection[str] | None) -> CheckResult:
+    """No two class names differ only by case or character form (`pipeline.formats.labels`):
+    "Cat" and "cat", or an NFD "café" from an older manifest beside an NFC one, are likelier one
+    class spelled twice than two classes, and a model taught them apart learns noise."""
+    name = "distinct_labels"
+    if names is None:
+        return skip(name, "no readable sample list")
+    groups = similar_names(names)
+    n = len(set(names))
+    if not groups:
+        return ok(name, f"no two of the {n} class names differ only by case or character form", classes=n)
+    return fail(name, f"{len(groups)} groups of class names differ only by case or character form: "
+                      f"{' and '.join(map(repr, groups[0]))}", [" and ".join(map(repr, g)) for g in groups],
+                classes=n, groups=len(groups))

@@ -356,6 +356,14 @@ def check_class_imbalance(d: CleanDir, p: Policy) -> CheckResult:
     return class_checks.imbalance(class_counts(d), p)
 
 
+@check("clean", severity=WARNING)
+def check_distinct_labels(d: CleanDir, p: Policy) -> CheckResult:
+    """No two class names differ only by case or character form ("Cat" and "cat"; an NFC and an
+    NFD "café"): likelier one class spelled twice than two."""
+    counts = class_counts(d)
+    return class_checks.distinct(None if counts is None else list(counts))
+
+
 @check("clean")
 def check_duplicates(d: CleanDir, p: Policy) -> CheckResult:
     """At most max_duplicate_samples kept samples are an exact or near copy of another kept sample.

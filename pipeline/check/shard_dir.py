@@ -265,6 +265,13 @@ def check_class_imbalance(d: ShardDir, p: Policy) -> CheckResult:
     return _unusable(d, "class_imbalance") or class_checks.imbalance(counts, p)
 
 
+@check("shard", severity=WARNING)
+def check_distinct_labels(d: ShardDir, p: Policy) -> CheckResult:
+    """No two class names differ only by case or character form ("Cat" and "cat"; an NFC and an
+    NFD "café"): likelier one class spelled twice than two."""
+    return _unusable(d, "distinct_labels") or class_checks.distinct(list(d.classes))
+
+
 @check("shard")
 def check_val_has_every_class(d: ShardDir, p: Policy) -> CheckResult:
     """Every class in index.json has at least one val sample."""

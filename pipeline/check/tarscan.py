@@ -203,12 +203,20 @@ def _meta_label(data: bytes | None, where: str, bad) -> str | None:
         bad["schema"].append(f"{where}.json: not a JSON object")
         return None
     label = meta.get("label")
+    if "label" in meta and label is None:
+        return NO_LABEL
     return label if isinstance(label, str) else None
 
 
+NO_LABEL = ""  # what `_meta_label` returns for a .json whose label is null (no label name is empty)
+
+
 def _class(data: bytes | None, label: str | None, where: str, s: ScanSettings, bad) -> int | None:
+    """The sample's class index; an image-caption pair without a label has no .cls and says so
+    in its .json (label null)."""
     if data is None:
-        bad["labels_in_range"].append(f"{where}: no .cls member")
+        if label != NO_LABEL:
+            bad["labels_in_range"].append(f"{where}: no .cls member")
         return None
     try:
         cls = int(data.decode("ascii").strip())
@@ -219,7 +227,8 @@ def _class(data: bytes | None, label: str | None, where: str, s: ScanSettings, b
         bad["labels_in_range"].append(f"{where}.cls: {cls} is outside 0..{len(s.classes) - 1}")
         return None
     if label is not None and label != s.classes[cls]:
-        bad["labels_in_range"].append(f"{where}: .cls {cls} is {s.classes[cls]!r} but .json says {label!r}")
+        said = "no label" if label == NO_LABEL else repr(label)
+        bad["labels_in_range"].append(f"{where}: .cls {cls} is {s.classes[cls]!r} but .json says {said}")
     return cls
 
 

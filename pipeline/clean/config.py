@@ -3,15 +3,15 @@ its flag, its `[clean]` key in a `--config` file, its schema and its range or ch
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core import settings
 from pipeline.core.config import parse_byte_size
 from pipeline.core.errors import UsageError
 from pipeline.core.settings import check as check_settings
 from pipeline.core.settings import setting
-from pipeline.executors import EXECUTORS, HELP, require
+from pipeline.executors import EXECUTORS, HELP, keep_warm_setting, require
 from pipeline.media.image.clean import BACKGROUNDS
 from pipeline.media.image.window import PATTERN as WINDOW
 from pipeline.media.image.window import parse_window
@@ -79,6 +79,7 @@ class CleanConfig:
         choices=tuple(EXECUTORS))
     ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
                                        "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
+    ray_keep_warm: float = keep_warm_setting()
     part_files: int = setting(PART_FILES, "Files per part: what one task on a cluster processes, and what a killed run "
                                           "redoes at most (the local executor's parts hold at most 256).", minimum=1)
 
@@ -96,8 +97,7 @@ class CleanConfig:
         return self.max_text_bytes
 
     def as_dict(self) -> dict:
-        return {f.name: (str(v) if isinstance(v, Path) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+        return settings.as_dict(self)
 
 
 def parse_colour(value: str) -> tuple[int, int, int]:

@@ -79,8 +79,9 @@ def discover(root: Location | Folder, labels: dict[str, str] | None = None, excl
     candidate with a problem, so manifest rows equal files discovered.
 
     Labels come from ``labels`` (relative path -> label) when given, else from the first folder
-    of the path (``root/<label>/...``); files directly in the root have none. With ``labels``, a
-    label given for either half of an image and its caption is the pair's.
+    of the path (``root/<label>/...``, NFC: `pipeline.formats.labels`); files directly in the
+    root have none. With ``labels``, a label given for either half of an image and its caption
+    is the pair's.
 
     The walk's entries are classified a batch at a time (their heads read together) and handed
     to the listing, so no run holds a candidate per file.

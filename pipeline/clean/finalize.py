@@ -10,7 +10,7 @@ import json
 from pipeline.clean.output import PARKED
 from pipeline.clean.process import output_path
 from pipeline.clean.records import Decision, FileResult
-from pipeline.clean.report import ReportBuilder
+from pipeline.clean.report import ReportBuilder, input_location
 from pipeline.core.errors import StageFailed
 from pipeline.formats.vocabulary import Reason, Status
 
@@ -52,7 +52,8 @@ def finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict
         place.sweep("data", keep_outputs)
         place.sweep("quarantine", keep_quarantine)
         place.sweep(PARKED, keep_parked)
-        doc = report.build(cfg.as_dict(), {k: round(v, 3) for k, v in timings.items()}, _written(extra))
+        doc = report.build(cfg.as_dict(), {k: round(v, 3) for k, v in timings.items()},
+                           {**_written(extra), "input": input_location(cfg.input, cfg.output)})
         place.finish(json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=False) + "\n", writer)
     except OSError as e:
         raise StageFailed(f"could not finish writing {place}: {e}") from None

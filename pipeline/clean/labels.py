@@ -1,7 +1,8 @@
 """Read a labels file (`--labels labels.csv|jsonl`, columns ``path,label[,text]``).
 
 The file itself is decoded like any text (`encodings.decode_bytes`: a BOM, UTF-16, GBK from
-Excel on a Chinese Windows...). Paths are relative to INPUT, with ``/`` or ``\\``. What did not
+Excel on a Chinese Windows...); labels are NFC (`pipeline.formats.labels`). Paths are relative to
+INPUT, with ``/`` or ``\\``. What did not
 fit is reported in report.json, never dropped silently: rows naming files that are not there,
 rows without a label, paths listed twice with different labels (the first row wins), and the
 files that no row names (each of those ends ``missing_label`` in the manifest).
@@ -11,13 +12,16 @@ The optional ``text`` column is a caption for the file of that row (see `stage.p
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import UsageError
+from pipeline.formats.labels import label_name
 from pipeline.formats.vocabulary import Kind
 
 REPORT_LIMIT = 100  # paths listed per problem in report.json (the counts are exact)
@@ -47,7 +51,7 @@ def read_labels(path: Path, input_root: Path | None) -> Labels:
     for n, row in rows:
         rel = normalize_path(str(row.get("path") or ""))
         label = row.get("label")
-        label = "" if label is None else str(label).strip()
+        label = "" if label is None else label_name(str(label).strip())
         if not rel:
             continue
         if not label:
@@ -105,9 +109,24 @@ def _rows(text: str, path: Path) -> list[tuple[int, dict]]:
         raise UsageError(f"labels file {path} needs a header row with the columns path,label[,text]; found {','.join(fields) or 'nothing'}")
     reader.fieldnames = fields
     try:
-        return [(reader.line_num, row) for row in reader]
+        with _cells_up_to(len(text)):
+            return [(reader.line_num, row) for row in reader]
     except csv.Error as e:
         raise UsageError(f"labels file {path}, line {reader.line_num}: {e}") from None
+
+
+@contextlib.contextmanager
+def _cells_up_to(n: int) -> Iterator[None]:
+    """Let the csv module read a cell as long as the whole file (its default limit, 128 KiB,
+    refused a whole labels file over one long caption, which the file being in memory already
+    makes no cheaper to refuse): a caption's length is judged as any caption's is, too_large past
+    --max-text-bytes (`attach_captions`)."""
+    before = csv.field_size_limit()
+    csv.field_size_limit(max(before, n + 1))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(before)
 
 
 def check_against(lab: Labels, listing) -> dict:

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from pipeline.clean.candidate import Candidate
 from pipeline.clean.columns import KINDS, digest
 from pipeline.clean.keys import group_keys, slug
+from pipeline.formats.labels import label_name
 from pipeline.formats.vocabulary import Kind, Reason
 
 BATCH = 8192  # files in one record batch of the listing file (about a megabyte)
@@ -55,7 +56,8 @@ class ListingWriter:
         self._file = _unnamed(where)
         self._writer = pa.ipc.new_file(self._file, _RAW)
         self._pending: list[Candidate] = []
-        self._codes: dict[str, int] = {}
+        self._codes: dict[str, int] = {}  # by label
+        self._folders: dict[str, int] = {}  # by a class folder's name as found
         self.label_names: list[str] = []
         self._digests: list[np.ndarray] = []  # of the slugs: 8 bytes a file, all needed at once in the end
         self._last: tuple[str, bool] | None = None
@@ -72,12 +74,20 @@ class ListingWriter:
             self.add(c)
 
     def _label(self, source: str) -> int:
+        """The label's code: the labels file's label, else the first folder's name (NFC: a macOS
+        folder name is NFD; none for "", "." or "..", an object key being any text)."""
         if self._labels is not None:
             label = self._labels.get(source)
-        else:
-            label = source.split("/", 1)[0] if "/" in source else None
-        if label is None:
+            return -1 if label is None else self._code(label)
+        folder = source.split("/", 1)[0] if "/" in source else None
+        if folder is None or folder in ("", ".", ".."):
             return -1
+        code = self._folders.get(folder)
+        if code is None:
+            code = self._folders[folder] = self._code(label_name(folder))
+        return code
+
+    def _code(self, label: str) -> int:
         code = self._codes.get(label)
         if code is None:
             code = self._codes[label] = len(self.label_names)
@@ -107,7 +117,7 @@ class ListingWriter:
     def finish(self) -> Listing:
         """The listing, keys assigned (`keys.assign_keys`' keys, file for file), pairs led by
         their first file; with a labels file, a label given for either half of a pair is the
-        pair's (`labels.share_within_samples`' rule)."""
+        pair's, when no other label is given for the other half."""
         self._flush()
         self._writer.close()
         raw = _Reader(self._file)

@@ -98,7 +98,7 @@ class CleanDir:
             return False
         if self._stamps is None:
             self._stamps = self.inp.stamps()
-        if self._stamps(c.path) != (old.bytes, old.mtime_ns, old.ctime_ns):
+        if not _same_stamp(self._stamps(c.path), (old.bytes, old.mtime_ns, old.ctime_ns)):
             return False
         if old.output:
             sizes = self.sizes()
@@ -161,3 +161,15 @@ class CleanDir:
         """Whether another run committed this output while this one worked (this run removed the
         manifest when it began; where runs cannot lock, another may have written it since)."""
         return not self.out.exclusive and self.out.exists(COMMIT)
+
+
+_SECOND = 1_000_000_000
+
+
+def _same_stamp(now: tuple[int, int, int] | None, then: tuple[int, int, int]) -> bool:
+    """The input is as it was. Object storage (ctime 0) has whole-second times in two formats, a
+    listing's and an object's header, and some servers round one and truncate the other (rclone):
+    there a second apart is the same time."""
+    if now is None or now[0] != then[0] or now[2] != then[2]:
+        return False
+    return now[1] == then[1] or (now[2] == 0 and abs(now[1] - then[1]) <= _SECOND)

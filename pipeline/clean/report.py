@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
 from pipeline import __version__
+from pipeline.formats.labels import similar_names_warning
 from pipeline.formats.manifest_row import ManifestRow
 from pipeline.formats.vocabulary import Status
 
@@ -52,5 +55,19 @@ class ReportBuilder:
             "kept_by_label": s(self.label_kept),
             "settings": settings,
             **(extra or {}),
+            **({"warnings": [warning]} if (warning := similar_names_warning(self.label_kept)) else {}),
             "timings": timings,
         }
+
+
+def input_location(input_arg, output_arg) -> dict:
+    """report.json's ``input``: INPUT as resolved here (settings.input is the argument as typed,
+    relative to wherever pipe clean ran) and relative to CLEAN_DIR, so the raw files can be found
+    again from another working folder, or after both folders moved together."""
+    from pipeline.storage import open_folder
+
+    inp, out = open_folder(input_arg), open_folder(output_arg)
+    rel = None
+    if inp.local_path is not None and out.local_path is not None:
+        rel = Path(os.path.relpath(inp.identity(), out.local_path.resolve())).as_posix()
+    return {"path": inp.identity(), "from_clean_dir": rel}

@@ -62,7 +62,7 @@ def run(cfg: CleanConfig, show_progress: bool = True, executor: Executor | None 
 
     validate(cfg)
     if executor is None:
-        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers)
+        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers, keep_warm=cfg.ray_keep_warm)
     out, inp = open_folder(cfg.output), open_folder(cfg.input)
     refuse_foreign(out, TOOL)
     with out.lock(TOOL):

@@ -99,17 +99,17 @@ def _table(report) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from pipeline.core.ui import out_console
+    from pipeline.core.ui import out_console, plain, shown
 
     for folder in report.folders:
-        table = Table(title=f"pipe check {folder.path} ({folder.kind} dir{', deep' if report.deep else ''})",
+        table = Table(title=plain(f"pipe check {folder.path} ({folder.kind} dir{', deep' if report.deep else ''})"),
                       title_justify="left")
         table.add_column("check", style="bold")
         table.add_column("result")
         table.add_column("severity", style="dim")
         table.add_column("finding", overflow="fold")
         for r in folder.results:
-            table.add_row(r.name, _SHOW[(r.status, r.severity)], r.severity, escape(r.message))
+            table.add_row(r.name, _SHOW[(r.status, r.severity)], r.severity, escape(shown(r.message)))
         out_console.print(table)
     s = report.summary()
     verdict = "[bold red]FAILED[/]" if report.exit_code else "[bold green]PASSED[/]"

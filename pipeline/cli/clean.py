@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +35,16 @@ def clean(ctx: typer.Context, **given: Any) -> None:
     from pipeline import executors
 
     report = stage.run(cfg, show_progress=not given["json"],
-                       executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers))
+                       executor=executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers,
+                                          keep_warm=cfg.ray_keep_warm))
     from pipeline.core import ui  # rich: imported while the workers start, not before
 
     if given["json"]:
         ui.print_json(report)
     else:
         _summary(report, cfg)
+        for w in report.get("warnings", ()):
+            sys.stderr.write(f"warning: {w}\n")
 
 
 def _summary(report: dict, cfg) -> None:

@@ -134,10 +134,10 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """From a messy folder of images and text to a fine-tuned model: clean -> shard -> check -> train."""
 
 
-COMMANDS = ("clean", "shard", "check", "report", "train", "labels", "doctor")
+COMMANDS = ("clean", "shard", "check", "report", "train", "eval", "labels", "export", "doctor")
 MODULES = {"clean": "pipeline.cli.clean", "shard": "pipeline.cli.shard", "check": "pipeline.cli.check",
-           "report": "pipeline.cli.report", "train": "train.command", "labels": "train.labels_command",
-           "doctor": "pipeline.cli.doctor"}
+           "report": "pipeline.cli.report", "train": "train.command", "eval": "train.eval_command",
+           "labels": "train.labels_command", "export": "train.export_command", "doctor": "pipeline.cli.doctor"}
 
 
 def functions(names=COMMANDS) -> dict:

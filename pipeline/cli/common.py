@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.ui import shown
 
 # What an interrupted command says about running it again: the one place that knows which
 # commands pick up where they stopped. A command not listed here starts over, and says so.
@@ -30,17 +31,22 @@ def folder_arg(value: str | Path):
 
 
 def exits_cleanly(fn):
-    """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, one line each."""
+    """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, one line
+    each, scrubbed (`pipeline.storage.secrets`: an error may quote an endpoint's credentials), as
+    is whatever a library warns or logs on its own while the command runs."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from pipeline.storage.secrets import install, scrub
+
+        install()
         try:
             return fn(*args, **kwargs)
         except UsageError as e:
-            sys.stderr.write(f"pipe: error: {e}\n")
+            sys.stderr.write(f"pipe: error: {shown(scrub(str(e)))}\n")
             raise typer.Exit(2) from None
         except StageFailed as e:
-            sys.stderr.write(f"pipe: failed: {e}\n")
+            sys.stderr.write(f"pipe: failed: {shown(scrub(str(e)))}\n")
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             sys.stderr.write(f"interrupted: {AFTER_INTERRUPT.get(fn.__name__, START_OVER)}\n")
@@ -50,7 +56,7 @@ def exits_cleanly(fn):
         except Exception as e:  # a bug of ours: say so in one line; PIPE_DEBUG=1 shows the traceback
             if os.environ.get("PIPE_DEBUG"):
                 raise
-            sys.stderr.write(f"pipe: internal error: {type(e).__name__}: {e} (PIPE_DEBUG=1 shows the traceback)\n")
+            sys.stderr.write(f"pipe: internal error: {type(e).__name__}: {shown(scrub(str(e)))} (PIPE_DEBUG=1 shows the traceback)\n")
             raise typer.Exit(1) from None
 
     return wrapper

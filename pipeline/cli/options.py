@@ -73,8 +73,8 @@ def _cli_type(d: Declared) -> Any:
     Path or keeps the URL); a value of several types (a byte count as 16MiB or 1000) as text too,
     which the setting's own parser reads; else the field's type."""
     if d.setting.remote:
-        if typing.get_origin(d.type) is list:
-            return list[str]
+        if typing.get_origin(d.value_type) in (list, tuple):  # several folders (a repeatable option; None when none given)
+            return list[str] if d.value_type is d.type else list[str] | None
         return str | None if d.default is None else str
     members = [a for a in typing.get_args(d.type) if a is not type(None)]
     if typing.get_origin(d.type) in (typing.Union, types.UnionType) and len(members) > 1:

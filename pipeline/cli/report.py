@@ -25,7 +25,7 @@ def report(ctx: typer.Context, **given: Any) -> None:
 
     cfg = options.read(ctx, ReportConfig, "report", given)
     size = stage.run(cfg)
-    ui.out_console.print(f"wrote {cfg.output} ({size / 2**20:.2f} MiB)", highlight=False, markup=False)
+    ui.out_console.print(f"wrote {ui.shown(cfg.output)} ({size / 2**20:.2f} MiB)", highlight=False, markup=False)
     if size > stage.MAX_PAGE_BYTES:
         ui.err_console.print(f"warning: the page is over {stage.MAX_PAGE_BYTES // 2**20} MiB; "
                              "--no-thumbnails makes it small", highlight=False, markup=False)

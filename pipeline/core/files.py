@@ -127,9 +127,17 @@ def output_lock(folder: Path, tool: str):
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise StageFailed(f"{folder} is being written by another run (it holds {path}; `fuser {path}` names it); "
-                             f"wait for it to finish or choose another folder for this {tool}") from None
+            raise output_busy(str(folder), tool, f"it holds {path}; `fuser {path}` names it") from None
         yield
+
+
+def output_busy(folder: str, tool: str, how: str) -> StageFailed:
+    """The one line of every command whose output folder another run is writing, whatever the
+    storage (a local flock, an object-store lease): exit 1, as the run that loses the commit race
+    where runs cannot lock exits 1. Not a usage error: the same command succeeds once the other
+    run ends, nothing about it needs fixing. ``how``: how the other run was seen."""
+    return StageFailed(f"{folder} is being written by another run ({how}); "
+                       f"wait for it to finish or choose another folder for this {tool}")
 
 
 def refuse_output_inside(path: Path, folders: list[Path], flag: str, kind: str, role: str) -> None:

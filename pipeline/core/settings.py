@@ -133,6 +133,18 @@ def flag(cls: type, name: str) -> str:
 # -- checks -------------------------------------------------------------------------------------
 
 
+def as_dict(cfg: Any) -> dict[str, Any]:
+    """A config's values as a stage records them (report.json, index.json, a run's config.json and
+    checkpoints): JSON-ready (paths as text), and scrubbed (`pipeline.storage.secrets`): a value
+    such as a Ray address may carry credentials, which are never written."""
+    from pipeline.storage.secrets import scrub_json
+
+    def plain(v: Any) -> Any:
+        return str(v) if isinstance(v, Path) else [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return {f.name: scrub_json(plain(getattr(cfg, f.name))) for f in dataclasses.fields(cfg)}
+
+
 def check(cfg: Any) -> None:
     """Every declared range and choice of ``cfg``'s settings, in field order: the first value
     outside them is a UsageError (exit 2) naming its flag. None (a setting left unset) passes."""

@@ -143,15 +143,47 @@ def duration(seconds: float) -> str:
 
 
 def print_json(doc) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    """``doc`` as JSON on stdout; characters a terminal would act on (json.dumps leaves the C1
+    controls, bidirectional overrides and the like as they are) as \\u escapes: the same JSON."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() or c == "\n" else json.dumps(c)[1:-1] for c in text)
+    sys.stdout.write(text + "\n")
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shown(value: object) -> str:
+    """``value`` as text fit for a terminal: every character that is not printable (ESC and the other
+    C0 and C1 controls, bidirectional overrides, line separators, unassigned code points) as its
+    Python escape (``\\x1b``, ``\\u202e``), everything else as it is.
+
+    Names come from the data (class folders, labels files, keys, source paths, tensor names in a
+    checkpoint) and a name holding ESC would otherwise colour, move, retitle or clear the terminal
+    of whoever runs pipe on it, or make one line pass for another. Every printer of names passes
+    them through here, the way `pipe check` prints names with ``!r`` (this without the quotes); a
+    Rich printer also keeps markup off (``markup=False``, or a ``Text``), since ``[`` in a name is
+    not markup either."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _ESCAPES.get(c) or repr(c)[1:-1] for c in text)
+
+
+def plain(value: object):
+    """`shown`, as a Rich ``Text``: printed as it is, never read as markup (table cells, titles)."""
+    from rich.text import Text
+
+    return Text(shown(value))
 
 
 def summary_table(title: str, rows: list[tuple[str, object]]) -> None:
     from rich.table import Table
 
-    table = Table(title=title, show_header=False, title_justify="left")
+    table = Table(title=plain(title), show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
     for name, value in rows:
-        table.add_row(name, str(value))
+        table.add_row(plain(name), plain(value))
     _console(False).print(table)

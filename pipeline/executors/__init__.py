@@ -29,6 +29,19 @@ EXECUTORS: dict[str, tuple[str, str, str]] = {
 }
 INSTALL = {"ray": "pip install 'pipe-ml[ray]'"}  # the extra each optional executor's package comes with
 HELP = "; ".join(f"{name}: {what}" + (f" ({INSTALL[need]})" if need else "") for name, (_, what, need) in EXECUTORS.items())
+KEEP_WARM_S = 600.0  # how long a cluster's warm workers wait for the next command, unless --ray-keep-warm says
+
+
+def keep_warm_setting() -> Any:
+    """The ``ray_keep_warm`` field of every stage's Config that runs on an executor: declared here,
+    once (a dataclass field cannot be shared, so each Config calls this)."""
+    from pipeline.core.settings import setting
+
+    return setting(KEEP_WARM_S, "Seconds the Ray cluster's warm workers (imports done, decoders started) wait for "
+                                "the next command's parts before they end themselves; 0 = none: each part is a "
+                                "one-CPU Ray task in processes that end with the command. Warm workers hold no CPU "
+                                "in Ray's books, so on a cluster shared with other work prefer 0.",
+                   minimum=0, unit="seconds")
 
 
 @dataclass(frozen=True)
@@ -127,9 +140,10 @@ def require(name: str) -> None:
         raise UsageError(f"--executor {name} needs {need.capitalize()}, which is not installed: {INSTALL[need]}")
 
 
-def get(name: str, *, address: str = "auto", workers: int = 0) -> Executor:
+def get(name: str, *, address: str = "auto", workers: int = 0, keep_warm: float = KEEP_WARM_S) -> Executor:
     """The executor ``name`` (`EXECUTORS`): ``workers`` for a pool on this machine (0: a core
-    each), ``address`` for a cluster to join."""
+    each), ``address`` for a cluster to join, ``keep_warm`` for how long its workers wait for
+    the next command (`keep_warm_setting`)."""
     require(name)
     module, _, cls = EXECUTORS[name][0].partition(":")
-    return getattr(importlib.import_module(module), cls)(address=address, workers=workers)
+    return getattr(importlib.import_module(module), cls)(address=address, workers=workers, keep_warm=keep_warm)

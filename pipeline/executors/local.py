@@ -23,8 +23,8 @@ PART_ITEMS = 256  # items in one part here: what a killed run does again at most
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, address: str = "auto", workers: int = 0):
-        self.workers = workers
+    def __init__(self, address: str = "auto", workers: int = 0, keep_warm: float = 0.0):
+        self.workers = workers  # (a pool on this machine ends with the command: nothing to keep warm)
         self._pool: OrderedPool | None = None
         self._pool_for: tuple | None = None
 

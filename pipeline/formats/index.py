@@ -109,9 +109,10 @@ def parse(where: Where) -> tuple[Any, str | None]:
 
     For `pipe check`, which judges a shard folder with a broken index (its schema is one of the
     checks) rather than refusing it, and `pipe report`, which shows what it can; every reader
-    that needs a usable index takes `load`."""
+    that needs a usable index takes `load`. Both read folders anyone may have written: an index
+    that is a link out of its folder is not read (`Folder.read_contained`)."""
     try:
-        raw = _folder(where).read(INDEX_NAME, max_bytes=MAX_BYTES)
+        raw = _folder(where).read_contained(INDEX_NAME, max_bytes=MAX_BYTES)
     except TooLarge:
         return None, f"larger than {MAX_BYTES} bytes: not an index pipe shard wrote"
     except OSError as e:

@@ -5,7 +5,8 @@ A sample in a shard is consecutive tar members sharing a key (webdataset's conve
 
 * ``{key}.jpg`` / ``.png`` / ``.webp``: the cleaned image, bytes as `pipe clean` wrote them;
 * ``{key}.txt``: the caption or text, UTF-8;
-* ``{key}.cls``: the class index, ASCII digits (webdataset decodes it to an int);
+* ``{key}.cls``: the class index, ASCII digits (webdataset decodes it to an int); absent for an
+  image–caption pair without a class (its ``.json`` label is null): no class index stands in;
 * ``{key}.json``: where it came from: sources, label name, original size, text encoding.
 
 Members are always written in that order (`MEMBER_ORDER`). Keys hold only ``[A-Za-z0-9_-]``
@@ -76,26 +77,30 @@ class Layout:
     image: np.ndarray  # their image members
     text_samples: np.ndarray  # the samples that have a text
     text: np.ndarray  # their text members
-    cls: np.ndarray  # every sample's .cls member
+    cls_samples: np.ndarray  # the samples that have a class
+    cls: np.ndarray  # their .cls members
     meta: np.ndarray  # every sample's .json member
     count: int  # members in all
 
     @property
     def per_sample(self) -> np.ndarray:
         """Members of each sample."""
-        return np.diff(np.append(self.firsts[: len(self.cls)], self.count))
+        return np.diff(np.append(self.firsts[: len(self.meta)], self.count))
 
 
-def layout(has_image: np.ndarray, has_text: np.ndarray) -> Layout:
-    """The members of samples with (``has_image``, ``has_text``), each sample's in member order."""
+def layout(has_image: np.ndarray, has_text: np.ndarray, has_class: np.ndarray | None = None) -> Layout:
+    """The members of samples with (``has_image``, ``has_text``, ``has_class``: default every
+    sample), each sample's in member order."""
     has_image, has_text = np.asarray(has_image, dtype=bool), np.asarray(has_text, dtype=bool)
     always = np.ones(len(has_image), dtype=np.int64)
-    present = np.stack([has_image.astype(np.int64), has_text.astype(np.int64), always, always], axis=1)
+    has_class = np.ones(len(has_image), dtype=bool) if has_class is None else np.asarray(has_class, dtype=bool)
+    present = np.stack([has_image.astype(np.int64), has_text.astype(np.int64), has_class.astype(np.int64), always], axis=1)
     per_sample = present.sum(axis=1)
     firsts = np.concatenate(([0], np.cumsum(per_sample)[:-1])).astype(np.int64)
     at = firsts[: len(has_image), None] + np.cumsum(present, axis=1) - present  # each slot's member index
-    with_image, with_text = np.flatnonzero(has_image), np.flatnonzero(has_text)
-    return Layout(firsts, with_image, at[with_image, 0], with_text, at[with_text, 1], at[:, 2], at[:, 3], int(per_sample.sum()))
+    with_image, with_text, with_class = np.flatnonzero(has_image), np.flatnonzero(has_text), np.flatnonzero(has_class)
+    return Layout(firsts, with_image, at[with_image, 0], with_text, at[with_text, 1], with_class, at[with_class, 2],
+                  at[:, 3], int(per_sample.sum()))
 
 
 def name_rows(key_at: np.ndarray, key_bytes: np.ndarray, lay: Layout, image_exts: np.ndarray) -> np.ndarray:
@@ -114,7 +119,7 @@ def name_rows(key_at: np.ndarray, key_bytes: np.ndarray, lay: Layout, image_exts
     exts = np.asarray(image_exts)[lay.image_samples]
     ends = (
         [(lay.image[exts == e], lay.image_samples[exts == e], ext) for e, ext in enumerate(IMAGE_EXTS)]
-        + [(lay.text, lay.text_samples, TEXT_EXT), (lay.cls, np.arange(n_samples), CLASS_EXT),
+        + [(lay.text, lay.text_samples, TEXT_EXT), (lay.cls, lay.cls_samples, CLASS_EXT),
            (lay.meta, np.arange(n_samples), META_EXT)])
     for members, samples, ext in ends:
         if len(members):
@@ -136,8 +141,8 @@ def encode_meta(meta: dict) -> bytes:
 
 def sample_bytes(image_size: np.ndarray, text_size: np.ndarray, cls_size: np.ndarray, meta_size: np.ndarray) -> np.ndarray:
     """Bytes each sample takes in a shard (headers, data, padding) from its members' sizes (an
-    image or text size below 0: the sample has none)."""
-    n = tarstream.member_sizes(cls_size) + tarstream.member_sizes(meta_size)
+    image, text or class size below 0: the sample has none)."""
+    n = tarstream.member_sizes(meta_size) + np.where(np.asarray(cls_size) >= 0, tarstream.member_sizes(cls_size), 0)
     n += np.where(np.asarray(image_size) >= 0, tarstream.member_sizes(image_size), 0)
     n += np.where(np.asarray(text_size) >= 0, tarstream.member_sizes(text_size), 0)
     return n

@@ -20,3 +20,7 @@ class ReportConfig:
     output: Path = setting(Path("report.html"), "The HTML file to write.", flags=("-o", "--output"))
     thumbnails: bool = setting(True, "Put image previews and text snippets in the page (off: for data that must not be "
                                      "copied).", flags=("--thumbnails/--no-thumbnails",))
+    input: tuple[Location, ...] = setting((), "The raw folder a clean dir was made from (again for each clean dir): "
+                                              "previews of files that are only there (duplicates) come from it. Pages "
+                                              "read files only inside the folders named on the command line, never "
+                                              "where a folder's own files point.", remote=True, toml=False)

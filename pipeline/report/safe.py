@@ -59,3 +59,14 @@ def attr(value, limit: int = MAX_CHARS) -> str:
     s = str(value)[:limit]
     s = _HIDDEN.sub(lambda m: _visible(m.group()), s)
     return html.escape(s, quote=True)
+
+
+def num(value, spec: str = ",") -> str:
+    """A number for the page, formatted by ``spec`` ("," for thousands, ".2f"...); anything that
+    is not one (a manifest's "width" may be any text someone wrote) is shown as escaped text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return html.escape(format(value, spec))
+        except ValueError:  # a spec that does not fit the type (",.2f" of an int is fine; "d" of a float is not)
+            return html.escape(str(value))
+    return text(value, 60)

@@ -1,5 +1,8 @@
 """Facts about a SHARD_DIR for the page: index.json's counts per split and class, and a few
-previews per class read from the start of the train shards (bounded: a few thousand members)."""
+previews per class read from the start of the train shards (bounded: a few thousand members).
+
+index.json is checked against its schema before any of it is shown: an index that breaks it (a
+count that is text, a shard name that leaves the folder) is named on the page, not drawn."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from dataclasses import dataclass, field
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.formats import index as shard_index
 from pipeline.formats.sample import CLASS_EXT, IMAGE_LIKE, split_name
-from pipeline.report import thumbs
+from pipeline.report import records, thumbs
 from pipeline.report.clean import Item
 from pipeline.storage import Folder, Location, open_folder
 
@@ -38,8 +41,9 @@ def gather(where: Location | Folder, previews: bool = True) -> ShardFacts:
     if unreadable is not None:
         f.problems.append(f"index.json is not readable JSON: {unreadable}")
         return f
-    if not isinstance(index, dict):
-        f.problems.append("index.json is not a JSON object")
+    wrong = records.errors(index, "index")
+    if wrong:
+        f.problems += ["index.json breaks schemas/index.schema.json, so none of it is shown:", *wrong]
         return f
     f.index = index
     f.classes = [str(c) for c in index.get("classes") or []]

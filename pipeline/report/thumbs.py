@@ -1,7 +1,8 @@
 """Small previews of files for the page, through our own safe decoder and its limits.
 
-A preview is a 96 px JPEG as a ``data:`` URI, or a `Placeholder` that says why there is none
-(the file is missing, too big to read, a decompression bomb, will not decode, is not an image).
+A preview is a 96 px JPEG as a ``data:`` URI, or a `Thumb` without one that says why (the file
+is missing, changed, outside its folder, too big to read, a decompression bomb, will not decode,
+is not an image). Files are read only inside the folder the caller names (`fetch`).
 Nothing here raises on a bad file: a report about broken data must survive the broken data.
 The JPEG encoder is deterministic, so the same inputs give the same page bytes.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import hashlib
 import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +25,11 @@ SIZE = 96
 QUALITY = 70
 MAX_FILE_BYTES = 64 * 2**20  # a bigger file is not read for a preview
 MAX_PIXELS = 64_000_000  # tighter than pipe clean's default: a preview must stay quick
+GONE = "no preview: file not found"
+EMPTY = "no preview: empty file"
+CHANGED = "no preview: the file changed since pipe clean read it"
+OUTSIDE = "no preview: not a file inside its folder"
+NO_INPUT = "no preview: only in the input folder (give it with --input)"
 
 
 @dataclass(frozen=True)
@@ -31,14 +38,6 @@ class Thumb:
 
     uri: str = ""
     why: str = ""
-
-
-def image(folder: Folder | None, rel: str | None = None) -> Thumb:
-    """The preview of one image file, read through its folder (a path leaving it shows none)."""
-    data = _read(folder, rel)
-    if isinstance(data, Thumb):
-        return data
-    return from_bytes(data)
 
 
 def from_bytes(data: bytes) -> Thumb:
@@ -62,37 +61,39 @@ def from_bytes(data: bytes) -> Thumb:
     return Thumb(uri="data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
 
 
-def _read(folder: Folder | None, rel: str | None) -> bytes | Thumb:
+def fetch(folder: Folder | None, rel: str | None, sha256: str | None = None, head: int | None = None) -> bytes | Thumb:
+    """The bytes of a file to preview, or a `Thumb` saying why there are none. Read only if the
+    file is a regular file inside ``folder`` once opened (`Folder.read_contained`: no path or link
+    leads out); with ``sha256``, only if its bytes are still those (an input folder that moved or
+    changed shows "changed", never another file's content); else ``head``: only the first bytes."""
     from pipeline.storage import TooLarge
 
     if folder is None or not rel:
         return Thumb(why="no preview: file not available")
     try:
-        if not folder.contained(rel):
-            return Thumb(why="no preview: path leaves its folder")
-        data = folder.read(rel, max_bytes=MAX_FILE_BYTES)
-        if not data:
-            return Thumb(why="no preview: empty file")
-        return data
+        if head is not None and sha256 is None:
+            data = folder.read_contained(rel, head=head)
+        else:
+            data = folder.read_contained(rel, max_bytes=MAX_FILE_BYTES)
     except TooLarge as e:
-        return Thumb(why=f"no preview: file of {e.size} bytes")
+        return Thumb(why=f"no preview: file of {e.size} bytes" if e.size is not None else "no preview: file too large")
     except FileNotFoundError:
-        return Thumb(why="no preview: file not found")
+        return Thumb(why=GONE)
+    except PermissionError:
+        return Thumb(why=OUTSIDE)
     except (OSError, ValueError, UsageError, StageFailed) as e:
         return Thumb(why=f"no preview: {type(e).__name__}")
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        return Thumb(why=CHANGED)
+    return data
 
 
-def text_snippet(folder: Folder | None, rel: str | None = None, chars: int = 160) -> str | None:
-    """The first ``chars`` characters of a text file (UTF-8, bad bytes kept as escapes), or None."""
-    if folder is None or not rel:
-        return None
-    try:
-        if not folder.contained(rel):
-            return None
-        head = folder.read_range(rel, 0, chars * 4)
-    except (OSError, ValueError, UsageError, StageFailed):
-        return None
+SNIPPET_BYTES = 160 * 4
+
+
+def snippet(data: bytes, chars: int = 160) -> str:
+    """The first ``chars`` characters of a text file's bytes (UTF-8, bad bytes kept as escapes)."""
+    head = data[: chars * 4]
     # a character cut where the read stopped is held back, not shown as bad bytes
-    cut = len(head) == chars * 4
-    text = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode(head, final=not cut)
+    text = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode(head, final=len(data) <= chars * 4)
     return text[:chars]

@@ -3,13 +3,12 @@ its flag, its `[shard]` key in a `--config` file, its schema and its range or ch
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 from pipeline import __version__
+from pipeline.core import settings
 from pipeline.core.settings import setting
-from pipeline.executors import EXECUTORS, HELP
+from pipeline.executors import EXECUTORS, HELP, keep_warm_setting
 from pipeline.storage import EXAMPLE_URL, Location, open_folder
 
 TOOL = "pipe shard"
@@ -45,6 +44,7 @@ class ShardConfig:
                  "nodes themselves.", choices=tuple(EXECUTORS))
     ray_address: str = setting("auto", "The Ray cluster for --executor ray: auto (the one started on this machine, or "
                                        "RAY_ADDRESS) or HOST:PORT.", schema={"type": "string", "minLength": 1})
+    ray_keep_warm: float = keep_warm_setting()
 
     # settings that change what is written; a SHARD_DIR made with others is replaced only with --overwrite
     OUTPUT_SETTINGS = ("val_fraction", "max_count", "max_size", "seed", "split_distance")
@@ -55,5 +55,4 @@ class ShardConfig:
                 "settings": {k: getattr(self, k) for k in self.OUTPUT_SETTINGS}}
 
     def as_dict(self) -> dict:
-        return {f.name: (str(v) if isinstance(v, Path) else v)
-                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+        return settings.as_dict(self)

@@ -29,9 +29,12 @@ UNRECORDED = -1  # in a pixel column: pipe clean recorded no numbers for the ima
 
 
 class Grouped:
-    """The kept rows (sorted by key) as groups, one per key; the labelled groups are the samples."""
+    """The kept rows (sorted by key) as groups, one per key. The samples are the labelled groups
+    and the image-caption pairs without a label (data for contrastive training, `taken`); an
+    image alone or a text alone without a label is of no use to any objective: left out, counted."""
 
     def __init__(self, kept):
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         self.kept, n = kept, kept.num_rows
@@ -53,12 +56,17 @@ class Grouped:
         np.logical_or.at(self.wrong, self.group, ~to_mask(same))
         group_label = label.take(self.starts)
         self.labelled = ~to_mask(pc.or_kleene(pc.is_null(group_label), pc.equal(group_label, ""))) & ~self.wrong
-        self.sample_groups = np.flatnonzero(self.labelled)
-        self.samples = len(self.sample_groups)
-        self.label = group_label.take(self.sample_groups)
-        self.image_row, self.text_row = self._row_of(is_image), self._row_of(is_text)
         caption = kept.column(NAMES.caption)
         captioned = to_mask(pc.greater(pc.utf8_length(pc.fill_null(caption, "")), 0))
+        with_caption = np.bincount(self.group[is_image & captioned], minlength=self.groups) > 0  # a labels-file caption
+        self.pair = (images == 1) & ((texts == 1) | with_caption) & ~self.wrong
+        self.taken = self.labelled | self.pair
+        self.sample_groups = np.flatnonzero(self.taken)
+        self.samples = len(self.sample_groups)
+        # no label: null (an empty label from the labels file is none either)
+        self.label = pc.if_else(_mask_of(self.labelled[self.sample_groups]), group_label.take(self.sample_groups),
+                                pa.scalar(None, group_label.type))
+        self.image_row, self.text_row = self._row_of(is_image), self._row_of(is_text)
         # a caption from the labels file (no row of its own) is the text of an image without a text row
         self.caption_row = np.where((self.text_row < 0) & (self.image_row >= 0), self.image_row, -1)
         self.caption_row[self.caption_row >= 0] = np.where(captioned[self.caption_row[self.caption_row >= 0]],
@@ -108,6 +116,12 @@ class Grouped:
                 "image_size": stats.image_size[part], "image_mtime": stats.image_mtime[part], "text": self.text_path[part],
                 "text_size": stats.text_size[part], "text_mtime": stats.text_mtime[part], "phash": phash, "has_phash": has_phash,
                 "pixels": recorded_pixels(*(_rows(kept.column(c), image_row) for c in ADDED_LATER))}
+
+
+def _mask_of(mask: np.ndarray):
+    import pyarrow as pa
+
+    return pa.array(mask, pa.bool_())
 
 
 def to_mask(bools) -> np.ndarray:

@@ -148,6 +148,52 @@ def pack(sizes: np.ndarray, max_count: int, max_size: int) -> list[tuple[int, in
     return runs
 
 
+GROUP_FIELD = '"group":"'  # the .json member's first key, where it has one (keys sorted: before "image")
+
+
+def _grouped(samples, idx: np.ndarray) -> np.ndarray:
+    """Which of the samples ``idx`` record their near-duplicate group: image-caption pairs in a
+    group of two or more. A contrastive loss must not take such a pair's near copies for its
+    negatives, and it can see only what the shard holds; a classifier needs none of it, so a
+    dataset of images with labels keeps the bytes it always had."""
+    group = samples.group
+    if group is None:
+        return np.zeros(len(idx), dtype=bool)
+    return (group[idx] >= 0) & (samples.image_ext[idx] >= 0) & (samples.text_size[idx] >= 0)
+
+
+def group_prefix_sizes(samples) -> np.ndarray:
+    """Bytes `entry` adds to each sample's .json member: ``"group":"KEY",`` where it records one
+    (KEY: the shard key of the group's first sample, in key order)."""
+    import pyarrow.compute as pc
+
+    everyone = np.arange(len(samples))
+    out = np.zeros(len(samples), dtype=np.int64)
+    grouped = np.flatnonzero(_grouped(samples, everyone))
+    if len(grouped):
+        import pyarrow as pa
+
+        first = samples.group[grouped]
+        out[grouped] = len(GROUP_FIELD) + 2 + pc.binary_length(samples.key.take(pa.array(first))).to_numpy()
+    return out
+
+
+def _with_groups(samples, idx: np.ndarray, meta):
+    """The .json members of samples ``idx`` with ``"group":"KEY"`` first where `_grouped` says."""
+    import pyarrow as pa
+
+    mask = _grouped(samples, idx)
+    if not mask.any():
+        return meta
+    at = np.flatnonzero(mask)
+    firsts = samples.key.take(pa.array(samples.group[idx[at]])).to_pylist()
+    # the few samples that record a group, one by one (Arrow's binary_slice failed on taken arrays)
+    values = meta.to_pylist()
+    for i, first in zip(at.tolist(), firsts):
+        values[i] = b"{" + GROUP_FIELD.encode() + first.encode() + b'",' + values[i][1:]
+    return pa.array(values, pa.binary())
+
+
 def entry(samples, span: Span) -> ShardPlan:
     """The `ShardPlan` of one span of the plan, taken from the columns of `samples.Samples`."""
     import pyarrow as pa
@@ -163,6 +209,7 @@ def entry(samples, span: Span) -> ShardPlan:
         samples.release_pages(name)
         return out
 
-    return ShardPlan(span.name, span.split, take("key", pa.string()), samples.cls[idx], take("meta", pa.binary()),
+    meta = _with_groups(samples, idx, take("meta", pa.binary()))
+    return ShardPlan(span.name, span.split, take("key", pa.string()), samples.cls[idx], meta,
                      take("image", pa.string()), samples.image_ext[idx], samples.image_size[idx], take("image_mtime"),
                      take("text", pa.string()), samples.text_size[idx], take("text_mtime"))

@@ -1,5 +1,5 @@
-"""`pipe shard`'s samples as columns: the kept, labelled rows of manifest.parquet, grouped by key
-(an image and its caption are one sample) and sorted by shard key.
+"""`pipe shard`'s samples as columns: the kept rows of manifest.parquet, grouped by key (an image
+and its caption are one sample), that are labelled or image-caption pairs, sorted by shard key.
 
 Held as arrays (Arrow strings and binaries, numpy numbers), not an object per sample: a few
 hundred bytes a sample, not kilobytes of dicts and dataclasses. The manifest is read in column
@@ -38,11 +38,12 @@ READ_COLUMNS = (NAMES.source, NAMES.key, NAMES.kind, NAMES.label, NAMES.status, 
 
 @dataclass
 class Samples:
-    """Every labelled sample, in canonical order (sorted by shard key), one array per fact."""
+    """Every sample (labelled, or an image-caption pair without a label: class -1), in canonical
+    order (sorted by shard key), one array per fact."""
 
     classes: list[str]
     key: Any  # pyarrow string array: the shard key (safe, unique)
-    cls: np.ndarray  # int64: index into classes
+    cls: np.ndarray  # int64: index into classes, -1 for a pair without a label
     meta: Any  # pyarrow binary array: the .json member's bytes
     image: Any  # pyarrow string array: image path relative to CLEAN_DIR, null without one
     image_ext: np.ndarray  # int8: index into IMAGE_EXTS, NONE (`grouping.NONE`) without an image
@@ -54,9 +55,12 @@ class Samples:
     phash: np.ndarray  # uint64: the image's perceptual hash (0 where has_phash is False)
     has_phash: np.ndarray  # bool
     pixels: np.ndarray  # int64 (n, 8): width, height, 3 sums, 3 sums of squares; `grouping.UNRECORDED` row: decode
-    unlabelled: int  # kept samples without a label, left out
+    unlabelled: int  # kept samples without a label that are no image-caption pair, left out
     unlabelled_examples: list[str]  # the first few of their keys
     spill: Any = None  # the `Spill` the large columns are mapped from (None: they are on the heap)
+    group: np.ndarray | None = None
+    """int64, set once split: each sample's near-duplicate group as its first member's index, -1 for
+    a sample alone (`pipeline.shard.plan.entry` records it in the .json member of a pair)."""
 
     def __len__(self) -> int:
         return len(self.cls)
@@ -73,12 +77,17 @@ class Samples:
 
         from pipeline.formats.sample import encode_class, sample_bytes
 
-        cls_size = np.array([len(encode_class(i)) for i in range(len(self.classes))], dtype=np.int64)
-        return sample_bytes(self.image_size, self.text_size, cls_size[self.cls], pc.binary_length(self.meta).to_numpy())
+        cls_size = np.array([len(encode_class(i)) for i in range(len(self.classes))] + [-1], dtype=np.int64)  # -1: none
+        meta_size = pc.binary_length(self.meta).to_numpy()
+        if self.group is not None:
+            from pipeline.shard.plan import group_prefix_sizes
+
+            meta_size = meta_size + group_prefix_sizes(self)
+        return sample_bytes(self.image_size, self.text_size, cls_size[self.cls], meta_size)
 
 
 def load(clean_dir: Path, spill_dir: Path | None = None) -> tuple[Samples, str]:
-    """The labelled samples of ``clean_dir``'s manifest, and the manifest's sha256. Their large
+    """The samples of ``clean_dir``'s manifest (`Samples`), and the manifest's sha256. Their large
     columns are kept in unnamed files in ``spill_dir`` (default: the system's temporary folder)
     when the manifest is one pipe clean writes (`_streamed`)."""
     import pyarrow as pa
@@ -190,13 +199,12 @@ class _Held:
         self.examples: list[str] = []
 
     def add(self, cols: dict[str, Any]) -> None:
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         label = cols["label"]
-        for name in pc.unique(label).to_pylist():
+        for name in pc.unique(label.drop_null()).to_pylist():
             self.labels.setdefault(name, len(self.labels))
-        ids = pc.index_in(label, value_set=pa.array(list(self.labels), pa.string())).to_numpy()
+        ids = _class_ids(label, list(self.labels))
         end = self.n + len(ids)
         for k, column in self.columns.items():
             column[self.n : end] = ids if k == "label" else cols[k]
@@ -209,7 +217,8 @@ class _Held:
         rank[[self.labels[c] for c in classes]] = np.arange(len(classes))
         c = {k: column[: self.n] for k, column in self.columns.items()}
         m = spill.finish()
-        return Samples(classes, m["key"], rank[c["label"]], m["meta"], m["image"], c["image_ext"], c["image_size"],
+        cls = np.where(c["label"] >= 0, rank[np.maximum(c["label"], 0)] if len(rank) else -1, -1)
+        return Samples(classes, m["key"], cls, m["meta"], m["image"], c["image_ext"], c["image_size"],
                        m["image_mtime"], m["text"], c["text_size"], m["text_mtime"], c["phash"], c["has_phash"],
                        m["pixels"], self.unlabelled, self.examples, spill)
 
@@ -226,7 +235,7 @@ def _stream_unit(rows, clean_dir: Path, spill, held: _Held) -> None:
     stats = stat_outputs(clean_dir, g.image_path, g.text_path)
     if stats.failed is not None:
         raise _NotStreamable
-    unlabelled = np.flatnonzero(~g.labelled)
+    unlabelled = np.flatnonzero(~g.taken & ~g.wrong)
     held.unlabelled += len(unlabelled)
     held.examples += g.keys.take(g.starts[unlabelled[: max(0, 3 - len(held.examples))]]).to_pylist()
     for lo in range(0, g.samples, SAMPLE_BATCH):
@@ -291,8 +300,20 @@ def _kept(batch):
         col = batch.column(name)
         if name in ADDED_LATER and col.type != want:
             col = pa.nulls(len(batch), want)  # not numbers pipe clean wrote (a hand-made manifest): measure instead
-        columns.append(col.cast(want))
+        col = col.cast(want)
+        if name == NAMES.label:  # NFC, as pipe clean writes labels (an older or hand-made manifest may not)
+            col = pc.utf8_normalize(col, form="NFC")
+        columns.append(col)
     return pa.RecordBatch.from_arrays(columns, schema=_schema())
+
+
+def _class_ids(labels, classes: list[str]) -> np.ndarray:
+    """Each label's index in ``classes``; -1 for none (a pair without a label)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    found = pc.index_in(labels, value_set=pa.array(classes, pa.string()))
+    return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _sha256(path: Path) -> str:
@@ -326,7 +347,7 @@ def _build(tables: list, clean_dir: Path) -> Samples:
         bad = int(g.sample_groups[stats.failed])
     if bad is not None:
         _explain(g, bad, clean_dir)
-    unlabelled = np.flatnonzero(~g.labelled)
+    unlabelled = np.flatnonzero(~g.taken & ~g.wrong)
     examples = g.keys.take(g.starts[unlabelled[:3]]).to_pylist()
     if not g.samples:
         return _empty(len(unlabelled), examples)
@@ -373,8 +394,8 @@ def _in_key_order(c: dict[str, Any], unlabelled: int, examples: list[str]) -> Sa
         return a.take(pa.array(order))
 
     labels = take(c["label"])
-    classes = sorted(pc.unique(labels).to_pylist())
-    cls = pc.index_in(labels, value_set=pa.array(classes, pa.string())).to_numpy().astype(np.int64)
+    classes = sorted(pc.unique(labels.drop_null()).to_pylist())
+    cls = _class_ids(labels, classes)
     return Samples(classes, take(c["key"]), cls, take(c["meta"]), take(c["image"]), take(c["image_ext"]),
                    take(c["image_size"]), take(c["image_mtime"]), take(c["text"]), take(c["text_size"]),
                    take(c["text_mtime"]), take(c["phash"]), take(c["has_phash"]), take(c["pixels"]), unlabelled, examples)
@@ -409,7 +430,8 @@ def _check_rows(key: str, rows: list[tuple], clean_dir: Path, root: int) -> None
     if len(labels) > 1:
         raise UsageError(f"manifest key {key!r} has rows with different labels {sorted(map(str, labels))}")
     label = labels.pop()
-    if label is None or label == "":
+    caption = bool(images and (texts or images[0][_CAPTION]))
+    if (label is None or label == "") and not caption:  # left out: no class, and no image-caption pair
         return
     for r in images:
         image = _checked_output(clean_dir, root, r[_OUTPUT], r[_SOURCE])

@@ -106,6 +106,7 @@ class SplitResult:
     groups: int  # number of near-duplicate groups with more than one member
     grouped_samples: int  # samples in those groups
     classes_without_val: list[str]  # classes with >= 2 samples that still have none in val
+    group: np.ndarray | None = None  # int64: each sample's group as its first member's index, -1 for one alone
 
 
 def split(labels: list[str], phashes: list[int | None], val_fraction: float, seed: int, max_distance: int) -> SplitResult:
@@ -166,7 +167,8 @@ def split_arrays(lab: np.ndarray, names: list[str], hashes: np.ndarray, has_hash
                     taken[x] += n
                 break
     missing = [names[c] for c in range(len(names)) if target[c] > 0 and taken[c] == 0]
-    return SplitResult(in_val[gid].tolist(), len(members), int(size[size > 1].sum()), missing)
+    return SplitResult(in_val[gid].tolist(), len(members), int(size[size > 1].sum()), missing,
+                       np.where(size[gid] > 1, gid, -1))
 
 
 def _multi_members(gid: np.ndarray, size: np.ndarray) -> dict[int, np.ndarray]:

@@ -1,10 +1,12 @@
 """`pipe shard`: a CLEAN_DIR becomes deterministic webdataset tar shards and an `index.json`.
 
 1. load: the kept rows of `manifest.parquet`, grouped by key (an image and its caption are one
-   sample), held as columns (`samples.py`). Samples without a label cannot be trained on as a
-   class: they are left out, counted in index.json (`excluded.unlabeled`) and named in the
-   summary, never dropped silently.
-2. split: per class, seeded, near duplicates (by `phash`) kept on one side (`split.py`).
+   sample), held as columns (`samples.py`). An image-caption pair without a label is a sample
+   (no .cls member: data for contrastive training); an image or a text alone without a label is
+   of use to no objective: left out, counted in index.json (`excluded.unlabelled`) and named in
+   the summary, never dropped silently.
+2. split: per class (the pairs without a label as one more), seeded, near duplicates (by `phash`)
+   kept on one side (`split.py`); a pair in a group records it in its .json member (`plan.entry`).
 3. measure: every image's size must match the others, and the train images' exact pixel sums
    give the mean and std readers normalise with. pipe clean recorded both in the manifest
    (`pipeline.formats.pixels`); only images it has none for (a manifest of an older pipe) are
@@ -40,6 +42,7 @@ from pipeline.core.settings import check as check_settings
 from pipeline.core.ui import progress
 from pipeline.executors import Executor, Later, require
 from pipeline.formats import index as shard_index
+from pipeline.formats.labels import similar_names_warning
 from pipeline.formats.pixels import ImagePixels
 from pipeline.shard.config import TOOL, ShardConfig
 from pipeline.shard.plan import SPLITS, ShardPlan, Span, entry, make_plan
@@ -90,9 +93,16 @@ _REFUSED = ("{out} holds shards that pipe shard did not write (it has no .pipe/s
 def claim_output(cfg: ShardConfig, out: Folder) -> None:
     """Resume a SHARD_DIR whose marker says pipe shard made it from the same input and settings
     (shards it finished are kept, the rest written: `resume.py`); replace one made with others
-    only with --overwrite."""
+    only with --overwrite. The marker is written at once: until it was (after the split and the
+    measuring, minutes on a large set), a second run took the folder this one holds for someone
+    else's (exit 2, "did not write") instead of a busy one, and a run killed meanwhile left a
+    folder no later run would take."""
     outputs.claim(out, TOOL, shard_index.INDEX_NAME, cfg.overwrite, lambda state: _differs(cfg, state),
                   owned=(shard_index.INDEX_NAME,), refused=_REFUSED.format(out=out.url))
+    try:
+        outputs.write_marker(out, cfg.marker())
+    except OSError as e:
+        raise UsageError(f"cannot write to the output folder {out.url}: {e.strerror or e}") from None
 
 
 def _differs(cfg: ShardConfig, state: dict) -> str | None:
@@ -248,7 +258,7 @@ def run(cfg: ShardConfig, show_progress: bool = True, executor: Executor | None 
 
     validate(cfg)
     if executor is None:
-        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers)
+        executor = executors.get(cfg.executor, address=cfg.ray_address, workers=cfg.workers, keep_warm=cfg.ray_keep_warm)
     clean, out = open_folder(cfg.input), open_folder(cfg.output)
     with out.lock(TOOL):
         claim_output(cfg, out)
@@ -271,14 +281,16 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
     t = time.perf_counter()
     samples, manifest_sha = load(Path(local.input), scratch)
     if not len(samples):
-        why = f" ({samples.unlabelled} kept samples have no label)" if samples.unlabelled else ""
-        raise UsageError(f"{clean.url} has no kept, labelled samples to shard{why}")
+        why = f" ({samples.unlabelled} kept samples have no label and are images or texts alone)" if samples.unlabelled else ""
+        raise UsageError(f"{clean.url} has no kept, labelled samples and no image-caption pairs to shard{why}")
     classes = samples.classes
     timings["load_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    res = split_arrays(samples.cls, classes, samples.phash, samples.has_phash, cfg.val_fraction, cfg.seed, cfg.split_distance)
+    res = split_arrays(*_split_classes(samples), samples.phash, samples.has_phash, cfg.val_fraction, cfg.seed,
+                       cfg.split_distance)
     is_val = np.array(res.is_val, dtype=bool)
+    samples.group = res.group
     res.is_val = []  # (a list of every sample's side: is_val holds it)
     give_back_freed()  # the split's tables, freed in between what stays: handed back before the next step
     timings["split_s"] = time.perf_counter() - t
@@ -299,8 +311,10 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
     if decoded:
         warnings.append(decoded_notice(decoded, int(np.count_nonzero(samples.image_ext >= 0))))
     if samples.unlabelled:
-        warnings.append(f"{samples.unlabelled} kept samples have no label and were left out "
-                        f"(e.g. {', '.join(samples.unlabelled_examples)})")
+        warnings.append(f"{samples.unlabelled} kept samples have no label and were left out (images or texts alone, no "
+                        f"image-caption pairs; e.g. {', '.join(samples.unlabelled_examples)})")
+    if similar := similar_names_warning(classes):
+        warnings.append(similar)
     if res.classes_without_val:
         warnings.append(f"classes with no validation sample (their samples are near duplicates of each other): "
                         f"{', '.join(res.classes_without_val[:5])}")
@@ -312,7 +326,7 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
         "created_by": f"pipe shard {__version__}",
         "manifest_sha256": manifest_sha,
         "settings": {k: v for k, v in cfg.as_dict().items() if k not in ("input", "output", "workers", "overwrite", "executor",
-                                                                           "ray_address")},
+                                                                           "ray_address", "ray_keep_warm")},
         "classes": classes,
         "image_size": image_size,
         "mean": mean,
@@ -337,11 +351,23 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
 
 def _split_counts(samples: Samples, mask: np.ndarray, shards: int) -> dict:
     """index.json's counts of one split: samples, shards, samples per class (by name), images, texts."""
-    per_class = np.bincount(samples.cls[mask], minlength=len(samples.classes)).tolist()
+    cls = samples.cls[mask]
+    per_class = np.bincount(cls[cls >= 0], minlength=len(samples.classes)).tolist()  # pairs without a label: in samples only
     return {"samples": int(np.count_nonzero(mask)), "shards": shards,
             "per_class": {c: n for c, n in zip(samples.classes, per_class) if n},
             "images": int(np.count_nonzero(samples.image_ext[mask] >= 0)),
             "texts": int(np.count_nonzero(samples.text_size[mask] >= 0))}
+
+
+NO_LABEL = "(no label)"  # the pairs without a label, as the split's one more class (named in its messages)
+
+
+def _split_classes(samples: Samples) -> tuple[np.ndarray, list[str]]:
+    """The class of every sample as the split takes it: the pairs without a label as one more
+    class, split like the others (only where there are any: a labelled dataset splits as it did)."""
+    if not (samples.cls < 0).any():
+        return samples.cls, samples.classes
+    return np.where(samples.cls >= 0, samples.cls, len(samples.classes)), [*samples.classes, NO_LABEL]
 
 
 def _write_all(cfg: ShardConfig, clean: Folder, out: Folder, executor: Executor, samples: Samples, spans: list[Span],

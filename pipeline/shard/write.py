@@ -97,18 +97,19 @@ class _Members:
 
         has_image = plan.image_exts >= 0
         has_text = np.asarray(pc.is_valid(plan.texts).to_numpy(zero_copy_only=False), dtype=bool)
-        lay = sample.layout(has_image, has_text)
+        has_class = plan.cls >= 0  # an image-caption pair without a class has no .cls member
+        lay = sample.layout(has_image, has_text, has_class)
         self.firsts = lay.firsts  # each sample's first member
         n = lay.count
         self.count = n
-        codes = pa.array([sample.encode_class(c) for c in range(int(plan.cls.max(initial=-1)) + 1)], pa.binary())
-        cls = codes.take(pa.array(plan.cls))
+        codes = pa.array([sample.encode_class(c) for c in range(int(plan.cls.max(initial=-1)) + 1)] + [b""], pa.binary())
+        cls = codes.take(pa.array(np.where(has_class, plan.cls, len(codes) - 1)))  # b"" where there is no class
         meta_at, _ = values(plan.meta)
         kinds, sizes = np.full(n, SMALL, dtype=np.int8), np.empty(n, dtype=np.int64)
         kinds[lay.image], kinds[lay.text] = FILE, TEXT
         sizes[lay.image] = plan.image_sizes[has_image]
         sizes[lay.text] = plan.text_sizes[has_text]
-        sizes[lay.cls] = np.diff(values(cls)[0])
+        sizes[lay.cls] = np.diff(values(cls)[0])[has_class]
         sizes[lay.meta] = np.diff(meta_at)
         key_at, key_bytes = values(plan.keys)
         try:
@@ -122,7 +123,7 @@ class _Members:
         paths[lay.image] = plan.images.filter(pa.array(has_image)).to_pylist()
         paths[lay.text] = plan.texts.filter(pa.array(has_text)).to_pylist()
         self.paths: list[str] = paths[self.file_members].tolist()
-        self.small_members = np.stack([lay.cls, lay.meta], axis=1).reshape(-1)  # each sample's .cls, then its .json
+        self.small_members = np.sort(np.concatenate([lay.cls, lay.meta]))  # each sample's .cls (if any), then its .json
         self.small_at = np.concatenate(([0], np.cumsum(sizes[self.small_members])))
         self.blob = values(pc.binary_join_element_wise(cls, plan.meta.cast(pa.binary()), b""))[1]  # .cls, .json, .cls, ...
         self.spans = tarstream.member_sizes(sizes)  # header + data + padding

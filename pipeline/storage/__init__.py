@@ -40,6 +40,7 @@ from typing import Any
 
 from pipeline.core.errors import UsageError
 from pipeline.storage.folder import Entry, Folder, TooLarge
+from pipeline.storage.secrets import scrub_url
 
 __all__ = ["EXAMPLE_URL", "Entry", "Folder", "Location", "SCHEMES", "TooLarge", "local_path", "location", "open_folder"]
 
@@ -65,7 +66,7 @@ def _folder_class(scheme: str, arg: str) -> Any:
     target = SCHEMES.get(scheme)
     if target is None:
         known = ", ".join(f"{s}://" for s in SCHEMES)
-        raise UsageError(f"{arg.split('?')[0][:200]}: pipe knows no storage for {scheme}:// (it reads and writes local "
+        raise UsageError(f"{scrub_url(arg)[:200]}: pipe knows no storage for {scheme}:// (it reads and writes local "
                          f"folders and {known})")
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.core.errors import StageFailed, UsageError
+from pipeline.storage.lease import LOCK, held, hold, pipe_own  # noqa: F401 - LOCK: what callers import from here
 
 # What `Entry.note` says of an entry that is no readable file (a stage maps these to its reasons)
 OUTSIDE_ROOT = "outside_root"  # a link that leaves the folder: never read
@@ -104,6 +105,14 @@ def safe_rel(rel: str) -> bool:
     except UsageError:
         return False
     return True
+
+
+def bad_name_detail(e: Entry) -> str:
+    """Why an object's key is no file path (`BAD_NAME`), in the words of its manifest row."""
+    if e.rel.endswith("/"):
+        return (f"an object key ending in '/' that holds {e.size} bytes: no file can have this name "
+                "(a folder marker holds none)")
+    return "an object key with an empty, '.' or '..' part is no file path"
 
 
 def sort_key(rel: str) -> bytes:
@@ -209,24 +218,38 @@ class Folder(abc.ABC):
         """Whether reading ``rel`` reads a file inside this folder (a local link may lead out)."""
         return safe_rel(rel)
 
+    def read_contained(self, rel: str, max_bytes: int | None = None, head: int | None = None) -> bytes:
+        """`read` for a reader led by paths someone else wrote (pipe report's previews): the file
+        read is a regular file inside this folder, checked on what was opened (a link swapped in
+        after a check leads nowhere), else PermissionError; ``head``: only its first bytes.
+        Object storage has no links: any object under the prefix is inside."""
+        if not self.contained(rel):
+            raise PermissionError(f"{rel}: leaves its folder")
+        return self.read_range(rel, 0, head) if head is not None else self.read(rel, max_bytes)
+
     # ---------------------------------------------------------------- discovery
+
+    def list_all(self) -> Entries:
+        """`list`, and also what holds bytes under a name no file path can be (an object key ending
+        in "/" with content): what a stage that must account for every input lists. Sorted."""
+        return self.list()
 
     def walk(self, skip: Callable[[str], bool] | None = None) -> Entries:
         """What a stage reading every input finds, sorted: every file, and every folder ``skip``
         names (by its last component) as one entry (`SKIPPED_FOLDER`, with its file count)
-        instead of its files; a name no path can be is an entry too (`BAD_NAME`). Object
-        storage has no links; `LocalFolder` adds its rules for them."""
+        instead of its files; a name no path can be is an entry too (`BAD_NAME`), judged first: a
+        ``../`` key is no hidden folder. Object storage has no links; `LocalFolder` adds its
+        rules for them."""
         skipped: dict[str, int] = {}
         found = []
-        for e in self.list():
+        for e in self.list_all():
             parts = e.rel.split("/")
             at = next((i for i, p in enumerate(parts[:-1]) if skip is not None and skip(p)), None)
-            if at is not None:
+            if not safe_rel(e.rel):
+                found.append(Entry(e.rel, e.size, e.version, e.mtime_ns, note=BAD_NAME, detail=bad_name_detail(e)))
+            elif at is not None:
                 name = "/".join(parts[: at + 1])
                 skipped[name] = skipped.get(name, 0) + 1
-            elif not safe_rel(e.rel):
-                found.append(Entry(e.rel, e.size, e.version, e.mtime_ns, note=BAD_NAME,
-                                   detail="an object key with an empty, '.' or '..' part is no file path"))
             else:
                 found.append(e)
         found += [Entry(name, 0, "", note=SKIPPED_FOLDER, files=n) for name, n in skipped.items()]
@@ -245,21 +268,28 @@ class Folder(abc.ABC):
 
     def lock(self, tool: str) -> contextlib.AbstractContextManager[None]:
         """Hold the folder for one run (a second run stops at once with StageFailed), where the
-        storage can: object storage cannot, and its runs meet at `commit` instead."""
-        return contextlib.nullcontext()
+        storage can. Object storage is asked once whether its server honours conditional writes:
+        where it does, runs meet at `commit` instead; where it does not, the run holds a lease
+        (`lease.py`)."""
+        return hold(self, tool)
 
     def occupied(self) -> bool:
-        """Whether the folder holds anything but pipe's own lock."""
-        return any(e.rel != LOCK for e in self.list())
+        """Whether the folder holds anything but pipe's own lock (a lock file, lease claims)."""
+        return any(not pipe_own(e.rel) for e in self.list())
 
     def clear_temporaries(self) -> None:  # noqa: B027 - nothing to do where writes are whole or absent
         """Remove what a killed run left half-written (a local folder's temporary files)."""
 
     def commit(self, rel: str, source: bytes | Path) -> None:
         """Write the file that says the folder is complete, only if no other run has: StageFailed
-        (one line) when one did. ``source``: the bytes, or a local file holding them."""
+        (one line) when one did. ``source``: the bytes, or a local file holding them. Under a
+        lease (a server without conditional writes) the lease is confirmed, then the file written."""
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
-        if not self.write_if_absent(rel, data):
+        lease = held(self)
+        if lease is not None:
+            lease.confirm()
+            self.write(rel, data)
+        elif not self.write_if_absent(rel, data):
             raise committed_by_another_run(self, rel)
 
     def sizes(self) -> Sizes:
@@ -274,8 +304,10 @@ class Folder(abc.ABC):
         return listed.get
 
     def sweep(self, prefix: str, keep: set[str]) -> None:
-        """Remove every file under ``prefix/`` whose path is not in ``keep`` (an earlier run's)."""
-        stale = [f"{prefix}/{e.rel}" for e in self.child(prefix).list() if f"{prefix}/{e.rel}" not in keep]
+        """Remove every file under ``prefix/`` whose path is not in ``keep`` (an earlier run's);
+        the lease claims of runs holding the folder stay (`lease.pipe_own`)."""
+        stale = [rel for e in self.child(prefix).list() for rel in [f"{prefix}/{e.rel}"]
+                 if rel not in keep and not pipe_own(rel)]
         parallel(self.delete, stale)
 
     def put_file(self, rel: str, path: Path) -> None:
@@ -328,7 +360,6 @@ def committed_by_another_run(folder: Folder, rel: str) -> StageFailed:
                        "stands and this run's was not committed")
 
 
-LOCK = ".pipe/lock"  # the lock file of a local output (core/files.py's STATE_DIR/LOCK_NAME)
 
 
 class FileAppendable(Protocol):

@@ -150,6 +150,29 @@ class LocalFolder(Folder):
         except Exception:  # noqa: BLE001 - not a path inside (UsageError), a loop of links (RuntimeError, OSError)
             return False
 
+    def read_contained(self, rel: str, max_bytes: int | None = None, head: int | None = None) -> bytes:
+        """Checked before opening (a FIFO or a device outside is never opened) and again on the
+        descriptor opened, so a link swapped in between reads nothing from outside."""
+        if not self.contained(rel):
+            raise PermissionError(f"{rel}: not a file inside {self.root}")
+        path, root = self._path(rel), os.path.realpath(self.root)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise PermissionError(f"{rel}: not a file inside {self.root}")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb", closefd=True) as f:
+            st = os.fstat(fd)
+            real = _opened_path(fd)
+            if not stat.S_ISREG(st.st_mode) or (real is not None and not real.startswith(root.rstrip(os.sep) + os.sep)):
+                raise PermissionError(f"{rel}: not a file inside {self.root}")
+            if head is not None:
+                return f.read(max(0, head))
+            if max_bytes is not None and st.st_size > max_bytes:
+                raise TooLarge(rel, st.st_size)
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+            if max_bytes is not None and len(data) > max_bytes:  # grew since
+                raise TooLarge(rel, None)
+            return data
+
     # ---------------------------------------------------------------- discovery
 
     def walk(self, skip: Callable[[str], bool] | None = None) -> Entries:
@@ -400,3 +423,11 @@ def _sweep_in(path: str, prefix: str, keep: set[str]) -> None:
                 os.rmdir(e.path)
         elif (e.is_file() or e.is_symlink()) and prefix + e.name not in keep:
             os.unlink(e.path)
+
+
+def _opened_path(fd: int) -> str | None:
+    """The path the kernel says an open descriptor is (Linux's /proc), None where it cannot say."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None

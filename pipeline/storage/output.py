@@ -65,10 +65,11 @@ def refuse_foreign(out: Folder, tool: str, refused: str = "") -> dict | None:
 
 
 def remove(out: Folder, names: tuple[str, ...]) -> None:
-    """Remove the files and folders ``names`` (top-level) of ``out``, its lock aside."""
+    """Remove the files and folders ``names`` (top-level) of ``out``, its lock and lease aside."""
     for name in names:
         out.sweep(name, {LOCK})  # (nothing where it is a file)
-        out.delete(name)  # (nothing where it is a folder)
+        if not out.child(name).list():  # a file, or nothing: a folder still holding a lease stays (a
+            out.delete(name)  # file-backed store refuses to delete the key of a folder that is not empty)
 
 
 def commit(out: Folder, rel: str, source: bytes | object, scratch: tuple[str, ...] = ()) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.storage.folder import Entry, Folder, TooLarge, check_rel, sort_key
+from pipeline.storage.secrets import scrub, userinfo
 
 # boto3's standard retry mode: exponential backoff with jitter, ~30 s in all for 6 attempts;
 # AWS_MAX_ATTEMPTS, the standard variable, sets another number
@@ -42,7 +43,6 @@ _NOT_FOUND = {"NoSuchKey", "NotFound", "404"}
 _PRECONDITION = {"PreconditionFailed", "412"}
 _CONFLICT = {"ConditionalRequestConflict", "409"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"}
-_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 
 _clients: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
@@ -79,18 +79,6 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def scrub(text: str) -> str:
-    """``text`` without anything secret: credentials in a URL, a query string (presigned URLs
-    sign with one) and the values of the AWS credential variables, whatever printed them."""
-    text = re.sub(r"//[^/\s@]+@", "//", text)
-    text = re.sub(r"\?[^\s'\"]*", "", text)
-    for name in _SECRET_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text
-
-
 def client() -> Any:
     """This process's S3 client, made on first use (and again after fork or a change of the
     AWS environment, which tests and long-lived drivers may make)."""
@@ -119,10 +107,21 @@ def _make_client() -> Any:
     )
     from botocore.exceptions import BotoCoreError
 
+    _check_endpoint()
     try:
         return boto3.session.Session().client("s3", config=config)
     except BotoCoreError as e:  # no region, a malformed endpoint, an unknown profile
         raise UsageError(f"cannot set up the S3 client: {scrub(str(e))}") from None
+
+
+def _check_endpoint() -> None:
+    """An endpoint whose user:password holds a "/" is no URL botocore takes (an AWS secret often
+    holds one): say so in one line, without the secret, before botocore says it with it."""
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if "/" in userinfo(os.environ.get(name, "")):
+            raise UsageError(f"{name} is no valid URL: the user:password before its host holds a '/' (not shown here); "
+                             "leave credentials out of it (S3 signs with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), "
+                             "or write the '/' as %2F")
 
 
 def _max_attempts() -> int:
@@ -179,16 +178,23 @@ class S3Folder(Folder):
         except BotoCoreError as e:
             raise StageFailed(f"{where}: {scrub(str(e))}") from None
 
-    def list(self) -> list[Entry]:
+    def list(self) -> builtins.list[Entry]:
+        """Every object but those whose key ends in "/" (no file path can be such a name)."""
+        return [e for e in self.list_all() if not e.rel.endswith("/")]
+
+    def list_all(self) -> builtins.list[Entry]:
+        """Every object, a key ending in "/" included when it holds bytes: the "folder/" markers
+        consoles and tools create hold none and are no file, but one with content is an input
+        that must have its row (rows == files)."""
         base = f"{self.prefix}/" if self.prefix else ""
         found = []
         with self._errors():
             pages = client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
             for page in pages:
                 for obj in page.get("Contents", ()):
-                    rel = obj["Key"][len(base):]
-                    if rel and not rel.endswith("/"):  # "folder/" markers some tools create hold nothing
-                        found.append(Entry(rel=rel, size=int(obj["Size"]), version=str(obj.get("ETag", "")).strip('"'),
+                    rel, size = obj["Key"][len(base):], int(obj["Size"])
+                    if rel and (size or not rel.endswith("/")):
+                        found.append(Entry(rel=rel, size=size, version=str(obj.get("ETag", "")).strip('"'),
                                            mtime_ns=_ns(obj.get("LastModified"))))
         found.sort(key=lambda e: sort_key(e.rel))
         return found
@@ -334,22 +340,32 @@ class S3Folder(Folder):
     def child(self, rel: str) -> S3Folder:
         return S3Folder(self.bucket, self._key(rel))
 
-    def _first_keys(self, n: int) -> builtins.list[str]:
-        """At most ``n`` keys under the prefix, relative to it: one request, however many there are."""
+    def _first_keys(self, n: int, after: str = "") -> tuple[builtins.list[str], bool]:
+        """At most ``n`` keys under the prefix (after ``after``), relative to it, and whether there
+        are more: one request, however many there are."""
         base = f"{self.prefix}/" if self.prefix else ""
+        extra = {"StartAfter": base + after} if after else {}
         with self._errors():
-            page = client().list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=n)
-        return [obj["Key"][len(base):] for obj in page.get("Contents", ())]
+            page = client().list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=n, **extra)
+        return [obj["Key"][len(base):] for obj in page.get("Contents", ())], bool(page.get("IsTruncated"))
 
     def state(self) -> str:
         """Whether the prefix holds anything (one small listing)."""
-        return "folder" if self._first_keys(1) else "absent"
+        return "folder" if self._first_keys(1)[0] else "absent"
 
     def occupied(self) -> bool:
-        """Anything besides a lock (one small listing, not the whole prefix's)."""
-        from pipeline.storage.folder import LOCK
+        """Anything besides pipe's own lock and lease claims (small listings, not the whole
+        prefix's: past the claims, which are few, the first other key answers)."""
+        from pipeline.storage.lease import pipe_own
 
-        return any(rel != LOCK for rel in self._first_keys(2))
+        after = ""
+        while True:
+            keys, more = self._first_keys(8, after)
+            if any(not pipe_own(rel) for rel in keys):
+                return True
+            if not more or not keys:
+                return False
+            after = keys[-1]
 
     def read_heads(self, rels: Iterable[str], n: int) -> Iterator[bytes | OSError]:
         """Many small ranged GETs at once, answered in order: each is a round trip."""

@@ -28,16 +28,17 @@ CLASSES = ["cat", "dog", "fox"]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def noisy_shards(root: Path, n: int = 150, flip: float = 0.1, seed: int = 0) -> tuple[Path, set[str]]:
+def noisy_shards(root: Path, n: int = 150, flip: float = 0.1, seed: int = 0,
+                 classes: list[str] = CLASSES) -> tuple[Path, set[str]]:
     """A SHARD_DIR whose images show their true class (a colour in a quadrant, under noise) while
     ``flip`` of the labels name another class; returns it and the flipped keys."""
     rng = np.random.default_rng(seed)
     flipped = set(rng.choice(n, size=int(round(flip * n)), replace=False).tolist())
     specs, true = [], {}
     for i in range(n):
-        label = i % len(CLASSES)
-        given = (label + 1 + int(rng.integers(len(CLASSES) - 1))) % len(CLASSES) if i in flipped else label
-        specs.append(Spec(key=f"k{i:04d}", label=CLASSES[given], seed=seed * 100_000 + i, size=16,
+        label = i % len(classes)
+        given = (label + 1 + int(rng.integers(len(classes) - 1))) % len(classes) if i in flipped else label
+        specs.append(Spec(key=f"k{i:04d}", label=classes[given], seed=seed * 100_000 + i, size=16,
                           phash=((seed * 100_000 + i) * 0x9E3779B97F4A7C15) & (2**64 - 1)))
         true[specs[-1].key] = label
     clean = make_clean_dir(root / "clean", specs)
@@ -107,6 +108,7 @@ def test_a_run_on_flipped_labels_flags_mostly_the_flipped_ones(tmp_path, cli):
     top = summary["pairs"][0]
     assert f"{top['count']} labelled {top['given']} look like {top['suggested']}" in result.output
     assert "nothing was removed" in result.output
+    assert summary["finding"] is None and "finding:" not in result.output  # a model that learned
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +228,111 @@ def test_pipe_labels_does_not_import_torch(clean_run):
     code = ("import sys; from pathlib import Path; from train import labels; "
             f"labels.run(Path({str(clean_run.output)!r})); assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, env=pipe_env())
+
+
+# -- hostile or broken runs (issue 24, item 5) ----------------------------------------------------------
+
+
+def _rewrite(path: Path, **columns) -> None:
+    """Replace columns of a record file, as a run whose outputs went NaN writes them (or a planter)."""
+    import pyarrow as pa
+
+    table = pq.read_table(path)
+    for name, values in columns.items():
+        column = values(table)
+        column = column if isinstance(column, (pa.Array, pa.ChunkedArray)) else pa.array(column)
+        table = table.set_column(table.column_names.index(name), name, column)
+    pq.write_table(table, path)
+
+
+def _copy_run(run: Path, to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(run, to)
+    for name in (labels.ISSUES, labels.SUMMARY):  # an earlier test's pipe labels on the shared run
+        (to / name).unlink(missing_ok=True)
+    return to
+
+
+@pytest.mark.parametrize("split, column", [("train", "margin"), ("train", "prob"), ("val", "probs")])
+def test_a_run_whose_outputs_went_nan_is_refused(clean_run, tmp_path, cli, split, column):
+    """The last records of a run whose loss went NaN (NaN margins, probabilities): pipe labels said
+    "estimated noise rate 0.0%, 0 flagged", exit 0. Now one line, exit 2, and no result files."""
+    import pyarrow as pa
+
+    run = _copy_run(clean_run.output, tmp_path / "run")
+    last = [p for s, _, _, p in labels.record_files(run) if s == split][-1]
+    if column == "probs":
+        _rewrite(last, probs=lambda t: pa.FixedSizeListArray.from_arrays(
+            pa.array(np.full(t.num_rows * 3, np.nan, dtype=np.float32)), 3))
+    else:
+        _rewrite(last, **{column: lambda t: pa.array(np.where(np.arange(t.num_rows) % 2, np.nan, np.inf).astype(np.float32))})
+    r = cli("labels", run, "--shards", clean_run.shard_dir)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert f"{split} records hold NaN or inf" in lines[0] and "diverged" in lines[0]
+    assert not (run / labels.ISSUES).exists() and not (run / labels.SUMMARY).exists()
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda p: p.write_bytes(b"PAR1 not really"), "is not a readable train record"),
+    (lambda p: _rewrite(p, epoch=lambda t: pq.read_table(p).column("key")), "column 'epoch' is string, not integer"),
+    (lambda p: _rewrite(p, label=lambda t: np.full(t.num_rows, 7, dtype=np.int32)), "records name class 7, the SHARD_DIR has 3"),
+    (lambda p: _rewrite(p, epoch=lambda t: np.full(t.num_rows, -2, dtype=np.int32)), "has the epoch -2"),
+])
+def test_a_record_file_pipe_train_did_not_write_is_one_line(clean_run, tmp_path, cli, damage, words):
+    run = _copy_run(clean_run.output, tmp_path / "run")
+    damage([p for s, _, _, p in labels.record_files(run) if s == "train"][-1])
+    r = cli("labels", run, "--shards", clean_run.shard_dir)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and words in lines[0], r.output
+
+
+def test_a_model_near_chance_on_its_training_data_is_a_finding_not_a_footnote(tmp_path, cli):
+    """Correct labels, a model that learned nothing (lr 1e-7): every margin is low, so the lowest are
+    flagged with confident "x look like y" lines. pipe labels now says first that the model is near
+    chance and that its flags are not evidence, prints no such line, and records the finding."""
+    shards, flipped = noisy_shards(tmp_path, n=90, flip=0.0)
+    assert not flipped
+    train(shards, tmp_path / "run", epochs=2, batch_size=16, lr=1e-7)
+    r = cli("labels", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "run" / labels.SUMMARY).read_text())
+    assert summary["last_epoch_train_accuracy"] < 0.5
+    assert summary["finding"] and "near chance on its own training data" in summary["finding"]
+    assert r.stdout.startswith("finding: the model is near chance on its own training data")
+    assert "look like" not in r.output
+
+
+HOSTILE = ["cat\x1b[31mRED\x1b[0m", "dog\x1b]0;pwned\x07", "fox\u202eeulb"]  # colours, a window title, a bidi override
+RAW = ("\x1b", "\x07", "\u202e")
+
+
+@pytest.mark.slow
+def test_class_names_with_terminal_escapes_reach_the_terminal_escaped(tmp_path):
+    """Class folders named with ESC sequences (Rich passes ESC): pipe labels, a real process, prints
+    its "x look like y" lines with the names escaped as pipe check does, and nothing raw."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, pipe_env
+
+    shards, flipped = noisy_shards(tmp_path, n=90, flip=0.15, classes=HOSTILE)
+    train(shards, tmp_path / "run", epochs=4, batch_size=16)
+    p = subprocess.run([sys.executable, "-m", "pipeline", "labels", str(tmp_path / "run")], capture_output=True,
+                       text=True, env=pipe_env(), cwd=REPO, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert not any(c in p.stdout + p.stderr for c in RAW)
+    pairs = [ln for ln in p.stdout.splitlines() if " look like " in ln]
+    assert pairs and all("\\x1b" in ln or "\\u202e" in ln for ln in pairs), p.stdout
+
+
+def test_an_error_naming_a_planted_path_is_escaped(tmp_path, cli):
+    """RUN_DIR/config.json names the SHARD_DIR; one with escapes in it comes back in the error line
+    escaped (every error line passes the same helper)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"shard_dir": "/nowhere/\x1b]0;pwned\x07\x1b[2J"}))
+    r = cli("labels", run)
+    assert r.exit_code == 2 and not any(c in r.output for c in RAW)
+    assert "/nowhere/\\x1b]0;pwned\\x07\\x1b[2J has no readable index.json" in r.stderr

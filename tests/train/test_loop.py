@@ -165,7 +165,7 @@ def test_out_of_memory_in_a_step_names_the_settings_to_change(tmp_path, monkeypa
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr("train.components.step.forward", oom)  # what the loop's step calls
+    monkeypatch.setattr("train.objectives.classify.forward", oom)  # what the loop's step calls (its objective's loss)
     with pytest.raises(StageFailed) as e:
         _run(_cfg(tmp_path, batch_size=8))
     msg = str(e.value)
@@ -243,3 +243,117 @@ def test_validation_is_exact_across_ranks():
         logits = model(image=batch["image"], text=batch["text"], text_len=batch["text_len"])
     assert val["val_loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, batch["label"]).item(), rel=1e-5)
     assert val["val_acc"] == pytest.approx((logits.argmax(1) == batch["label"]).float().mean().item())
+
+
+# -- issue 23's drills on digit scans, 2 CPU ranks: killed and resumed, on other world sizes --------
+
+DRILL = {"model": "image", "width": 8, "epochs": 2, "checkpoint_every": 3, "log_every": 5}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Path:
+    from tests.digits import make_digit_shards
+
+    return make_digit_shards(tmp_path_factory.mktemp("digits"), n=200)  # 160 train, 40 val
+
+
+def _pipe_train(shards: Path, run: Path, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", "train", str(shards), "-o", str(run), *flags],
+                          capture_output=True, text=True, env={**pipe_env(), **(env or {})}, cwd=REPO, timeout=600)
+
+
+def _full_state(run: Path) -> dict:
+    """The run's last model and optimizer state, whole: last.pt, or a last.dcp gathered into one file."""
+    if not (run / ckpt.LAST_DCP).exists():
+        return ckpt.load(run / ckpt.LAST)
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = run / "gathered.pt"
+    dcp_to_torch_save(os.path.realpath(run / ckpt.LAST_DCP), out)
+    return torch.load(out, weights_only=False)
+
+
+def _once_per_epoch(run: Path, epochs: int, expect: int) -> list[list[str]]:
+    """Each epoch's trained keys over every rank and attempt; each sample once, ``expect`` of them."""
+    from train.components import keys
+
+    out = []
+    for epoch in range(epochs):
+        trained, skipped = keys.trained_keys(run, epoch)
+        assert skipped == [] and len(trained) == expect and len(set(trained)) == expect, (epoch, len(trained))
+        out.append(trained)
+    return out
+
+
+def _per_rank(run: Path, epoch: int) -> dict[int, list[str]]:
+    from train.components import keys
+
+    out: dict[int, list[str]] = {}
+    for (_, rank), lines in keys.read_epoch(run, epoch).items():  # attempt order
+        out.setdefault(rank, []).extend(lines)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_killed_twice_with_2_workers_a_rank_resumes_twice_to_identical_weights(digits, tmp_path, strategy):
+    """2 ranks x 2 dataloader workers, 10 steps an epoch, checkpoints every 3: rank 1 SIGKILLed after
+    step 4 and, restarted by the elastic agent, after step 13 (mid-epoch both times, the second in
+    the other epoch): the run resumes twice by itself and ends with the uninterrupted run's weights
+    and AdamW moments, bit for bit; the key record holds every epoch's 160 samples once, over the
+    three attempts' files (what the killed attempts trained past their checkpoints cut off)."""
+    flags = [*_flags({**DRILL, "batch_size": 8, "workers": 2, "strategy": strategy}), "--record-keys",
+             "--nproc-per-node", "2"]
+    whole = _pipe_train(digits, tmp_path / "whole", *flags)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = _pipe_train(digits, tmp_path / "killed", *flags, "--max-restarts", "2",
+                         env={"PIPE_FAULT_KILL_AT_STEP": "4,13:1"})
+    assert killed.returncode == 0, killed.stderr[-3000:]
+    assert (tmp_path / "killed" / ".fault-injected").read_text().count("SIGKILL") == 2
+    assert killed.stderr.count("resumed from") == 2 and "terminate called" not in killed.stderr
+    a, b = _full_state(tmp_path / "whole"), _full_state(tmp_path / "killed")
+    assert _same_tensors(a["model"], b["model"]) == []
+    for name, moments in a["optimizer"]["state"].items():
+        for k, v in moments.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(b["optimizer"]["state"][name][k])), (name, k)
+    _once_per_epoch(tmp_path / "whole", 2, 160), _once_per_epoch(tmp_path / "killed", 2, 160)
+    for epoch in range(2):  # and rank by rank in the same order, the attempts' files one after the other
+        assert _per_rank(tmp_path / "killed", epoch) == _per_rank(tmp_path / "whole", epoch)
+    attempts = {p.name.rpartition("-attempt")[2] for p in (tmp_path / "killed" / "keys").glob("*-attempt*.txt")}
+    assert attempts == {"1.txt", "2.txt"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("strategy,before,after", [("ddp", 2, 1), ("fsdp", 2, 3)])
+def test_resumed_on_another_world_size_each_sample_once_and_the_next_epoch_as_that_size_plans_it(
+        digits, tmp_path, strategy, before, after):
+    """Global batch 12 on 2 ranks (160 samples: 13 steps an epoch, 4 left out), rank 1 SIGKILLed
+    after step 5 (checkpoint 3); resumed on ``after`` ranks: the rest of epoch 1 is the samples it
+    had not trained on, each once (the key record over both attempts: 156 distinct keys, the 4
+    left out not among them), every new rank the same steps; epoch 2 is exactly what a run
+    started on ``after`` ranks reads in its epoch 2."""
+    from tests.digits import keys_by_position
+    from train.components import keys
+    from train.data.plan import block_key, epoch_plan, rank_stream
+
+    flags = [*_flags({**DRILL, "global_batch": 12, "workers": 1, "strategy": strategy}), "--record-keys"]
+    run = tmp_path / "run"
+    first = _pipe_train(digits, run, *flags, "--nproc-per-node", str(before), env={"PIPE_FAULT_KILL_AT_STEP": "5:1"})
+    assert first.returncode != 0 and "SIGKILL rank 1 after step 5" in (run / ".fault-injected").read_text()
+    resumed = _pipe_train(digits, run, *flags, "--nproc-per-node", str(after), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "epoch 1, step 3" in resumed.stderr
+    assert "continues on another layout" in resumed.stderr and "the 120 samples it has not trained on yet" in resumed.stderr
+    epoch1, _ = _once_per_epoch(run, 2, 156)
+    names = keys_by_position(digits)
+    counts = [s["count"] for s in json.loads((digits / "index.json").read_text())["shards"] if s["split"] == "train"]
+    left_out = epoch_plan(counts, before, 12 // before, 0, 0).dropped
+    assert set(epoch1) == set(names.values()) - {names[x] for x in left_out}
+    lines = keys.read_epoch(run, 0)
+    assert {len(v) for (attempt, _), v in lines.items() if attempt == 1} == {120 // after}  # equal steps per rank
+    later = epoch_plan(counts, after, 12 // after, 0, 1)
+    for rank in range(after):
+        want = [names[(s, i)] for s, i, _ in rank_stream(later, rank, 1, 512, block_key(0, 1, rank))]
+        assert keys.read_epoch(run, 1)[(1, rank)] == want

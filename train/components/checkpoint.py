@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import UsageError
+from train.components import safe_load
 
 CHECKPOINT_FORMAT = "pipe-train-checkpoint/1"
 LAST = "last.pt"
@@ -65,8 +66,10 @@ class TrainState:
 # -- what a run's checkpoint holds, and putting it back -----------------------------------------
 
 
-def _plain(*, scheduler, scaler, state: TrainState, reader: dict, rngs: list, config: dict, fingerprint: str) -> dict:
-    """What a checkpoint holds besides the model and the optimizer (both formats)."""
+def _plain(*, scheduler, scaler, state: TrainState, reader: dict, rngs: list, config: dict, fingerprint: str,
+           records: dict | None = None) -> dict:
+    """What a checkpoint holds besides the model and the optimizer (both formats). ``records``:
+    what the run's per-sample records were when it was written (`train.components.keys.Records`)."""
     return {
         "format": CHECKPOINT_FORMAT,
         "scheduler": scheduler.state_dict(),
@@ -77,16 +80,17 @@ def _plain(*, scheduler, scaler, state: TrainState, reader: dict, rngs: list, co
         "rng": rngs,
         "config": config,
         "dataset_fingerprint": fingerprint,
+        "records": records or {},
     }
 
 
 def save(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainState, reader: dict, rngs: list,
-         config: dict, fingerprint: str, best: bool) -> None:
+         config: dict, fingerprint: str, best: bool, records: dict | None = None) -> None:
     """Write RUN_DIR/last.pt (rank 0 only); with ``best``, best.pt becomes that file too.
     ``model`` is the bare module (no DDP wrapper: its names carry no ``module.`` prefix);
     ``reader`` the train reader's position, ``rngs`` every rank's RNG states (rank order)."""
     plain = _plain(scheduler=scheduler, scaler=scaler, state=state, reader=reader, rngs=rngs, config=config,
-                   fingerprint=fingerprint)
+                   fingerprint=fingerprint, records=records)
     save_atomic({"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  **plain}, run_dir / LAST)
     if best:
@@ -94,7 +98,8 @@ def save(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainStat
 
 
 def save_sharded(run_dir: Path, *, model, optimizer, scheduler, scaler, state: TrainState, reader: dict | None,
-                 rngs: list, config: dict, fingerprint: str, best: bool, token: str, is_main: bool) -> None:
+                 rngs: list, config: dict, fingerprint: str, best: bool, token: str, is_main: bool,
+                 records: dict | None = None) -> None:
     """Write the --strategy fsdp checkpoint (every rank calls this, with the same ``token``): the
     model's and optimizer's shards through DCP into a temporary folder, then (rank 0) state.pt,
     COMPLETE, the rename, and last.dcp (best.dcp) pointed at it. ``reader`` is rank 0's position."""
@@ -111,7 +116,7 @@ def save_sharded(run_dir: Path, *, model, optimizer, scheduler, scaler, state: T
     if not is_main:
         return
     plain = _plain(scheduler=scheduler, scaler=scaler, state=state, reader=reader or {}, rngs=rngs, config=config,
-                   fingerprint=fingerprint)
+                   fingerprint=fingerprint, records=records)
     save_atomic(plain, tmp / DCP_STATE)
     complete = tmp / DCP_COMPLETE
     complete.write_text(f"step {state.step}\n")
@@ -231,39 +236,54 @@ def _load_sharded_weights(folder: Path, model, optimizer) -> None:
     optimizer state, keyed by parameter name. The optimizer's state must exist to be filled:
     `get_state_dict` makes it (a zero step) for the parameters that train now, so the caller
     freezes as the checkpoint's epoch did first (frozen parameters have no state in the file)."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     sd: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     try:
-        dcp.load(sd, checkpoint_id=str(folder))
-    except Exception as e:
+        safe_load.dcp_load(sd, folder)  # never torch's own reader: it would unpickle whatever the folder holds
+    except UsageError:
+        raise
+    except (Exception, CheckpointException) as e:
         raise UsageError(f"{folder} does not fit this model ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+                         f"{_last_line(e)})") from None
     set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
 
 
+def _last_line(e: BaseException) -> str:
+    """The last non-empty line of ``e`` (a CheckpointException ends with its rank's own error)."""
+    return next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), "")
+
+
 def _load_sharded_plain(path: Path) -> dict:
-    """A last.dcp folder's plain values (state.pt), refused unless its COMPLETE marker is there."""
-    folder = Path(os.path.realpath(path))
+    """A last.dcp folder's plain values (state.pt), refused unless its COMPLETE marker is there; its
+    .metadata is read (through `safe_load.dcp_metadata`) here too, so that a planted one is refused
+    wherever the checkpoint is first looked at (before any rank starts, or on a restarted rank)."""
+    folder = safe_load.inside_run(Path(path))
     if not (folder / DCP_COMPLETE).exists():
         raise UsageError(f"{path} is not a complete checkpoint (no {DCP_COMPLETE} marker in {folder})")
+    safe_load.dcp_check_items(folder, safe_load.dcp_metadata(folder))
+    if not safe_load.inside(folder / DCP_STATE, folder):
+        raise safe_load.Refused(f"{folder / DCP_STATE} is a link out of its checkpoint folder: refused")
     return {**load(folder / DCP_STATE), SHARDED_FROM: str(folder)}
 
 
 def load(path: Path, mmap: bool = False) -> dict:
-    """A checkpoint written by `save_atomic`, on the CPU, refusing anything but tensors and plain values.
+    """A checkpoint written by `save_atomic`, on the CPU, refusing anything but tensors and plain values
+    (`safe_load`), and a link out of its run folder.
     ``mmap``: tensors stay in the file until touched (cheap when only the plain values are wanted).
     A last.dcp folder gives its plain values and, under `SHARDED_FROM`, where its tensors are."""
     if Path(path).is_dir():
         return _load_sharded_plain(Path(path))
+    if Path(path).is_symlink():
+        safe_load.inside_run(Path(path))
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        obj = safe_load.torch_file(path, mmap=mmap)
     except FileNotFoundError:
         raise UsageError(f"no checkpoint at {path}") from None
     except Exception as e:
-        raise UsageError(f"{path} is not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise safe_load.refusal("", path, e, readable="a readable checkpoint") from None
     if not isinstance(obj, dict) or obj.get("format") != CHECKPOINT_FORMAT:
         raise UsageError(f"{path} was not written by pipe train (no {CHECKPOINT_FORMAT!r} marker)")
     return obj

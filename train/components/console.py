@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.core.ui import plain, shown
 from train.config import BatchPlan, TrainConfig
 
 TORCHRUN_STORE_WARNING = (
@@ -32,8 +33,9 @@ class RunConsole:
         self.console, self.is_main = console, is_main
 
     def say(self, message: str) -> None:
+        """One line as it is: paths, model names and what a file held pass through `shown`, never as markup."""
         if self.is_main:
-            self.console.print(message, highlight=False)
+            self.console.print(shown(message), highlight=False, markup=False)
 
     def setup(self, cfg: TrainConfig, plan: BatchPlan, *, params: int, precision: str, backend: str | None,
               steps_per_epoch: int, total_steps: int, warmup: int, decoded_at: int | None, stored: int | None,
@@ -57,24 +59,42 @@ class RunConsole:
             return
         from rich.table import Table
 
-        t = Table(title=f"--init-from {report.source} ({report.kind})", title_justify="left", show_header=False)
+        t = Table(title=plain(f"--init-from {report.source} ({report.kind})"), title_justify="left", show_header=False)
         t.add_column(style="bold")
         t.add_column()
-        for status, detail in report.rows():
-            t.add_row(status, detail)
+        for status, detail in report.rows():  # the details name the file's tensors: its author chose them
+            t.add_row(status, plain(detail))
         self.console.print(t)
 
     def freeze(self, epoch: int, state) -> None:
         """``epoch`` counts from 0; ``state`` is `train.models.finetune.FreezeState`."""
         self.say(f"epoch {epoch + 1}: {state.describe()}")
 
-    def validation(self, epoch: int, loss: float, acc: float, samples: int) -> None:
-        self.say(f"epoch {epoch + 1}: val loss {loss:.4f} acc {acc:.1%} ({samples} samples, all ranks)")
+    def validation(self, epoch: int, loss: float, acc: float, samples: int, metrics: dict | None = None,
+                   parts: dict[str, tuple[float, float, int]] | None = None) -> None:
+        """``metrics``: the objective's own numbers (zero-shot, recall@K) in place of acc;
+        ``parts``: each mixed source's own loss, accuracy and samples."""
+        more = " ".join(f"{k.replace('_acc', '')} {v:.1%}" for k, v in metrics.items()) if metrics else f"acc {acc:.1%}"
+        self.say(f"epoch {epoch + 1}: val loss {loss:.4f} {more} ({samples} samples, all ranks)")
+        for name, (lo, ac, n) in (parts or {}).items():
+            self.say(f"epoch {epoch + 1}:   {name}: val loss {lo:.4f} acc {ac:.1%} ({n} samples)")
 
-    def epoch_restarts(self, why: str, epoch: int) -> None:
-        """A mid-epoch position that the new layout cannot continue (``epoch`` counts from 0)."""
-        self.say(f"resume: {why}; epoch {epoch + 1} starts again from its beginning (no sample "
-                 "skipped; the ones already seen this epoch are seen twice)")
+    def layout_changed(self, saved: dict, reader, epoch: int) -> None:
+        """A mid-epoch position continued on another layout (``saved``: the checkpoint's reader
+        position; ``reader``: the train reader now; ``epoch`` counts from 0). Silent when the
+        layout is the saved one, or the reader keeps no layouts (a stand-in)."""
+        history = getattr(reader, "history", None)
+        if history is None or len(history(epoch)) <= len(saved.get("history") or ()):
+            return
+        def layout(world: int, batch: int, workers: int) -> str:
+            return f"{world} rank{'s' if world != 1 else ''} x batch {batch}, {workers} worker{'s' if workers != 1 else ''}"
+
+        was = layout(saved["world_size"], saved["batch_size"], saved["num_workers"])
+        now = layout(reader.world_size, reader.batch_size, max(1, reader.num_workers))
+        left = reader.plan(epoch).steps * reader.batch_size * reader.world_size
+        self.say(f"resume: epoch {epoch + 1} continues on another layout ({was} -> {now}): the {left} samples it has "
+                 "not trained on yet, each once, in a new order (the same samples as the uninterrupted run, other "
+                 "batches: weights agree closely, not bit for bit)")
 
     def resumed(self, last: Path, epoch: int, step: int) -> None:
         self.say(f"resumed from {last}: epoch {epoch + 1}, step {step}")
@@ -86,7 +106,7 @@ class RunConsole:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"pipe train -> {run_dir}", show_header=False, title_justify="left")
+        t = Table(title=plain(f"pipe train -> {run_dir}"), show_header=False, title_justify="left")
         t.add_column(style="bold")
         t.add_column(justify="right")
         rows = [("epochs", s["epochs"]), ("optimizer steps", s["steps"]), ("global batch", s["global_batch"]),
@@ -96,6 +116,8 @@ class RunConsole:
             if s["val_majority"] is not None:  # what always answering the commonest class would score
                 rows.append(("val majority class", f"{s['val_majority']:.1%}"))
             rows.append(("best val loss", f"{s['best_val_loss']:.4f}"))
+        if s.get("skipped"):
+            rows.append(("samples skipped", f"{s['skipped']} (skipped.jsonl)"))
         rows += [("time", f"{s['seconds']:.1f} s"), ("checkpoints", ("last.dcp" + (", best.dcp" if has_best else "") if sharded
                                                            else "last.pt" + (", best.pt" if has_best else ""))),
                  ("metrics", "metrics.jsonl, tb/")]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from pipeline.core.files import atomic_write_bytes
+from train.components.skipping import skipped_slots
 from train.labels import RECORDS, record_files, record_name
 
 
@@ -51,6 +52,10 @@ class MarginRecorder:
             return
         x = logits.detach().float()
         y = batch["label"].view(-1, 1)
+        skipped = skipped_slots(batch)
+        if skipped:  # bad samples the reader skipped were not trained on: nothing to record
+            keep = [i for i in range(len(keys)) if i not in skipped]
+            x, y, keys = x[keep], y[keep], [keys[i] for i in keep]
         given = x.gather(1, y)[:, 0]
         # the strongest other class: its logit makes the margin, its index the suggested label
         other, rival = x.scatter(1, y, float("-inf")).max(dim=1) if x.shape[1] > 1 else (given, y[:, 0])

@@ -5,6 +5,7 @@ and backward of a synthetic batch fits on every rank."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +28,10 @@ def oom_message(d: Dist, plan: BatchPlan, precision: str, grad_checkpoint: bool)
 
 
 def probe(model: nn.Module, index: dict, cfg: TrainConfig, plan: BatchPlan, d: Dist, precision: str,
-          say: Callable[[str], None]) -> BatchPlan:
-    """--auto-micro-batch: the plan to train with (on CPU, ``plan`` itself: nothing to probe)."""
+          say: Callable[[str], None], objective: Any = None) -> BatchPlan:
+    """--auto-micro-batch: the plan to train with (on CPU, ``plan`` itself: nothing to probe).
+    ``objective``: the run's (`train.objectives`), whose loss the probe's step takes (a contrastive
+    loss gathers every rank's embeddings: memory a cross-entropy does not need); None: classify."""
     if d.device.type != "cuda":
         say("auto-micro-batch: nothing to probe on CPU (an out-of-memory there is not recoverable); "
             "keeping " + plan.describe())
@@ -37,8 +40,11 @@ def probe(model: nn.Module, index: dict, cfg: TrainConfig, plan: BatchPlan, d: D
     def try_batch(size: int) -> None:
         batch = _synthetic_batch(model, index, cfg, size, d.device)
         try:
-            with autocast(precision, d.device):
-                loss = F.cross_entropy(forward(model, model, batch).float(), batch["label"])
+            if objective is not None:
+                loss = objective.loss(model, model, batch, 0, _NoRecords(), precision, d)
+            else:
+                with autocast(precision, d.device):
+                    loss = F.cross_entropy(forward(model, model, batch).float(), batch["label"])
             loss.backward()
         finally:
             model.zero_grad(set_to_none=True)
@@ -86,4 +92,13 @@ def _synthetic_batch(model: nn.Module, index: dict, cfg: TrainConfig, size: int,
         # a tokenizer's ids: 1 is a valid id in every vocabulary; all positions attended (the worst case)
         "input_ids": torch.ones(size, cfg.max_text_len, dtype=torch.long, device=device),
         "attention_mask": torch.ones(size, cfg.max_text_len, dtype=torch.long, device=device),
+        # a contrastive batch's pair ids: every caption another, no near copies
+        "caption_id": torch.arange(size, device=device), "group_id": torch.full((size,), -1, device=device),
     }
+
+
+class _NoRecords:
+    """The probe's step records nothing for pipe labels."""
+
+    def train(self, *args: Any) -> None:
+        pass

@@ -261,14 +261,27 @@ class Monitor:
         if self.bar is None and self.console is not None:
             self.console.print(self._line(row, epochs), highlight=False)
 
-    def validation(self, step: int, epoch: int, loss: float, acc: float, samples: int) -> None:
+    def validation(self, step: int, epoch: int, loss: float, acc: float, samples: int,
+                   metrics: dict[str, float] | None = None, parts: dict[str, tuple[float, float, int]] | None = None) -> None:
+        """One validation. ``metrics``: the objective's other numbers (zero-shot accuracy,
+        recall@K), written as ``val_<name>`` and as TensorBoard's ``<name before _>/<rest>``
+        (``recall/i2t@1``); ``parts``: each mixed source's own (``val_loss/SOURCE`` ... in metrics.jsonl)."""
         if not self.d.is_main:
             return
+        more = metrics or {}
+        apart = {f"{k}/{name}": v for name, (lo, ac, n) in (parts or {}).items()
+                 for k, v in (("val_loss", lo), ("val_acc", ac), ("val_samples", n))}
         self._write({"kind": "val", "step": step, "epoch": epoch + 1, "val_loss": loss, "val_acc": acc,
-                     "val_samples": samples, "time": time.time()})
+                     "val_samples": samples, **{f"val_{k}": v for k, v in more.items()}, **apart, "time": time.time()})
         tb = self._tensorboard()
         tb.add_scalar("loss/val", loss, step)
         tb.add_scalar("accuracy/val", acc, step)
+        for name, value in more.items():
+            group, _, rest = name.partition("_")
+            tb.add_scalar(f"{group}/{rest or 'val'}", value, step)
+        for name, (lo, ac, _) in (parts or {}).items():
+            tb.add_scalar(f"loss/val/{name}", lo, step)
+            tb.add_scalar(f"accuracy/val/{name}", ac, step)
 
     def event(self, **row) -> None:
         if self.d.is_main:

@@ -11,18 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.errors import StageFailed
-from train.components.device import autocast, to_device
+from train.components.device import to_device
 from train.components.margins import MarginRecorder
 from train.components.micro_batch import oom_message
 from train.components.monitor import Monitor
 from train.components.wrapping import no_sync
 from train.config import BatchPlan
 from train.distributed.group import Dist
-from train.models.builtin import forward
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -48,12 +46,21 @@ class Step:
     grad_clip: float | None
     grad_checkpoint: bool
     steps_per_epoch: int
+    objective: Any = None
+    """What the loss of a micro-batch is (`train.objectives`; None: classify)."""
+
+    def __post_init__(self) -> None:
+        if self.objective is None:
+            from train.objectives.classify import Classify
+
+            self.objective = Classify()
 
     def run(self, wrapped: nn.Module, batches: Iterator[dict], epoch: int, step_in_epoch: int, monitor: Monitor,
             margins: MarginRecorder) -> tuple[torch.Tensor, int, float]:
         """One optimizer step of ``wrapped`` (DDP, the sharded model or the bare one) on the next
         ``accum`` batches: the loss summed over its samples, their number, and the seconds spent
-        waiting for batches. ``monitor`` sees each batch's inputs, ``margins`` its logits."""
+        waiting for batches. ``monitor`` sees each batch's inputs, ``margins`` (the objective's
+        recorder) what each sample's loss says of it."""
         plan, d = self.plan, self.d
         loss_sum = torch.zeros((), device=d.device)
         samples, wait = 0, 0.0
@@ -71,10 +78,7 @@ class Step:
                 monitor.observe_inputs(batch.get("image"))
                 # all but the last micro-step skip the gradient all-reduce (see wrapping.no_sync)
                 with no_sync(wrapped, skip=micro < plan.accum - 1):
-                    with autocast(self.precision, d.device):
-                        logits = forward(wrapped, self.model, batch)
-                    loss = F.cross_entropy(logits.float(), batch["label"])
-                    margins.train(epoch, batch, logits)
+                    loss = self.objective.loss(wrapped, self.model, batch, epoch, margins, self.precision, d)
                     # / accum: the summed micro-gradients become the gradient of the mean over the step
                     self.scaler.scale(loss / plan.accum).backward()
                 n = len(batch["label"])

@@ -16,6 +16,12 @@ from train.distributed.group import Dist
 from train.models.builtin import forward
 
 
+def together(parts: list[tuple[float, float, int]]) -> tuple[float, float, int]:
+    """Loss and accuracy over several val splits validated apart, as one pass over all of them."""
+    n = sum(p[2] for p in parts)
+    return sum(p[0] * p[2] for p in parts) / n, sum(p[1] * p[2] for p in parts) / n, n
+
+
 def validate(model: nn.Module, batches: Iterable[dict], d: Dist, precision: str, channels_last: bool,
              record: Callable[[dict, torch.Tensor], None]) -> tuple[float, float, int] | None:
     """Loss and accuracy over the val split and its samples (None without any). ``model`` is the

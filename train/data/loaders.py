@@ -12,11 +12,14 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import UsageError
 from train.config import BatchPlan, TrainConfig
 from train.distributed.group import Dist
+
+if TYPE_CHECKING:
+    from train.data.mix import Sources
 
 
 @dataclass
@@ -42,17 +45,38 @@ class DataSource:
     errors: tuple[type[BaseException], ...]
     """What the loader raises for bad data (a sample that does not decode); it ends the run as a
     one-line failure naming the shard and key, not as an internal error."""
+    val_parts: dict[str, Any] | None = None
+    """Several SHARD_DIRs mixed (`train.data.mix`): each one's val reader, by source name, validated
+    apart and added up (``val`` is then None)."""
 
 
-def read_index(shard_dir: str | Path) -> tuple[dict, str]:
+def read_index(shard_dir: str | Path, need_classes: bool = True) -> tuple[dict, str]:
     """index.json (schema-checked; from a folder or object storage) and its fingerprint (the hash every
-    rank must agree on)."""
+    rank must agree on). ``need_classes``: a dataset without classes is refused (a classifier's)."""
     from train.data import sources
 
     index, raw = sources.read_index(shard_dir)
-    if not index["classes"]:
+    if need_classes and not index["classes"]:
         raise UsageError(f"{shard_dir}/index.json lists no classes: there is nothing to classify")
     return index, hashlib.sha256(raw).hexdigest()[:16]
+
+
+def read_dataset(cfg: TrainConfig) -> tuple[dict, str]:
+    """`read_index` of the run's data: SHARD_DIR's, or the merged index of several mixed and the
+    fingerprint that covers them all, the weights and the epoch size (`train.data.mix.Sources`)."""
+    if len(cfg.shard_dirs) < 2:
+        return read_index(cfg.shard_dir)
+    dataset = mixed(cfg)
+    if not dataset.index["classes"]:
+        raise UsageError(f"{', '.join(cfg.shard_dirs)} list no classes: there is nothing to classify")
+    return dataset.index, dataset.fingerprint[:16]
+
+
+def mixed(cfg: TrainConfig) -> Sources:
+    """The SHARD_DIRs of ``cfg`` as one `train.data.mix.Sources` (with its --mix and --epoch-samples)."""
+    from train.data.mix import Sources, parse_weights
+
+    return Sources(cfg.shard_dirs, parse_weights(cfg.mix, len(cfg.shard_dirs)), cfg.epoch_samples)
 
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
@@ -66,15 +90,25 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
 
     if "image" in fields and index.get("image_size") is None:
         raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
+    dataset = mixed(cfg) if len(cfg.shard_dirs) > 1 else None
 
-    def reader(split: str) -> ShardReader:
+    def reader(split: str, only: int | None = None) -> ShardReader:
         return ShardReader(cfg.shard_dir, split=split, rank=d.rank, world_size=d.world_size, batch_size=plan.batch_size,
                            seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, max_text_len=cfg.max_text_len,
                            image_size=image_size, mean=mean, std=std, tokenize=tokenize,
-                           cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes)
+                           cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes,
+                           accum=plan.accum if split == "train" else 1, skip_bad=True, dataset=dataset, only=only)
 
-    has_val = any(s.get("split") == "val" and s.get("count", 0) > 0 for s in index.get("shards", []))
-    readers = [reader("train")] + ([reader("val")] if has_val else [])
+    def has_val(shards: list[dict]) -> bool:
+        return any(s.get("split") == "val" and s.get("count", 0) > 0 for s in shards)
+
+    train = reader("train")
+    if dataset is None:
+        val, parts = (reader("val") if has_val(index.get("shards", [])) else None), {}
+    else:  # each source's val split apart: metrics per source, and added up
+        val, parts = None, {name: reader("val", i) for i, (name, source) in enumerate(zip(dataset.names, dataset.indexes))
+                            if has_val(source["shards"])}
+    readers = [train, *([val] if val is not None else []), *parts.values()]
     # one DataLoader per reader, made now (the reader's resume position depends on its worker
     # count) and kept: persistent workers survive from epoch to epoch
     loaders = {id(r): make_loader(r, cfg.workers, persistent_workers=cfg.workers > 0,
@@ -85,5 +119,5 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
         for ld in loaders.values():
             close_loader(ld)
 
-    return DataSource(train=readers[0], val=readers[1] if has_val else None, loader=lambda r: loaders[id(r)],
-                      close=close, errors=(SampleDecodeError,))
+    return DataSource(train=train, val=val, loader=lambda r: loaders[id(r)], close=close,
+                      errors=(SampleDecodeError,), val_parts=parts or None)

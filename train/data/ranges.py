@@ -145,20 +145,21 @@ def _describe(e: BaseException) -> str:
     return text.split("?", 1)[0] if "://" in text else text
 
 
-def prefetched(source: Source, reads: Iterable[Read], ahead: int,
-               retry: Retry = DEFAULT_RETRY) -> Iterator[tuple[Read, bytes | memoryview]]:
+def prefetched(source: Source, reads: Iterable[Read], ahead: int, retry: Retry = DEFAULT_RETRY,
+               exact: bool = True) -> Iterator[tuple[Read, bytes | memoryview]]:
     """(read, its bytes) in order, with up to ``ahead`` reads in flight on threads (0: each read
-    made when it is asked for, in the caller's thread). Stopping early cancels what is queued."""
+    made when it is asked for, in the caller's thread). Stopping early cancels what is queued.
+    ``exact=False``: a read cut short by the object's end comes back short (`read_with_retries`)."""
     if ahead <= 0:
         for r in reads:
-            yield r, read_with_retries(source, r, retry)
+            yield r, read_with_retries(source, r, retry, exact=exact)
         return
     pending: deque[tuple[Read, Future]] = deque()
     it = iter(reads)
     pool = ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="pipe-read")
     try:
         for r in it:
-            pending.append((r, pool.submit(read_with_retries, source, r, retry)))
+            pending.append((r, pool.submit(read_with_retries, source, r, retry, exact=exact)))
             if len(pending) >= ahead:
                 break
         while pending:
@@ -166,7 +167,7 @@ def prefetched(source: Source, reads: Iterable[Read], ahead: int,
             data = fut.result()
             nxt = next(it, None)
             if nxt is not None:
-                pending.append((nxt, pool.submit(read_with_retries, source, nxt, retry)))
+                pending.append((nxt, pool.submit(read_with_retries, source, nxt, retry, exact=exact)))
             yield r, data
     finally:
         # not waiting: a read still retrying must not hold up a worker that is shutting down

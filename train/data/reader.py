@@ -44,11 +44,16 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
 from pipeline.media.image.resize import dct_scale, fit, scaled_size
+from train.data.mix import Sources
+from train.data.pairs import pair_ids
+from train.data.plan import Generation, epoch_plan
+from train.data.skips import BadSample, donors, text_problem
 from train.data.stream import SampleDecodeError, SampleReader, read_samples
 
 __all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
 
-FIELDS = ("image", "text")
+FIELDS = ("image", "text", "pairs")  # pairs: caption and group ids for a contrastive loss (`train.data.pairs`)
+MAX_GENERATIONS = 64  # layouts one epoch can be continued in (a resume on another layout adds one)
 
 
 class ShardReader(SampleReader, IterableDataset):
@@ -60,16 +65,23 @@ class ShardReader(SampleReader, IterableDataset):
     0 = padding, L = ``max_text_len``) and ``text_len`` int64 [B] when "text" is (with a
     ``tokenize``: what it returns, e.g. ``input_ids`` and ``attention_mask``); always
     ``label`` int64 [B], ``valid`` bool [B] (False only for the repeats that top up the last
-    validation batches) and ``key`` list[str].
+    validation batches) and ``key`` list[str]. With "pairs" in ``fields``: ``caption_id`` and
+    ``group_id`` int64 [B] (`train.data.pairs`), and ``label`` -1 for a pair without a class.
     """
 
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
                  fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
                  image_size: int | None = None, mean=None, std=None, tokenize=None,
-                 cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None):
+                 cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, accum: int = 1,
+                 skip_bad: bool = False, dataset: Sources | None = None, only: int | None = None):
         """``shard_dir``: a local folder or a URL (`pipeline.storage`); ``cache_dir``/``cache_max_bytes``:
-        a local cache of whole shards (`train.data.stream.SampleReader`).
+        a local cache of whole shards (`train.data.stream.SampleReader`); ``accum``: batches per
+        optimizer step (epochs are cut in whole global batches). ``skip_bad``: a sample that cannot
+        be read or decoded is skipped (`train.data.skips`: its slot masked, named in ``skipped``)
+        instead of ending the epoch with `SampleDecodeError`. ``dataset``/``only``: several
+        SHARD_DIRs mixed by weight, or one of them (`train.data.stream.SampleReader`); classes are
+        then the merged ones, and keys are prefixed with their source's name (``SOURCE:KEY``).
         ``image_size``: the side images are decoded at, e.g. the model's input size; at most
         the stored size (enlarging adds nothing). None: the stored size (index.json's).
         ``mean``/``std``: the normalisation the model was trained with (`train.models.norm`);
@@ -80,7 +92,11 @@ class ShardReader(SampleReader, IterableDataset):
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
         SampleReader.__init__(self, shard_dir, split, rank, world_size, batch_size, seed, shuffle_buffer,
-                              cache_dir=cache_dir, cache_max_bytes=cache_max_bytes)
+                              cache_dir=cache_dir, cache_max_bytes=cache_max_bytes, accum=accum, skip_bad=skip_bad,
+                              dataset=dataset, only=only)
+        # a mix: each shard's class numbers in the merged classes, and its keys' prefix
+        self._label_maps = dataset.label_maps() if dataset is not None else {}
+        self._key_prefix = dataset.key_prefixes() if dataset is not None else {}
         self.fields, self.max_text_len = tuple(fields), max_text_len
         self.num_classes = len(self.index["classes"])
         self.stored_size = self.index["image_size"]  # the side of every image in the shards
@@ -97,52 +113,121 @@ class ShardReader(SampleReader, IterableDataset):
         self.tokenize = tokenize
         # (x / 255 - mean) / std per image [3,S,S], folded into one multiply and one add per pixel
         self._scale, self._shift = (1.0 / (255.0 * self.std))[0], (-self.mean / self.std)[0]
-        self.steps_per_epoch = self.plan(0).steps  # depends only on the sample count, world and batch
-        # epoch and samples already consumed this epoch, shared with the dataloader workers
-        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        # the epoch's length in this layout: the sample count, world, batch and accumulation
+        self.steps_per_epoch = epoch_plan(self.counts, world_size, batch_size, seed, 0, train=split == "train",
+                                          accum=accum, mix=self.mix).steps
+        # shared with the dataloader workers: the epoch, the samples this rank consumed in it in this
+        # layout, the epoch the earlier layouts belong to and how many (rows of _generations)
+        self._position = torch.zeros(4, dtype=torch.int64).share_memory_()
+        self._position[2] = -1
+        self._generations = torch.zeros((MAX_GENERATIONS, 5), dtype=torch.int64).share_memory_()
         self.num_workers = 0  # set by make_loader; the plan gives each worker a piece
 
     # -- position ------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         """Read ``epoch`` next, skipping the ``consumed`` samples this rank already trained on
-        (a whole number of batches: ``steps_done * batch_size``). Call before iterating."""
+        (a whole number of batches: ``steps_done * batch_size``). Call before iterating.
+
+        After a resume on another layout (`load_state_dict`) ``consumed`` still counts the whole
+        epoch as this layout would (optimizer steps x accum x batch): the earlier layouts' part of
+        it is theirs, the rest this one's. ``consumed=0`` starts the epoch afresh in this layout."""
         if epoch < 0:
             raise ValueError(f"epoch must be 0 or more, got {epoch}")
         if consumed < 0 or consumed % self.batch_size or consumed > self.steps_per_epoch * self.batch_size:
             raise ValueError(f"consumed={consumed} must be a whole number of batches of {self.batch_size} "
                              f"between 0 and {self.steps_per_epoch * self.batch_size}")
+        history = self.history(epoch) if consumed else ()
+        before = self._earlier(history)
+        if consumed < before:
+            raise ValueError(f"consumed={consumed}, but the earlier layouts of epoch {epoch} consumed {before} "
+                             "samples per rank of this one")
         self._position[0] = epoch
-        self._position[1] = consumed
+        self._position[1] = consumed - before
+        self._set_history(epoch, history)
 
     @property
     def epoch(self) -> int:
         return int(self._position[0])
 
+    def history(self, epoch: int) -> tuple[Generation, ...]:
+        """The layouts ``epoch`` was read in before this one (after `load_state_dict` from another)."""
+        if int(self._position[2]) != epoch:
+            return ()
+        rows = self._generations[: int(self._position[3])].tolist()
+        return tuple(Generation(*row) for row in rows)
+
+    def _set_history(self, epoch: int, history: tuple[Generation, ...]) -> None:
+        if len(history) > MAX_GENERATIONS:
+            raise ValueError(f"epoch {epoch + 1} was resumed on {len(history)} other layouts; at most "
+                             f"{MAX_GENERATIONS} can be continued exactly")
+        for i, g in enumerate(history):
+            self._generations[i] = torch.tensor([g.world, g.batch, g.workers, g.block, g.consumed])
+        self._position[2] = epoch if history else -1
+        self._position[3] = len(history)
+
+    def _earlier(self, history: tuple[Generation, ...]) -> int:
+        """What the ``history`` layouts consumed, as samples per rank of this layout."""
+        return sum(g.world * g.consumed for g in history) // self.world_size
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.batch_size * self.accum
+
     def state_dict(self, steps_done: int) -> dict:
-        """The reader's position after ``steps_done`` steps of the current epoch, for a checkpoint."""
+        """The reader's position after ``steps_done`` batches of the current epoch (the whole epoch
+        counted in this layout, as `set_epoch` takes it), for a checkpoint."""
         return {"epoch": self.epoch, "consumed": steps_done * self.batch_size, "world_size": self.world_size,
-                "batch_size": self.batch_size, "num_workers": max(1, self.num_workers), "seed": self.seed,
-                "shuffle_buffer": self.shuffle_buffer, "steps_per_epoch": self.steps_per_epoch,
-                "fingerprint": self.fingerprint}
+                "batch_size": self.batch_size, "accum": self.accum, "num_workers": max(1, self.num_workers),
+                "seed": self.seed, "shuffle_buffer": self.shuffle_buffer, "steps_per_epoch": self.steps_per_epoch,
+                "fingerprint": self.fingerprint, "history": [g.as_dict() for g in self.history(self.epoch)]}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a `state_dict`: mid-epoch exactly (same world size, batch, workers, seed
-        and shuffle buffer required, or samples would repeat or be skipped: ValueError says
-        which changed); at an epoch boundary anything may change."""
+        """Continue from a `state_dict`: at an epoch boundary anything may change; mid-epoch the
+        same layout continues exactly where it was, and another one (world size, per-rank batch,
+        accumulation, workers, shuffle buffer; the global batch kept) reads exactly the samples
+        the epoch has not trained on yet (`train.data.plan.unread`). ValueError for what cannot
+        continue exactly: another dataset, seed or global batch."""
         if state["fingerprint"] != self.fingerprint:
             raise ValueError("the saved reader position belongs to another dataset (index.json differs)")
         epoch, consumed = int(state["epoch"]), int(state["consumed"])
         if consumed >= state["steps_per_epoch"] * state["batch_size"]:  # the epoch was finished
             epoch, consumed = epoch + 1, 0
-        if consumed:
-            now = self.state_dict(0)
-            changed = [f"{k} {state[k]} -> {now[k]}" for k in ("world_size", "batch_size", "num_workers", "seed", "shuffle_buffer")
-                       if state[k] != now[k]]
-            if changed:
-                raise ValueError(f"cannot resume mid-epoch {epoch} with changed {', '.join(changed)}: resume with the "
-                                 "saved settings, or from the start of an epoch")
-        self.set_epoch(epoch, consumed)
+        if not consumed:
+            self.set_epoch(epoch, 0)
+            return
+        saved = Generation(state["world_size"], state["batch_size"], max(1, state["num_workers"]), state["shuffle_buffer"], 0)
+        history = self._continued(state, epoch, saved)
+        self._set_history(epoch, history)
+        # the epoch so far in this layout's units: optimizer steps done x accum x batch
+        self.set_epoch(epoch, consumed * saved.world // self.world_size)
+
+    def _continued(self, state: dict, epoch: int, saved: Generation) -> tuple[Generation, ...]:
+        """The layouts ``epoch`` ran in before this run: the saved ones, and the saved run's own
+        when it differs from this one (with what it consumed)."""
+        if state["seed"] != self.seed:
+            raise ValueError(f"cannot resume mid-epoch {epoch + 1} with changed seed {state['seed']} -> {self.seed}")
+        accum = state.get("accum")
+        now = (self.world_size, self.batch_size, max(1, self.num_workers), self.shuffle_buffer)
+        if accum is None:  # written before epochs were cut in global batches: only the very same layout continues
+            if (self.accum, now) != (1, (saved.world, saved.batch, saved.workers, saved.block)):
+                raise ValueError(f"cannot resume mid-epoch {epoch + 1} on another layout from a checkpoint of an "
+                                 "older pipe train: resume with its settings, or from an epoch's start")
+            return ()
+        saved_global = saved.world * saved.batch * int(accum)
+        if saved_global != self.global_batch:
+            changed = [f"{k} {a} -> {b}" for k, a, b in (("world_size", saved.world, self.world_size),
+                                                         ("batch_size", saved.batch, self.batch_size),
+                                                         ("accum", accum, self.accum)) if a != b]
+            raise ValueError(f"cannot resume mid-epoch {epoch + 1} with changed global batch {saved_global} -> "
+                             f"{self.global_batch} ({', '.join(changed)}): its samples were cut in global batches of "
+                             f"{saved_global}; keep the global batch (--global-batch) to continue it on another layout")
+        history = tuple(Generation(**h) for h in state.get("history", ()))
+        if (saved.world, saved.batch, saved.workers, saved.block) == now:
+            return history
+        before = sum(g.world * g.consumed for g in history) // saved.world
+        mine = int(state["consumed"]) - before
+        return history + (Generation(saved.world, saved.batch, saved.workers, saved.block, mine),) if mine else history
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -167,29 +252,69 @@ class ShardReader(SampleReader, IterableDataset):
         return self.samples(epoch, consumed, worker, workers)
 
     def collate(self, chunk: list[tuple[bool, RawSample]]) -> dict:
-        batch: dict = {"key": [s.key for _, s in chunk],
-                       "valid": torch.tensor([v for v, _ in chunk], dtype=torch.bool),
-                       "label": torch.tensor([self._label(s) for _, s in chunk], dtype=torch.int64)}
-        if "image" in self.fields:
-            batch["image"], batch["has_image"] = self._images([s for _, s in chunk])
+        samples = [s for _, s in chunk]
+        bad: dict[int, str] = {}  # slot -> why it cannot be fed (with skip_bad; otherwise it raised)
+        labels = [self._checked(i, s, bad) for i, s in enumerate(samples)]
+        images = self._images(samples, bad) if "image" in self.fields else None
+        # a bad slot carries a good sample of the same batch (`train.data.skips.donors`), masked
+        fill = donors(len(samples), set(bad))
+        fed = [s if i not in bad else samples[d] if (d := fill[i]) is not None else RawSample(s.key)
+               for i, s in enumerate(samples)]
+        batch: dict = {"key": [self._key_prefix.get(s.shard, "") + s.key for s in samples],
+                       "valid": torch.tensor([v and i not in bad for i, (v, _) in enumerate(chunk)], dtype=torch.bool),
+                       "label": torch.tensor([y if i not in bad else labels[d] if (d := fill[i]) is not None else 0
+                                              for i, y in enumerate(labels)], dtype=torch.int64)}
+        if images is not None:
+            for i, d in fill.items():
+                images[0][i] = images[0][d] if d is not None else 0
+                images[1][i] = bool(images[1][d]) if d is not None else False
+            batch["image"], batch["has_image"] = images
         if "text" in self.fields and self.tokenize is not None:
-            batch.update(self.tokenize([_text(s) for _, s in chunk]))
+            batch.update(self.tokenize([_text(s) for s in fed]))
         elif "text" in self.fields:
-            batch["text"], batch["text_len"] = self._texts([s for _, s in chunk])
+            batch["text"], batch["text_len"] = self._texts(fed)
+        if bad:
+            batch["skipped"] = [(i, samples[i].shard, samples[i].key, samples[i].offset, why) for i, why in sorted(bad.items())]
+        if "pairs" in self.fields:
+            captions, groups = pair_ids([s.fields for s in fed])
+            batch["caption_id"], batch["group_id"] = torch.tensor(captions), torch.tensor(groups)
         return batch
+
+    def _checked(self, i: int, s: RawSample, bad: dict[int, str]) -> int:
+        """The sample's class; a sample that cannot be fed (unreadable, no class, with skip_bad a
+        caption that is not UTF-8) raises, or with skip_bad goes into ``bad``."""
+        try:
+            if isinstance(s, BadSample):
+                raise _error(s, s.reason)
+            label = self._label(s)
+            if self.skip_bad and "text" in self.fields and (problem := text_problem(s.fields.get("txt"))):
+                raise _error(s, problem)
+            return label
+        except SampleDecodeError as e:
+            self._bad(bad, i, s, e)
+            return 0
+
+    def _bad(self, bad: dict[int, str], i: int, s: RawSample, e: SampleDecodeError) -> None:
+        if not self.skip_bad:
+            raise e
+        bad[i] = str(e).removeprefix(f"{s.shard}: sample {s.key} (byte offset {s.offset}): ")
 
     def _label(self, s: RawSample) -> int:
         if "cls" not in s.fields:
+            if "pairs" in self.fields:  # an image-caption pair without a class (pipe shard writes no .cls)
+                return -1
             raise _error(s, "has no .cls member")
         try:
             label = decode_class(s.fields["cls"])
         except DecodeError as e:
             raise _error(s, str(e)) from None
-        if not 0 <= label < self.num_classes:
-            raise _error(s, f"class {label} is outside the index's {self.num_classes} classes")
-        return label
+        table = self._label_maps.get(s.shard)
+        classes = len(table) if table is not None else self.num_classes
+        if not 0 <= label < classes:
+            raise _error(s, f"class {label} is outside the index's {classes} classes")
+        return table[label] if table is not None else label
 
-    def _images(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _images(self, samples: list[RawSample], bad: dict[int, str]) -> tuple[torch.Tensor, torch.Tensor]:
         size = self.image_size
         out = _batch_tensor((len(samples), 3, size, size))
         has = torch.zeros(len(samples), dtype=torch.bool)
@@ -197,13 +322,15 @@ class ShardReader(SampleReader, IterableDataset):
         pixels = np.empty((size, size, 3), dtype=np.uint8)
         for i, s in enumerate(samples):
             ext = s.image_ext
-            if ext is None:
+            if ext is None or i in bad:
                 out[i].zero_()  # no image: the mean colour, i.e. zeros after normalization
                 continue
             try:
                 arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=pixels)
             except DecodeError as e:
-                raise _error(s, str(e)) from None
+                self._bad(bad, i, s, _error(s, str(e)))
+                out[i].zero_()
+                continue
             # HWC uint8 -> CHW float in one strided copy, then normalize in place: the image stays
             # in cache (a whole-batch permute + normalize is several times slower)
             x = out[i]

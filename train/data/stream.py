@@ -26,8 +26,10 @@ from pathlib import Path
 from pipeline.formats import tarstream
 from pipeline.formats.sample import RawSample, split_name
 from train.data import sources
-from train.data.plan import Block, EpochPlan, batches_done, epoch_plan, worker_blocks, worker_spans
+from train.data.mix import Mix, Sources
+from train.data.plan import Block, EpochPlan, Generation, batches_done, block_key, epoch_plan, worker_blocks, worker_spans
 from train.data.ranges import DEFAULT_RETRY, Retry, SampleDecodeError, ShardReadError, Want, plan_reads, prefetched
+from train.data.skips import BadSample, key_in_header
 from train.data.sources import read_range
 
 __all__ = ["SampleDecodeError", "SampleReader", "ShardReadError", "parse_samples", "read_samples", "read_span"]
@@ -50,13 +52,19 @@ class SampleReader:
     ``shard_dir``: a local folder or a URL (`pipeline.storage`); index.json is read from it.
     ``cache_dir``/``cache_max_bytes``: keep whole shards in a local folder, least recently used
     evicted past the cap (`train.data.sources.CachedSource`). ``source``: read the shards from
-    this object instead (anything with `train.data.sources.LocalSource`'s methods).
+    this object instead (anything with `train.data.sources.LocalSource`'s methods). ``accum``:
+    batches per optimizer step (the epoch is cut in whole global batches, `train.data.plan`).
+    ``skip_bad``: a sample that cannot be read or parsed (a damaged header, a shard cut short)
+    comes out as a `train.data.skips.BadSample` instead of ending the read (`SampleDecodeError`).
+    ``dataset``: several SHARD_DIRs mixed by weight (`train.data.mix.Sources`; ``shard_dir`` is then
+    only a name); ``only``: read just that source of it (its validation split, apart).
     """
 
     def __init__(self, shard_dir: str | os.PathLike, split: str = "train", rank: int = 0, world_size: int = 1,
                  batch_size: int = 32, seed: int = 0, shuffle_buffer: int = 512,
                  cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, source=None,
-                 retry: Retry = DEFAULT_RETRY):
+                 retry: Retry = DEFAULT_RETRY, accum: int = 1, skip_bad: bool = False, dataset: Sources | None = None,
+                 only: int | None = None):
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if not 0 <= rank < world_size:
@@ -64,26 +72,49 @@ class SampleReader:
         from pipeline.storage import location
 
         self.shard_dir: str | Path = location(shard_dir if isinstance(shard_dir, Path) else os.fspath(shard_dir))
-        self.index, raw = sources.read_index(self.shard_dir)
-        self.fingerprint = hashlib.sha256(raw).hexdigest()
         self.split, self.rank, self.world_size = split, rank, world_size
-        self.batch_size, self.seed, self.shuffle_buffer = batch_size, seed, shuffle_buffer
-        self.shards = [s for s in self.index["shards"] if s["split"] == split]
+        self.batch_size, self.seed, self.shuffle_buffer, self.accum = batch_size, seed, shuffle_buffer, accum
+        self.retry, self.skip_bad = retry, skip_bad
+        self.mix: Mix | None = None
+        if dataset is not None:  # several SHARD_DIRs (`train.data.mix`): their merged index, one combined shard list
+            self.index, self.fingerprint = dataset.index, dataset.fingerprint
+            self.shards = dataset.shards(split, only)
+            self.mix = dataset.mix(split) if split == "train" and only is None else None
+            self.source = source if source is not None else dataset.open_source(cache_dir, cache_max_bytes)
+        else:
+            self.index, raw = sources.read_index(self.shard_dir)
+            self.fingerprint = hashlib.sha256(raw).hexdigest()
+            self.shards = [s for s in self.index["shards"] if s["split"] == split]
+            self.source = source if source is not None else sources.open_source(
+                self.shard_dir, cache_dir, cache_max_bytes,
+                {s["name"]: (s["bytes"], s["sha256"]) for s in self.index["shards"]})
         self.counts = [s["count"] for s in self.shards]
-        self.retry = retry
-        self.source = source if source is not None else sources.open_source(
-            self.shard_dir, cache_dir, cache_max_bytes, {s["name"]: (s["bytes"], s["sha256"]) for s in self.index["shards"]})
 
     def plan(self, epoch: int) -> EpochPlan:
-        return epoch_plan(self.counts, self.world_size, self.batch_size, self.seed, epoch, train=self.split == "train")
+        """``epoch``'s plan for this layout: after the layouts it already ran in, if any (`history`)."""
+        return epoch_plan(self.counts, self.world_size, self.batch_size, self.seed, epoch, train=self.split == "train",
+                          accum=self.accum, history=self.history(epoch), mix=self.mix)
+
+    def history(self, epoch: int) -> tuple[Generation, ...]:
+        """The layouts ``epoch`` was read in before this one (a resume on another layout); none here."""
+        return ()
 
     def samples(self, epoch: int, consumed: int = 0, worker: int = 0, workers: int = 1) -> Iterator[tuple[bool, RawSample]]:
         """(valid, undecoded sample) that dataloader worker ``worker`` of ``workers`` reads in
         ``epoch``, in order, once the rank consumed ``consumed`` samples (whole batches)."""
         for block, parts in self.parts(epoch, consumed, worker, workers):
-            read = [(p.valid, s) for p in parts for s in parse_samples(p.view, self.shards[p.shard], p.begin, p.end)]
+            read = [(p.valid, s) for p in parts for s in self._parse(p)]
             for o in block.order:
                 yield read[o]
+
+    def _parse(self, p: Part) -> list[RawSample]:
+        shard = self.shards[p.shard]
+        try:
+            return parse_samples(p.view, shard, p.begin, p.end)
+        except SampleDecodeError:
+            if not self.skip_bad:
+                raise
+            return parse_each(p.view, shard, p.begin, p.end)  # the damage confined to the samples it is in
 
     def reads(self, epoch: int, consumed: int = 0, worker: int = 0, workers: int = 1) -> Iterator[tuple[Block, list[memoryview]]]:
         """The byte path under `samples`: each block of the worker's piece with the bytes of its
@@ -101,7 +132,7 @@ class SampleReader:
         piece = worker_spans(plan.spans[self.rank], plan.steps, self.batch_size, workers)[logical]
         skip = batches_done(steps_done, logical, workers) * self.batch_size
         block = self.shuffle_buffer if self.split == "train" else 0
-        blocks = worker_blocks(piece, block, (self.seed, epoch, self.rank, logical), skip)
+        blocks = worker_blocks(piece, block, (*block_key(self.seed, epoch, self.rank, plan.generation), logical), skip)
         try:
             yield from self._assemble(blocks)
         finally:
@@ -114,7 +145,8 @@ class SampleReader:
         reads = plan_reads(self._wants(blocks, started), self.source.cap)
         parts: list[Part] = []
         done = 0  # blocks emitted
-        for r, data in prefetched(self.source, reads, self.source.ahead, self.retry):
+        # skipping bad samples, a shard cut short gives what it has; the samples past its end are bad
+        for r, data in prefetched(self.source, reads, self.source.ahead, self.retry, exact=not self.skip_bad):
             view = memoryview(data)
             run: list[Want] = []
             for w in r.wants:
@@ -195,6 +227,28 @@ def read_span(f, shard: dict, begin: int, end: int) -> memoryview:
     if len(view) != stop - start:
         raise SampleDecodeError(f"{shard['name']}: the file is shorter than index.json says (wanted bytes {start}-{stop})")
     return view
+
+
+def parse_each(view: memoryview, shard: dict, begin: int, end: int) -> list[RawSample]:
+    """`parse_samples`, one sample at a time at index.json's offsets: a sample that does not parse
+    (or that the bytes end before: a shard cut short) becomes a `BadSample`, the others are read."""
+    offsets, name, count = shard["offsets"], shard["name"], shard["count"]
+    base = offsets[begin]
+    out: list[RawSample] = []
+    for i in range(begin, end):
+        lo, hi = offsets[i] - base, (offsets[i + 1] if i + 1 < count else _end(shard)) - base
+        piece = view[lo:hi]
+        if len(piece) < hi - lo:
+            out.append(BadSample(key_in_header(piece, offsets[i]), {}, name, offsets[i],
+                                 reason=f"the shard is cut short: it ends at byte {base + len(view)}, before this "
+                                        f"sample's end at byte {base + hi} (index.json: {shard['bytes']} bytes)"))
+            continue
+        try:
+            out.extend(parse_samples(piece, shard, i, i + 1))
+        except SampleDecodeError as e:
+            out.append(BadSample(key_in_header(piece, offsets[i]), {}, name, offsets[i],
+                                 reason=str(e).removeprefix(f"{name}: ")))
+    return out
 
 
 def parse_samples(view: memoryview, shard: dict, begin: int, end: int) -> list[RawSample]:

@@ -38,7 +38,7 @@ from typing import TypeGuard
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from pipeline.core.errors import UsageError
 from train.distributed.group import Dist
@@ -75,6 +75,8 @@ def shard(model: nn.Module, d: Dist, precision: str) -> nn.Module:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     # the root's parameters (head) are needed right after the last block: keep them gathered
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    for method in getattr(model, "fsdp_forward_methods", ()):  # called besides forward (an image-caption model's towers)
+        register_fsdp_forward_method(model, method)
     return model
 
 

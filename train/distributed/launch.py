@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 from pipeline.core import settings
 from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.ui import shown
 from train.config import LaunchConfig
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -242,7 +243,7 @@ def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
     except BaseException as e:
         if _interrupts.seen:  # a dataloader worker or a peer that the same Ctrl-C stopped first
             _end_interrupted_rank()
-        sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {one_line(e)}\n")
+        sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {shown(one_line(e))}\n")
         sys.stderr.flush()
         raise
 
@@ -313,9 +314,11 @@ def peer_lost(e: BaseException | str) -> bool:
 
 
 def one_line(e: BaseException) -> str:
+    """The exception's last line, scrubbed (a storage error may quote its endpoint's credentials)."""
     from pipeline.core.errors import StageFailed, UsageError
+    from pipeline.storage.secrets import scrub
 
-    last = next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), "")
+    last = scrub(next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), ""))
     return last if isinstance(e, (StageFailed, UsageError)) else f"{type(e).__name__}: {last}"
 
 
@@ -330,7 +333,7 @@ def _describe_failures(e) -> str:
             message = ""
         last = next((ln.strip() for ln in reversed(message.strip().splitlines()) if ln.strip()), "")
         last = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", last)  # train.data.reader.SampleDecodeError: -> SampleDecodeError:
-        last = re.sub(r"^(StageFailed|UsageError): ", "", last)  # our own errors are already sentences
+        last = re.sub(r"^(StageFailed|UsageError|Refused): ", "", last)  # our own errors are already sentences
         what = last or (f"exit code {failure.exitcode}" if failure.exitcode >= 0 else f"killed by signal {-failure.exitcode}")
         found.append((peer_lost(what), f"rank {rank}: {what}"))
     causes = [text for lost, text in found if not lost]

@@ -257,10 +257,13 @@ def _call_factory(spec: str, factory, num_classes: int, index: dict | None):
 
 
 def build_model(spec: str, num_classes: int, *, index: dict | None = None, width: int = 32, resolution: int = 64,
-                max_text_len: int = 256, grad_checkpoint: bool = False) -> nn.Module:
+                max_text_len: int = 256, grad_checkpoint: bool = False, objective: str = "classify",
+                loss: str = "clip") -> nn.Module:
     """The model named by --model (built by its family, `train.models.families`: torchvision, timm
-    and transformers imported only for theirs), with gradient checkpointing switched on when asked."""
-    model: nn.Module = families.build(spec, num_classes, families.Options(index, width, resolution, max_text_len))
+    and transformers imported only for theirs) for --objective (a classifier, or image and caption
+    embeddings: `train.models.clip`), with gradient checkpointing switched on when asked."""
+    options = families.Options(index, width, resolution, max_text_len, objective, loss)
+    model: nn.Module = families.build(spec, num_classes, options)
     if grad_checkpoint:
         switch = getattr(model, "set_grad_checkpointing", None)
         enable = getattr(model, "gradient_checkpointing_enable", None)

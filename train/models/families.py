@@ -10,7 +10,12 @@ built-in run never imports torchvision, timm or transformers, and this module im
 * ``check(arg)``: before any rank starts, a wrong name, folder or missing package as one line (exit 2);
 * ``inputs(arg)``: the batch fields the model reads, when known before it is built (the command
   refuses a model whose input the shards lack);
-* ``load`` and ``export``: for ``pipe eval`` and ``pipe export`` (the next wave), unset so far.
+* ``load(arg, options)``: for ``pipe eval``, a saved model of the family (`train.models.loading`:
+  a run folder's best or last checkpoint, an export folder, an ``hf:`` folder), in eval mode;
+* ``export(arg, job, folder)``: for ``pipe export``, write the model (`train.models.exported.Job`: the
+  weights and what the run knew) into ``folder`` as its library loads it; the names written;
+* ``objectives``: what ``--objective`` it serves (`train.objectives`): a classifier's head, or
+  image and text embeddings (the contrastive contract, `train.models.clip`).
 
 Everything that asks which family a ``--model`` is (its help, the checks before launch, the
 model built in every rank, what the loop and ``--data-only`` do differently for the built-ins)
@@ -28,13 +33,16 @@ from pipeline.core.errors import UsageError
 
 @dataclass(frozen=True)
 class Options:
-    """What a builder may take besides the name and the class count: the dataset's index and the
-    built-ins' size settings (--width, --resolution, --max-text-len)."""
+    """What a builder may take besides the name and the class count: the dataset's index, the
+    built-ins' size settings (--width, --resolution, --max-text-len) and what the model is for
+    (--objective, and --loss: a SigLIP head has a learnable bias)."""
 
     index: dict | None = None
     width: int = 32
     resolution: int = 64
     max_text_len: int = 256
+    objective: str = "classify"
+    loss: str = "clip"
 
 
 @dataclass(frozen=True)
@@ -60,9 +68,12 @@ class Family:
     """Our own modules: channels-last on CPU is safe (no .view() of a feature map), and images are
     read at --resolution."""
     load: str | None = None
-    """``module:function`` for pipe eval: a saved model of this family. Unset until that command."""
+    """``module:function`` for pipe eval: ``load(arg, options)``, a saved model of this family."""
     export: str | None = None
-    """``module:function`` for pipe export: write a model of this family as its library loads it."""
+    """``module:function`` for pipe export: ``export(arg, job, folder)`` writes a model of this family
+    as its library loads it."""
+    objectives: tuple[str, ...] = ("classify",)
+    """The --objective values its models serve."""
 
     def parse(self, spec: str) -> str | None:
         """ARG when ``spec`` names a model of this family, else None."""
@@ -78,20 +89,28 @@ class Family:
 
 BUILTIN_INPUTS = {"image": ("image",), "text": ("text",), "image-text": ("image", "text")}
 
+EXPORT_STATE = "train.models.exported:export_builtin"  # model.safetensors + config.json, pipe's names
+EXPORT_LIBRARY = "train.models.exported:export_library"  # the same, the library's own names
+
 BUILTIN = Family("built-in", ", ".join(BUILTIN_INPUTS), "small, trained from scratch, no download",
                  "train.models.builtin:build_named", names=tuple(BUILTIN_INPUTS),
-                 inputs="train.models.families:builtin_inputs", own_modules=True)
+                 inputs="train.models.families:builtin_inputs", own_modules=True, export=EXPORT_STATE)
+CLIP = Family("clip", "clip", "built-in image-caption model for --objective contrastive, byte-level captions, no download",
+              "train.models.clip:build_clip", names=("clip",), inputs="train.models.clip:clip_inputs", own_modules=True,
+              load="train.models.loading:load_saved", export=EXPORT_STATE, objectives=("contrastive",))
 FACTORY = Family("factory", "package.module:factory", "your own: called as factory(num_classes=N)",
-                 "train.models.builtin:build_from_factory")
+                 "train.models.builtin:build_from_factory", export=EXPORT_STATE, objectives=("classify", "contrastive"))
 TORCHVISION = Family("torchvision", "torchvision:NAME", "its classifiers, built without weights: --init-from brings them",
                      "train.models.vision:build_torchvision", prefix="torchvision:",
-                     check="train.models.vision:check_torchvision")
+                     check="train.models.vision:check_torchvision", export=EXPORT_LIBRARY)
 TIMM = Family("timm", "timm:NAME", "its models, likewise without weights", "train.models.vision:build_timm", prefix="timm:",
-              check="train.models.vision:check_timm")
-HF = Family("hf", "hf:PATH", "a local Hugging Face folder", "train.models.hf:build_hf", prefix="hf:",
-            check="train.models.hf_files:check_folder", inputs="train.models.hf_files:folder_inputs")
+              check="train.models.vision:check_timm", export=EXPORT_LIBRARY)
+HF = Family("hf", "hf:PATH", "a local Hugging Face folder (a CLIP or SigLIP one for --objective contrastive)",
+            "train.models.hf_clip:build", prefix="hf:", check="train.models.hf_files:check_folder",
+            inputs="train.models.hf_files:folder_inputs", load="train.models.hf_clip:load_hf",
+            export="train.models.hf_export:export_hf", objectives=("classify", "contrastive"))
 
-FAMILIES: tuple[Family, ...] = (BUILTIN, FACTORY, TORCHVISION, TIMM, HF)
+FAMILIES: tuple[Family, ...] = (BUILTIN, FACTORY, TORCHVISION, TIMM, HF, CLIP)
 """In the order help lists them; `resolve` tries the catch-all last."""
 
 
@@ -150,3 +169,24 @@ def inputs(spec: str) -> tuple[str, ...] | None:
 
 def builtin_inputs(name: str) -> tuple[str, ...]:
     return BUILTIN_INPUTS[name]
+
+
+def check_objective(spec: str, objective: str) -> None:
+    """A model that cannot serve ``objective`` (--model image with --objective contrastive, --model
+    clip with classify): one line naming those that can."""
+    family = resolve(spec).family
+    if objective in family.objectives:
+        return
+    able = [f.syntax for f in FAMILIES if objective in f.objectives]
+    what = "a classifier" if objective == "classify" else "image and caption embeddings"
+    raise UsageError(f"--model {spec} cannot be trained with --objective {objective} ({what}); "
+                     f"--objective {objective} takes --model {', '.join(able[:-1])} or {able[-1]}")
+
+
+def load(spec: str, options: Options) -> Any:
+    """A saved model of ``spec``'s family for pipe eval (`Family.load`), or a UsageError."""
+    s = resolve(spec)
+    if s.family.load is None:
+        raise UsageError(f"pipe eval cannot load --model {spec} models ({s.family.name}): it measures image-caption "
+                         "models (a run folder of --objective contrastive, its export, an hf: CLIP or SigLIP folder)")
+    return call(s.family.load, s.arg, options)

@@ -2,7 +2,9 @@
 
 Loading is safe and honest: the file is read on the CPU (``.pt``/``.pth`` with ``weights_only=True``,
 so no pickled code runs; ``.safetensors`` holds nothing but tensors; a Hugging Face folder's
-weights are either), names are compared without the prefixes wrappers add (`WRAPPER_PREFIXES`),
+weights, or a folder `pipe export` wrote, are either; a --strategy fsdp checkpoint folder is put
+together by `train.components.weights.read_dcp_model`, which unpickles nothing but its metadata's
+types), names are compared without the prefixes wrappers add (`WRAPPER_PREFIXES`),
 each tensor is kept only where both its name and its shape match the model, and a
 report lists what was loaded, skipped for shape and missing. A classification head trained for
 another number of classes is re-initialised rather than half-loaded.
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from torch import nn
 
 from pipeline.core.errors import UsageError
 from train.components.checkpoint import CHECKPOINT_FORMAT
+from train.components.safe_load import check_torch_file, refusal, torch_file
 
 # Prefixes that wrappers add to parameter names: DDP/DataParallel, a Lightning module or our
 # Hugging Face wrapper (``model.``), a detection/timm-style feature extractor, torch.compile.
@@ -83,24 +85,6 @@ def _is_state_dict(obj) -> bool:
     return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 
-def _looks_like_torch_file(path: Path) -> bool:
-    """torch.save writes a zip (PK..) or, in the legacy format, a pickle (protocol opcode 0x80)."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
-
-
-def _unpickler_reason(e: Exception) -> str:
-    """The line of torch's long weights_only message that says what was refused."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for i, line in enumerate(lines):
-        if "WeightsUnpickler error" in line:
-            rest = line.split("WeightsUnpickler error:", 1)[1].strip()
-            rest = rest or (lines[i + 1] if i + 1 < len(lines) else "unsupported content")
-            return rest.split(". ")[0]  # drop torch's advice to allowlist globals: not for untrusted files
-    return lines[0] if lines else type(e).__name__
-
-
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         from safetensors.torch import load_file
@@ -118,18 +102,19 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     """The weights of a Hugging Face model folder: one file, or the shards its index lists."""
-    import json
-
-    from train.models.hf_files import WEIGHTS, weights_file
+    from train.models.hf_files import WEIGHTS, weight_shards, weights_file
 
     name = weights_file(folder)
+    if name is None and any((folder / f).exists() for f in ("last.pt", "last.dcp", "best.pt", "best.dcp")):
+        raise UsageError(f"--init-from {folder}: a RUN_DIR of pipe train; name its checkpoint ({folder}/best.pt, or "
+                         "best.dcp under --strategy fsdp) or a folder pipe export wrote")
     if name is None:
         raise UsageError(f"--init-from {folder}: a folder, but no Hugging Face weights in it (looked for "
                          f"{', '.join(WEIGHTS)})")
-    if name.endswith(".index.json"):
-        files = sorted(set(json.loads((folder / name).read_text())["weight_map"].values()))
-    else:
-        files = [name]
+    shards = weight_shards(folder)  # plain file names in the folder, or why not
+    if isinstance(shards, str):
+        raise UsageError(f"--init-from {folder}: {shards}")
+    files = shards or [name]
     state: dict[str, torch.Tensor] = {}
     for f in files:
         part = _read_safetensors(folder / f) if f.endswith(".safetensors") else read_state_dict(folder / f)[0]
@@ -137,28 +122,47 @@ def _read_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     return _strip_prefixes(state), f"Hugging Face folder ({name})"
 
 
+def check_init(path: Path) -> None:
+    """--init-from's file read through the restricted unpickler before any rank starts (tensors
+    mapped, not read), so a refused file is one line and exit 2 however many ranks would load it."""
+    from train.models.hf_files import pickle_weights, weight_shards
+
+    path = Path(path)
+    if path.is_dir():
+        shards = weight_shards(path)
+        if isinstance(shards, str):
+            raise UsageError(f"--init-from {path}: {shards}")
+        files = pickle_weights(path)
+    elif path.suffix == ".safetensors":
+        files = []  # tensors only, by format
+    elif not path.exists():
+        raise UsageError(f"--init-from {path}: no such file")
+    else:
+        files = [path]
+    for f in files:
+        check_torch_file(f, "--init-from ")
+
+
 def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     """The tensors in ``path`` (a torch file, a ``.safetensors`` file or a Hugging Face folder) and
     what kind it was; refuses files that hold code."""
     path = Path(path)
     if path.is_dir():
+        from train.components import weights
+
+        if weights.is_dcp_folder(path):  # --strategy fsdp's last.dcp / best.dcp: the model's shards put together
+            return _strip_prefixes(weights.read_dcp_model(path)), "pipe train checkpoint (--strategy fsdp, DCP)"
         return _read_hf_folder(path)
     if path.suffix == ".safetensors":
         return _strip_prefixes(_read_safetensors(path)), "safetensors"
     try:
-        # CPU first: a checkpoint saved on cuda:3 must load on a machine without that GPU, and
-        # weights_only refuses pickles that would run arbitrary code on load.
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        # CPU first: a checkpoint saved on cuda:3 must load on a machine without that GPU; the
+        # restricted unpickler (`safe_load`) refuses pickles that would run code on load
+        obj = torch_file(path)
     except FileNotFoundError:
         raise UsageError(f"--init-from {path}: no such file") from None
-    except pickle.UnpicklingError as e:
-        if not _looks_like_torch_file(path):
-            raise UsageError(f"--init-from {path}: not a readable torch file (neither a torch.save zip nor a pickle)") from None
-        raise UsageError(f"--init-from {path}: refused by weights_only=True ({_unpickler_reason(e)}): it holds Python "
-                         "objects besides tensors; load it where you trust it and torch.save(model.state_dict())") from None
-    except Exception as e:  # not a torch file at all: zip errors, truncation
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise UsageError(f"--init-from {path}: not a readable torch file ({type(e).__name__}: {first})") from None
+    except Exception as e:  # refused (code in it), or not a torch file at all: zip errors, truncation
+        raise refusal("--init-from ", path, e) from None
     if isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT:
         kind = f"pipe train checkpoint (epoch {obj.get('epoch')}, step {obj.get('step')})"
         return _strip_prefixes(obj["model"]), kind
@@ -277,8 +281,9 @@ class Freezer:
     it would call ``model.train()``.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, locked: list[nn.Module] | None = None):
         self.model = model
+        self.locked = list(locked or [])  # --lock-image's tower: frozen (by `lock_image`) and always in eval mode
         self.groups = block_groups(model)
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
         loose = getattr(model, "input_params", None)
@@ -310,8 +315,21 @@ class Freezer:
     def train_mode(self, mode: bool = True) -> None:
         """``model.train(mode)``, with the frozen blocks' BatchNorm layers left in eval mode."""
         self.model.train(mode)
-        for m in self.frozen_bn:
+        for m in [*self.frozen_bn, *self.locked]:
             m.eval()
+
+
+def lock_image(model: nn.Module) -> list[nn.Module]:
+    """--lock-image (LiT, Zhai et al. 2022): every parameter of the model's ``image_tower`` (the
+    image encoder and its projection, `train.models.clip`) stops training, whatever --freeze and
+    --unfreeze-at say; returns the tower for the `Freezer`, which keeps it in eval mode (its norm
+    layers' statistics and any dropout as pretrained). Call before the Freezer is made."""
+    tower = getattr(model, "image_tower", None)
+    if not isinstance(tower, nn.Module):
+        raise UsageError(f"--lock-image: {type(model).__name__} has no image_tower to lock (an image-caption model has one)")
+    for p in tower.parameters():
+        p.requires_grad_(False)
+    return [tower]
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,17 @@ output per class of the dataset; a head trained for another class count is re-in
 * ``head``: the classifier; ``forward`` returns the logits.
 
 transformers is imported only here, and only when ``hf:`` is used. Every load passes
-``local_files_only=True`` and the hub is switched offline first: a missing file is an error,
-never a download.
+`hf_files.SAFE_LOAD` (``local_files_only=True``, ``trust_remote_code=False``) and the hub is switched
+offline first: a missing file is an error, never a download; a folder whose JSON asks for its own
+code is refused before transformers reads it, and pickled weights are read by
+`train.components.safe_load` first (one line when refused, and their code never runs).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.errors import UsageError
+from train.components.safe_load import check_torch_file, refusal
 from train.models import families
 from train.models.finetune import InitReport
-from train.models.hf_files import PREPROCESSOR, folder_problem, has_tokenizer, weights_file
+from train.models.hf_files import PREPROCESSOR, SAFE_LOAD, folder_problem, has_tokenizer, pickle_weights, weights_file
 from train.models.norm import InputNorm
 
 PREFIX = families.HF.prefix
@@ -47,6 +51,9 @@ def _offline():
     the run prints one load report of its own."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    # the gate transformers puts on its own pickle.load calls (a RAG index; TransfoXL's vocabulary in
+    # older releases): closed whatever the environment says, as trust_remote_code is on every load
+    os.environ["TRUST_REMOTE_CODE"] = "False"
     # the tokenizer runs in forked dataloader workers: its Rust thread pool must not be started
     # in the parent first (it would deadlock the children; the library warns and disables it)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -187,6 +194,14 @@ def _report(label: str, folder: Path, model: nn.Module, info: dict, num_classes:
     return report
 
 
+def _cannot_build(label: str, folder: Path, e: BaseException, what: str = "a classifier") -> UsageError:
+    """One line for a folder transformers could not load from (a weights file it refused: `refusal`'s)."""
+    if isinstance(e, pickle.UnpicklingError):
+        return refusal(f"--model {label}: ", folder / (weights_file(folder) or ""), e)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return UsageError(f"--model {label}: transformers cannot build {what} from it ({first})")
+
+
 def build_hf(path: str, num_classes: int, options: families.Options | None = None) -> HFClassifier:
     """The classifier in the local folder ``path``, with one output per class of the dataset (the hf
     family's builder; ``options``: the index's class names, --max-text-len)."""
@@ -202,18 +217,23 @@ def build_hf(path: str, num_classes: int, options: families.Options | None = Non
     auto = (transformers.AutoModelForSequenceClassification if text
             else transformers.AutoModelForImageClassification)
     classes = list((index or {}).get("classes") or [str(i) for i in range(num_classes)])
+    pickled = pickle_weights(folder)
+    for weights in pickled:  # before transformers unpickles them
+        check_torch_file(weights, f"--model {label}: ")
     try:
         model, info = auto.from_pretrained(
             folder, num_labels=num_classes, id2label=dict(enumerate(classes)),
-            label2id={c: i for i, c in enumerate(classes)}, ignore_mismatched_sizes=True, local_files_only=True,
-            output_loading_info=True, dtype=torch.float32)
-    except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"--model {label}: transformers cannot build a classifier from it ({first})") from None
+            label2id={c: i for i, c in enumerate(classes)}, ignore_mismatched_sizes=True, output_loading_info=True,
+            dtype=torch.float32, use_safetensors=not pickled, **SAFE_LOAD)  # a .bin beside safetensors: never read
+    except (OSError, ValueError, KeyError, pickle.UnpicklingError) as e:
+        raise _cannot_build(label, folder, e) from None
     model.train()  # from_pretrained returns eval mode; the loop switches modes itself
     tokenize = input_norm = None
     if text:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **SAFE_LOAD)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise _cannot_build(label, folder, e, "its tokenizer") from None
         limit = getattr(model.config, "max_position_embeddings", None) or max_text_len
         tokenize = Tokenize(tokenizer, min(max_text_len, limit), label)
     else:

@@ -487,3 +487,24 @@ def test_one_content_under_two_classes_fails_label_conflicts(good, broken):
     assert failing(report) == {"label_conflicts"}
     r = result(report, "label_conflicts")
     assert r.numbers["found"] == 1 and captioned in r.message and copied in r.message
+
+
+def test_pairs_without_labels_pass_and_a_missing_cls_of_a_labelled_sample_fails(tmp_path):
+    """An image-caption pair without a label has no .cls and says label null in its .json (issue 22);
+    a labelled sample that lost its .cls still fails labels_in_range."""
+    from tests.clean_dirs import Spec, make_clean_dir
+
+    specs = [Spec(key=f"l{i}", label=f"c{i % 2}", seed=i, text=f"labelled {i}") for i in range(6)]
+    specs += [Spec(key=f"p{i}", label=None, seed=50 + i, text=f"a pair {i}") for i in range(6)]
+    shards = run_shard(make_clean_dir(tmp_path / "clean", specs), tmp_path / "shards")
+    policy = policy_file(tmp_path, "min_samples_per_class = 1\n")
+    assert result(check(shards, policy), "labels_in_range").status == "pass"
+
+    def drop_a_cls(samples):
+        i = next(i for i, (key, m) in enumerate(samples) if "cls" in m)
+        samples[i][1].pop("cls")
+        return samples
+
+    rewrite_shard(shards, shard_names(shards, "train")[0], drop_a_cls)
+    found = result(check(shards, policy), "labels_in_range")
+    assert found.status == "fail" and "no .cls member" in found.message

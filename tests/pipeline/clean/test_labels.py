@@ -159,3 +159,27 @@ def test_a_caption_in_the_labels_file_is_bounded_like_a_caption_file(tmp_path):
     assert rows["a.jpg"]["reason"] == "pair_rejected" and "too_large" in rows["a.jpg"]["detail"]
     assert rows["b.jpg"]["reason"] == "pair_rejected" and "1200 bytes > --max-text-bytes 1000" in rows["b.jpg"]["detail"]
     assert rows["c.jpg"]["status"] == "kept" and (out / "data" / "c.txt").read_text() == "x" * 1000
+
+
+def test_a_caption_cell_over_the_csv_module_s_128_kib_is_judged_not_the_whole_file_refused(tmp_path):
+    """Python's csv refuses a cell over 128 KiB by default ("field larger than field limit", the
+    whole labels file with it). A 200 KiB caption under --max-text-bytes is a caption like any
+    other; a 300 KiB one over it is too_large; the rows after them are read; the csv module's
+    limit is the same after the run as before it."""
+    import csv
+
+    src = tmp_path / "raw"
+    for i, name in enumerate(("a.jpg", "b.jpg", "c.jpg")):
+        photo(src / name, seed=i + 1)
+    long_ok, too_long = "a cat " * (200 * 1024 // 6), "a cat " * (300 * 1024 // 6)
+    write(tmp_path / "labels.csv", (f'path,label,text\na.jpg,cat,"{long_ok}"\nb.jpg,cat,"{too_long}"\n'
+                                    "c.jpg,dog,short\n").encode())
+    before = csv.field_size_limit()
+    out = tmp_path / "clean"
+    clean.run(CleanConfig(input=src, output=out, workers=1, labels=tmp_path / "labels.csv", max_text_bytes="256KiB"),
+              show_progress=False)
+    assert csv.field_size_limit() == before
+    rows = {r["source"]: r for r in pq.read_table(out / "manifest.parquet").to_pylist()}
+    assert rows["a.jpg"]["status"] == "kept" and (out / "data" / "a.txt").read_text() == long_ok
+    assert rows["b.jpg"]["reason"] == "pair_rejected" and "too_large" in rows["b.jpg"]["detail"]
+    assert rows["c.jpg"]["status"] == "kept" and rows["c.jpg"]["label"] == "dog"

@@ -5,6 +5,7 @@ labels (shared within a pair with a labels file) and, for each file, its key's f
 from __future__ import annotations
 
 import copy
+import unicodedata
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,8 +17,8 @@ from pipeline.clean.listing import Listing
 from pipeline.formats.vocabulary import Kind, Reason
 
 KINDS = {"jpg": Kind.IMAGE, "png": Kind.IMAGE, "txt": Kind.TEXT, "bin": Kind.OTHER}
-names = st.tuples(st.sampled_from(["", "a/", "a b/", "a_b/", "z/"]), st.sampled_from(["x", "x y", "x_y", "y.1"]),
-                  st.sampled_from(sorted(KINDS)))
+FOLDERS = ["", "a/", "a b/", "a_b/", "z/", "/", "../", "./", "cafe\u0301/", "caf\u00e9/"]  # (NFD and NFC: one label)
+names = st.tuples(st.sampled_from(FOLDERS), st.sampled_from(["x", "x y", "x_y", "y.1"]), st.sampled_from(sorted(KINDS)))
 
 
 def _cands(picked) -> list[Candidate]:
@@ -33,7 +34,11 @@ def _in_memory(cands: list[Candidate], labels: dict[str, str] | None) -> list[Ca
     """What discovery did before the listing: sort, label, key, and share a label within a pair."""
     out = sorted(copy.deepcopy(cands), key=lambda c: c.source)
     for c in out:
-        c.label = labels.get(c.source) if labels is not None else (c.source.split("/", 1)[0] if "/" in c.source else None)
+        folder = c.source.split("/", 1)[0] if "/" in c.source else None
+        if labels is not None:
+            c.label = labels.get(c.source)
+        elif folder not in (None, "", ".", ".."):
+            c.label = unicodedata.normalize("NFC", folder)
     assign_keys(out)
     if labels is not None:
         by_key: dict[str, list] = {}

@@ -10,13 +10,13 @@ from tests.conftest import pipe_in_fresh_interpreter
 def test_help_lists_every_command(cli):
     r = cli("--help")
     assert r.exit_code == 0
-    for command in ("clean", "shard", "check", "report", "train", "labels", "doctor"):
+    for command in ("clean", "shard", "check", "report", "train", "labels", "export", "doctor"):
         assert command in r.stdout
 
 
 def test_help_names_each_commands_config_table(cli):
     # rich reads "[clean]" as markup and drops it unless escaped: the help must still say it
-    for command in ("clean", "shard", "check", "report", "train", "doctor"):
+    for command in ("clean", "shard", "check", "report", "train", "export", "doctor"):
         r = cli(command, "--help")
         assert r.exit_code == 0
         assert f"[{command}]" in " ".join(r.stdout.split()), command

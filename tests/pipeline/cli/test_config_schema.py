@@ -17,7 +17,7 @@ def test_the_generated_schema_is_a_valid_schema_with_a_table_per_command():
     doc = config_schema.document()
     jsonschema.Draft202012Validator.check_schema(doc)
     assert doc["additionalProperties"] is False
-    assert list(doc["properties"]) == ["clean", "shard", "check", "report", "train", "labels", "doctor"]
+    assert list(doc["properties"]) == ["clean", "shard", "check", "report", "train", "eval", "labels", "export", "doctor"]
     for table in doc["properties"].values():
         assert table["additionalProperties"] is False
         assert all(p.get("description") for p in table["properties"].values())

@@ -18,5 +18,5 @@ def test_every_property_of_our_schemas_is_described():
                 walk(sub, f"{where}/{name}")
             for name, sub in node.get("$defs", {}).items():
                 walk(sub, f"{where}/$defs/{name}")
-    for name in ("policy", "check_report", "doctor_report", "config"):
+    for name in ("policy", "check_report", "doctor_report", "config", "export"):
         walk(schemas.load_schema(name), name)

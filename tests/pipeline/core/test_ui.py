@@ -56,3 +56,29 @@ def test_an_unknown_total_counts_and_time(clock, capsys):
             clock.now += 1.0
             advance(True)
     assert capsys.readouterr().err.splitlines()[0] == "check shards: 10 done, 10s elapsed"
+
+
+# -- names on a terminal (issue 24, item 10) ------------------------------------------------------------
+
+HOSTILE = ["cat\x1b[31mRED\x1b[0m", "dog\x1b]0;pwned\x07", "fox\u202eeulb", "a\nfake line", "csi\x9b2J", "[bold]x[/bold]"]
+RAW = ("\x1b", "\x07", "\u202e", "\x9b")
+
+
+def test_shown_escapes_what_a_terminal_acts_on_and_nothing_else():
+    assert ui.shown("café/chat noir 猫.jpg") == "café/chat noir 猫.jpg"  # printable text stays as it is
+    assert [ui.shown(n) for n in HOSTILE] == ["cat\\x1b[31mRED\\x1b[0m", "dog\\x1b]0;pwned\\x07", "fox\\u202eeulb",
+                                              "a\\nfake line", "csi\\x9b2J", "[bold]x[/bold]"]
+    assert ui.shown(KeyError("k\x1b")) == "'k\\x1b'"  # any object: its str()
+
+
+def test_tables_and_json_print_names_inert(capsys):
+    """A summary table prints a name's markup as text and its escapes escaped; --json stays the same
+    JSON (json.loads gives the names back) without a raw control character in it."""
+    import json
+
+    ui.summary_table(f"pipe clean -> {HOSTILE[1]}", [(name, name) for name in HOSTILE])
+    ui.print_json({"classes": HOSTILE})
+    out = capsys.readouterr().out
+    assert not any(c in out for c in RAW)
+    assert "[bold]x[/bold]" in out and "\\x1b[31mRED" in out
+    assert json.loads(out[out.index("{"):])["classes"] == HOSTILE

@@ -296,6 +296,174 @@ def test_the_ray_executor_runs_a_fake_stages_parts(cluster):
     assert json.loads(p.stdout.strip().splitlines()[-1]) == fake_stage.EXPECTED
 
 
+# the warm workers of this code on the cluster at argv[1]: what each says of itself (pid, node, parts run)
+WARM = "import json, sys; from pipeline.executors.ray import warm_workers; print(json.dumps(warm_workers(sys.argv[1])))"
+
+# the fake stage on Ray (keep_warm argv[2]) in a driver that takes its code version to be argv[3]
+# (its own when empty): its results, then its warm workers
+FAKE_STAGE = """
+import json, sys
+from pipeline.executors import get, ray
+from tests import fake_stage
+if sys.argv[3]:
+    ray.code_version = lambda: sys.argv[3]  # as a driver of other code would name its warm workers
+result = fake_stage.run(get("ray", address=sys.argv[1], keep_warm=float(sys.argv[2])))
+print(json.dumps({"result": result, "warm": ray.warm_workers(sys.argv[1])}))
+"""
+
+
+def _warm(cluster: Cluster) -> dict[str, dict]:
+    """This code's warm workers on the cluster now, by name."""
+    p = cluster.ns.run([sys.executable, "-c", WARM, cluster.address], env=cluster.env, cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return {w["name"]: w for w in json.loads(p.stdout.strip().splitlines()[-1])}
+
+
+def _fake_stage(cluster: Cluster, keep_warm: float = 600, version: str = "", **kw) -> subprocess.Popen:
+    return subprocess.Popen([*cluster.ns.prefix(), sys.executable, "-c", FAKE_STAGE, cluster.address, str(keep_warm), version],
+                            env=cluster.env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _fake_stage_result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    from tests import fake_stage
+
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["result"] == fake_stage.EXPECTED
+    return {w["name"]: w for w in got["warm"]}
+
+
+def _pids(warm: dict[str, dict]) -> dict[str, int]:
+    return {name: w["pid"] for name, w in warm.items()}
+
+
+def _parts(warm: dict[str, dict]) -> int:
+    return sum(w["parts"] for w in warm.values())
+
+
+def test_the_next_command_runs_on_the_warm_workers_the_last_one_left(cluster, raw, local, tmp_path):
+    """One warm worker per CPU (a node each here); shard's parts run in the same processes as
+    clean's, which were already warm from the tests before."""
+    p = cluster.pipe(_clean_args(raw, tmp_path / "clean", cluster))
+    assert p.returncode == 0, p.stderr
+    after_clean = _warm(cluster)
+    assert sorted(w["node"] for w in after_clean.values()) == ["127.0.0.2", "127.0.0.3"]
+    p = cluster.pipe(["shard", tmp_path / "clean", "-o", tmp_path / "shards", "--max-count", "5", "--executor", "ray",
+                      "--ray-address", cluster.address, "--json"])
+    assert p.returncode == 0, p.stderr
+    assert _files(tmp_path / "shards", skip=(".pipe",)) == _files(local / "shards", skip=(".pipe",))
+    after_shard = _warm(cluster)
+    assert _pids(after_shard) == _pids(after_clean)
+    assert _parts(after_shard) - _parts(after_clean) == json.loads(p.stdout)["parts"]["redone_parts"] > 0
+
+    # another clean, into another folder at another size: the item pools' processes are the same too
+    # (settings travel with the items), and what they write is what a local run of it writes
+    assert all(w["item_pool"] for w in after_clean.values())
+    args = _clean_args(raw, tmp_path / "clean48", cluster)
+    args[args.index("--size") + 1] = "48"
+    p = cluster.pipe(args)
+    assert p.returncode == 0, p.stderr
+    after = _warm(cluster)
+    assert {n: w["item_pool"] for n, w in after.items()} == {n: w["item_pool"] for n, w in after_clean.items()}
+    _run_local(["clean", raw, "-o", tmp_path / "local48", "--size", "48", "--workers", "2", "--json"])
+    _same_clean(tmp_path / "clean48", tmp_path / "local48")
+
+
+def test_two_drivers_at_once_share_the_warm_workers(cluster):
+    """Two runs of the fake stage at the same time (an item that kills its worker included): both
+    get the local executor's results, on the same warm workers, 8 parts each."""
+    before = _fake_stage_result(_fake_stage(cluster))  # (the workers exist, whatever ran before)
+    both = [_fake_stage(cluster), _fake_stage(cluster)]
+    after = [_fake_stage_result(proc) for proc in both][-1]
+    assert _pids(after) == _pids(before)
+    assert _parts(after) - _parts(before) == 2 * 8
+
+
+def test_keep_warm_0_runs_parts_as_tasks_and_leaves_the_warm_workers_alone(cluster):
+    before = _warm(cluster)
+    assert before
+    p = _fake_stage(cluster, keep_warm=0)
+    _fake_stage_result(p)
+    assert _warm(cluster) == before  # the same workers, no part more
+
+
+def test_a_driver_of_other_code_starts_warm_workers_of_its_own(cluster):
+    """Warm workers are named by pipe's code version: a driver whose code differs never gets
+    workers that imported this code; they end after their own idle time (2 s here)."""
+    before = _warm(cluster)
+    assert before
+    other = _fake_stage_result(_fake_stage(cluster, keep_warm=2, version="0ther0ther0ther0"))
+    assert len(other) == len(before) and all("-0ther0ther0ther0-" in name for name in other)
+    assert not set(_pids(other).values()) & set(_pids(before).values())
+    assert _parts(other) == 8
+    assert _warm(cluster) == before
+    _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in _pids(other).values()), timeout=60, every=0.5)
+
+
+def test_code_version_follows_the_source():
+    """The version in the warm workers' names changes with any byte of the pipeline package."""
+    import pipeline
+    from pipeline.executors import ray as ray_executor
+
+    ray_executor.code_version.cache_clear()
+    try:
+        v = ray_executor.code_version()
+        assert v == ray_executor.code_version() and len(v) == 16
+        tree = Path(pipeline.__file__).parent
+        copy = Path(shutil.copytree(tree, Path(os.environ.get("TMPDIR", "/tmp")) / f"pipe-src-{os.getpid()}"))
+        try:
+            pipeline.__file__ = str(copy / "__init__.py")
+            ray_executor.code_version.cache_clear()
+            assert ray_executor.code_version() == v  # the same bytes elsewhere: the same code
+            (copy / "executors" / "local.py").write_text((copy / "executors" / "local.py").read_text() + "\n# changed\n")
+            ray_executor.code_version.cache_clear()
+            assert ray_executor.code_version() != v
+        finally:
+            pipeline.__file__ = str(tree / "__init__.py")
+            shutil.rmtree(copy)
+    finally:
+        ray_executor.code_version.cache_clear()
+
+
+# a driver that runs one slow whole part (fake_stage.slow: argv[3] seconds, then the file argv[2]) on Ray
+SLOW_PART = """
+import sys
+from pipeline.executors import get
+from tests import fake_stage
+get("ray", address=sys.argv[1]).run_parts(fake_stage.slow, [(sys.argv[2], float(sys.argv[3]))], lambda *a: None)
+"""
+
+
+def test_a_part_whose_driver_was_killed_is_not_left_running(cluster, tmp_path):
+    """A warm worker is no dead job's worker: killed, the driver's running part ends with it (its
+    warm worker ends), as Ray ends a dead job's tasks; it never finishes its work."""
+    marker = tmp_path / "finished"
+    driver = subprocess.Popen([*cluster.ns.prefix(), sys.executable, "-c", SLOW_PART, cluster.address, str(marker), "8"],
+                              env=cluster.env, cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    running = _wait(lambda: cluster.task_pids("slow"))
+    started = time.monotonic()
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in running), timeout=20, every=0.2)
+    assert time.monotonic() - started < 8
+    time.sleep(max(0.0, started + 10 - time.monotonic()))  # past the part's 8 s
+    assert not marker.exists()
+
+
+def test_warm_workers_end_themselves_after_their_idle_time(cluster, raw, tmp_path):
+    """A command with --ray-keep-warm 1 uses the warm workers and leaves them 1 s of idle time:
+    then they end themselves (the cluster is never held for good); the next command starts new ones."""
+    before = _warm(cluster)
+    assert before
+    p = cluster.pipe([*_clean_args(raw, tmp_path / "clean", cluster), "--ray-keep-warm", "1"])
+    assert p.returncode == 0, p.stderr
+    _wait(lambda: _warm(cluster) == {}, timeout=60, every=0.5)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in _pids(before).values())
+
+
 # a driver of its own holding the CPU of the node at IP argv[2] with one task, until it is killed
 HOLD_NODE = """
 import sys, time, ray

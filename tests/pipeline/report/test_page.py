@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html as htmllib
 import json
 import re
@@ -55,7 +57,12 @@ def test_nothing_external_is_referenced(page):
     assert not re.search(r"<(script|link|iframe|object|embed|base)\b", page, re.IGNORECASE)
     assert "url(" not in page
     assert all(v.startswith("data:") for v in re.findall(r'\b(?:src|href)="([^"]*)"', page))
-    assert "Content-Security-Policy\" content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\"" in page
+    # no inline style but the page's own sheet, allowed by its hash (stricter than 'unsafe-inline')
+    (sheet,) = re.findall(r"<style>(.*?)</style>", page, re.DOTALL)
+    digest = base64.b64encode(hashlib.sha256(sheet.encode("utf-8")).digest()).decode()
+    assert (f"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; style-src 'sha256-{digest}'; "
+            "base-uri 'none'; form-action 'none'\"") in page
+    assert "unsafe-inline" not in page and ' style="' not in page
 
 
 def test_every_chart_has_a_text_alternative(page):
@@ -198,3 +205,47 @@ def test_a_manifest_with_odd_types_still_gives_a_page(tmp_path):
     page = build([root])
     assert 'data-count="files">2<' in page
     assert "could not be shown" in page
+
+
+def test_a_contrastive_run_shows_zero_shot_and_recall_curves_and_its_mismatched_pairs(tmp_path):
+    """A run of --objective contrastive (issue 22): its val rows carry zero-shot accuracy and
+    recall@K, charted; pipe labels' rows are mismatched image-caption pairs, shown as such."""
+    from pipeline.report.stage import build
+
+    run = build_run(tmp_path / "run")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if r["kind"] == "val":
+            r.update({"val_zeroshot_acc": 0.5 + r["epoch"] / 10, "val_recall_i2t@1": 0.3, "val_recall_i2t@5": 0.7,
+                      "val_recall_t2i@1": 0.25, "val_recall_t2i@5": 0.65})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (run / "config.json").write_text(json.dumps({"objective": "contrastive", "model": "clip"}), encoding="utf-8")
+    pq.write_table(pa.table({"key": ["a"], "source": ["red/r1.png"], "split": ["train"], "given": ["a photo of a <b>blue</b>."],
+                             "suggested": [""], "score": [12.5], "rank": [1]}), run / "label_issues.parquet")
+    page = build([run])
+    assert "zero-shot accuracy and recall@K" in page, page[-3000:]
+    assert "image-&gt;text R@5" in page
+    assert "80%" in page
+    assert "Mismatched image-caption pairs (1)" in page and "Label-issue candidates" not in page
+    assert "a photo of a &lt;b&gt;blue&lt;/b&gt;." in page and "red/r1.png" in page
+
+
+def test_label_issue_candidates_show_their_images_from_the_clean_dir_given(folders, tmp_path):
+    """The one place a user must look at images: each candidate with its picture, found by its key
+    (and source) in a clean dir on the command line; without one the table says what to add."""
+    import shutil
+
+    from pipeline.report.stage import build
+
+    run = tmp_path / "run"
+    shutil.copytree(folders["run"], run)
+    rows = pq.read_table(folders["clean"] / "manifest.parquet").to_pylist()
+    images = [r for r in rows if r["kind"] == "image" and r["status"] == "kept"][:2]
+    pq.write_table(pa.table({"rank": [1, 2, 3], "key": [images[0]["key"], images[1]["key"], "elsewhere"],
+                             "source": [images[0]["source"], "not/the/same.jpg", ""], "split": ["train"] * 3,
+                             "given": ["a"] * 3, "suggested": ["b"] * 3, "score": [0.3, 0.2, 0.1]}), run / "label_issues.parquet")
+    table = build([folders["clean"], run]).partition("Label-issue candidates (3)")[2]
+    assert table.count("<img") == 1  # the second row's source is another file's: no picture rather than a wrong one
+    assert table.count('aria-label="no preview: not in the clean dirs given"') == 2
+    alone = build([run]).partition("Label-issue candidates (3)")[2]
+    assert "<img" not in alone and alone.count('aria-label="no preview: give the clean dir it came from"') == 3

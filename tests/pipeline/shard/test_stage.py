@@ -324,3 +324,66 @@ def test_a_disk_full_failure_leaves_no_temporary_tar(tmp_path, clean, monkeypatc
     monkeypatch.undo()
     run(clean, out)  # space freed: the same command finishes
     assert (out / "index.json").exists()
+
+
+# -- image-caption pairs without labels (issue 22, item 0) ---------------------------------------
+
+
+def _captioned(n_labelled: int, n_pairs: int) -> list[Spec]:
+    labelled = [Spec(key=f"l{i:03d}", label=f"c{i % 2}", seed=i, text=f"labelled {i}",
+                     phash=(i * 0x9E3779B97F4A7C15) & (2**64 - 1)) for i in range(n_labelled)]
+    pairs = [Spec(key=f"p{i:03d}", label=None, seed=100 + i, text=f"a pair without a class {i}",
+                  phash=((100 + i) * 0x9E3779B97F4A7C15) & (2**64 - 1)) for i in range(n_pairs)]
+    alone = [Spec(key="z-image-alone", label=None, seed=999), Spec(key="z-text-alone", label=None, image=False, text="t")]
+    return labelled + pairs + alone
+
+
+def test_pairs_without_labels_are_samples_without_a_cls_member(tmp_path):
+    clean = make_clean_dir(tmp_path / "clean", _captioned(8, 10))
+    summary = run(clean, tmp_path / "out", val_fraction=0.2)
+    index = index_of(tmp_path / "out")
+    assert schemas.errors(index, "index") == []
+    assert index["classes"] == ["c0", "c1"]
+    assert summary["unlabelled"] == index["excluded"]["unlabelled"] == 2  # the image alone and the text alone
+    counts = index["counts"]
+    assert counts["train"]["samples"] + counts["val"]["samples"] == 18
+    assert sum(sum(counts[s]["per_class"].values()) for s in ("train", "val")) == 8
+    assert counts["val"]["samples"] - sum(counts["val"]["per_class"].values()) == 2  # the pairs split like a class
+    samples = {k: v for p in sorted((tmp_path / "out").glob("*.tar")) for k, v in tar_samples(p).items()}
+    assert set(samples) == {f"l{i:03d}" for i in range(8)} | {f"p{i:03d}" for i in range(10)}
+    for key, members in samples.items():
+        meta = json.loads(members["json"])
+        if key.startswith("p"):
+            assert set(members) == {"jpg", "txt", "json"} and meta["label"] is None
+        else:
+            assert set(members) == {"jpg", "txt", "cls", "json"} and meta["label"] == f"c{int(key[1:]) % 2}"
+
+
+def test_webdataset_reads_pairs_without_labels(tmp_path):
+    webdataset = pytest.importorskip("webdataset")
+    clean = make_clean_dir(tmp_path / "clean", _captioned(4, 6))
+    run(clean, tmp_path / "out")
+    urls = [str(p) for p in sorted((tmp_path / "out").glob("*.tar"))]
+    got = {s["__key__"]: s for s in webdataset.WebDataset(urls, shardshuffle=False)}
+    assert len(got) == 10
+    assert all("cls" not in s for k, s in got.items() if k.startswith("p"))
+
+
+def test_a_pair_in_a_near_duplicate_group_records_it(tmp_path):
+    """Near copies of one image with two captions, and one of them labelled: the pairs name the group's
+    first sample in their .json (keys sorted: "group" first); samples alone and images without a
+    caption record nothing, so a labelled dataset's shards keep their bytes."""
+    base = 0x0123456789ABCDEF
+    specs = [Spec(key="a1", label=None, seed=1, text="one", phash=base),
+             Spec(key="a2", label=None, seed=2, text="two", phash=base ^ 0b11),
+             Spec(key="a3", label="c", seed=3, phash=base ^ 0b101),  # no caption: nothing recorded
+             Spec(key="b1", label=None, seed=4, text="alone", phash=base ^ (2**64 - 1)),
+             Spec(key="c1", label="c", seed=5, text="labelled", phash=0x5555_5555_5555_5555)]
+    clean = make_clean_dir(tmp_path / "clean", specs)
+    run(clean, tmp_path / "out", val_fraction=0.0, max_count=2)  # shards of 2: each plan entry a part of the columns
+    samples = {k: v for p in sorted((tmp_path / "out").glob("*.tar")) for k, v in tar_samples(p).items()}
+    assert samples["a1"]["json"].startswith(b'{"group":"a1",') and json.loads(samples["a2"]["json"])["group"] == "a1"
+    for key in ("a3", "b1", "c1"):
+        assert "group" not in json.loads(samples[key]["json"]), key
+    shards = index_of(tmp_path / "out")["shards"]
+    assert sum(s["bytes"] for s in shards) == sum((tmp_path / "out" / s["name"]).stat().st_size for s in shards)

@@ -227,3 +227,34 @@ def test_report_reads_s3_folders_as_it_reads_local_ones(runs, s3_server, tmp_pat
     for side in pages:
         assert pages[side].count("data:image/jpeg;base64,") > 3, side
     assert pages["s3"].count("data:image/jpeg;base64,") == pages["local"].count("data:image/jpeg;base64,")
+
+
+@pytest.mark.slow
+def test_moto_every_object_with_content_is_one_row_whatever_its_key(moto_conditional_server, tmp_path, monkeypatch):
+    """Keys no file path can be (moto holds them, rclone's file-backed store cannot): one ending in
+    "/" with content, "../", "./", "//" parts. Each is a row saying what its name is (never "a
+    hidden or tool folder", never dropped, no class made of ".."); only an empty "folder/"
+    marker is no file. Nothing is read through such a name or copied into quarantine/."""
+    moto_conditional_server.setenv(monkeypatch)
+    photo(tmp_path / "p.jpg", seed=3)
+    jpeg = (tmp_path / "p.jpg").read_bytes()
+    bucket = moto_conditional_server.make_bucket("hostile-keys")
+    c = moto_conditional_server.client()
+    keys = {"raw/cats/a.jpg": jpeg, "raw/cats/": b"bytes", "raw/cats/b.jpg/": jpeg, "raw/../evil.jpg": jpeg,
+            "raw/cats/../up.jpg": jpeg, "raw/./dot.jpg": jpeg, "raw/cats//double.jpg": jpeg, "raw/.git/HEAD": b"ref",
+            "raw/dogs/": b""}
+    for key, body in keys.items():
+        c.put_object(Bucket="hostile-keys", Key=key, Body=body)
+    p = _pipe(moto_conditional_server, "clean", f"{bucket}/raw", "-o", tmp_path / "out", "--workers", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["source"]: r for r in _rows((tmp_path / "out" / "manifest.parquet").read_bytes())}
+    assert sorted(rows) == ["../evil.jpg", "./dot.jpg", ".git", "cats/", "cats/../up.jpg", "cats//double.jpg",
+                            "cats/a.jpg", "cats/b.jpg/"]  # 9 keys, one an empty marker: 8 files, 8 rows
+    assert rows["cats/a.jpg"]["status"] == "kept"
+    for source in ("cats/", "cats/b.jpg/"):
+        assert rows[source]["status"] == "quarantined" and "key ending in '/'" in rows[source]["detail"]
+    for source in ("../evil.jpg", "./dot.jpg", "cats/../up.jpg", "cats//double.jpg"):
+        assert rows[source]["status"] == "quarantined" and "'..' part is no file path" in rows[source]["detail"], source
+    assert "hidden or tool folder" in rows[".git"]["detail"]
+    assert rows["../evil.jpg"]["label"] is None and rows["./dot.jpg"]["label"] is None
+    assert not (tmp_path / "out" / "quarantine").exists() and not (tmp_path / "evil.jpg").exists()

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from train.data.plan import Segment, epoch_plan, rank_stream, worker_spans
+from train.data.plan import Generation, Segment, block_key, epoch_plan, rank_stream, worker_spans
 
 KEY = (0,)
 
@@ -131,3 +131,90 @@ def test_resume_needs_whole_batches():
 
 def test_segment_length():
     assert len(Segment(0, 3, 7)) == 4
+
+
+# -- resume on another layout: world size, batch split, workers, shuffle buffer -------------------
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def layout_chains(draw):
+    """A dataset, a global batch G, and 1-4 layouts that split G differently, each run for a
+    drawn number of optimizer steps (the last to the epoch's end): an epoch resumed on other
+    world sizes, per-rank batches, worker counts and shuffle buffers."""
+    counts = draw(st.lists(st.integers(0, 40), min_size=1, max_size=10))
+    global_batch = draw(st.integers(1, 4)) * draw(st.integers(1, 4)) * draw(st.integers(1, 3))
+    if sum(counts) < global_batch:
+        counts = counts + [global_batch - sum(counts) + draw(st.integers(0, 40))]
+    layouts = []
+    for _ in range(draw(st.integers(1, 4))):
+        world = draw(st.sampled_from([w for w in _divisors(global_batch) if w <= 8]))
+        batch = draw(st.sampled_from(_divisors(global_batch // world)))
+        layouts.append((world, batch, global_batch // (world * batch), draw(st.integers(0, 3)), draw(st.integers(0, 9))))
+    total_steps = sum(counts) // global_batch
+    cuts = sorted(draw(st.lists(st.integers(0, total_steps), min_size=len(layouts) - 1, max_size=len(layouts) - 1)))
+    return counts, global_batch, layouts, cuts, draw(st.integers(0, 2**32)), draw(st.integers(0, 30))
+
+
+def _run_chain(counts, layouts, cuts, seed, epoch):
+    """What each generation's ranks consume: [(plan, [keys per rank])] (the last runs to the end)."""
+    history, done, out = [], 0, []
+    for g, (world, batch, accum, workers, block) in enumerate(layouts):
+        plan = epoch_plan(counts, world, batch, seed, epoch, accum=accum, history=tuple(history))
+        assert plan.generation == g
+        streams = [rank_stream(plan, r, workers, block, block_key(seed, epoch, r, g)) for r in range(world)]
+        stop = cuts[g] if g < len(cuts) else None
+        steps = (stop - done) * accum if stop is not None else plan.steps
+        out.append((plan, [s[: steps * batch] for s in streams], streams))
+        if stop is not None:
+            history.append(Generation(world, batch, workers, block, steps * batch))
+            done = stop
+    return out
+
+
+@SETTINGS
+@given(layout_chains())
+def test_an_epoch_resumed_on_other_layouts_trains_every_sample_exactly_once(chain):
+    counts, global_batch, layouts, cuts, seed, epoch = chain
+    gens = _run_chain(counts, layouts, cuts, seed, epoch)
+    trained = Counter((s, i) for _, consumed, _ in gens for keys in consumed for s, i, _ in keys)
+    assert max(trained.values()) == 1, "a sample trained twice in one epoch"
+    dropped = set(gens[0][0].dropped)
+    assert all(set(p.dropped) == dropped for p, _, _ in gens)  # the left-out window is the global batch's
+    every = {(s, i) for s, c in enumerate(counts) for i in range(c)}
+    assert set(trained) | dropped == every and not set(trained) & dropped
+    assert len(trained) == sum(counts) // global_batch * global_batch
+    for plan, consumed, streams in gens:
+        assert len({len(s) for s in streams}) == 1 and len(streams[0]) == plan.steps * plan.batch  # equal steps
+        assert len({len(c) for c in consumed}) == 1
+
+
+@SETTINGS
+@given(layout_chains(), st.data())
+def test_a_later_generation_resumes_in_its_own_layout_exactly(chain, data):
+    counts, _, layouts, cuts, seed, epoch = chain
+    gens = _run_chain(counts, layouts, cuts, seed, epoch)
+    plan, _, streams = gens[-1]
+    world, batch, _, workers, block = layouts[-1]
+    steps_done = data.draw(st.integers(0, plan.steps))
+    for r in range(world):
+        resumed = rank_stream(plan, r, workers, block, block_key(seed, epoch, r, plan.generation), steps_done * batch)
+        assert resumed == streams[r][steps_done * batch :]
+
+
+def test_the_same_layout_is_generation_zero_with_the_key_it_always_had():
+    plan = epoch_plan([30, 17, 9], 2, 3, 4, 1)
+    assert plan.generation == 0 and block_key(4, 1, 0) == (4, 1, 0)
+    assert block_key(4, 1, 0, 1) != block_key(4, 1, 0)
+
+
+def test_accumulation_cuts_the_epoch_in_whole_global_batches():
+    counts = [13, 0, 7, 22, 5]  # 47 samples
+    plan = epoch_plan(counts, 2, 3, 0, 0, accum=2)  # global batch 12: 3 optimizer steps, 11 left out
+    assert plan.steps == 6 and len(plan.dropped) == 11
+    assert epoch_plan(counts, 2, 3, 0, 0).steps == 7  # without accumulation: batches of 6, 5 left out
+    with pytest.raises(ValueError, match="cannot fill one step of 2 ranks x batch 3 x accumulation 9"):
+        epoch_plan(counts, 2, 3, 0, 0, accum=9)

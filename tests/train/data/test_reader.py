@@ -11,7 +11,7 @@ import torch
 from pipeline.formats.sample import decode_image
 from pipeline.shard import stage
 from tests.clean_dirs import Spec, make_clean_dir, simple_specs
-from train.data.plan import rank_stream
+from train.data.plan import block_key, rank_stream
 from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -43,7 +43,9 @@ def keys_by_position(shard_dir, split):
 def expected_keys(reader, epoch, workers, consumed=0, split="train"):
     names = keys_by_position(reader.shard_dir, split)
     block = reader.shuffle_buffer if split == "train" else 0
-    stream = rank_stream(reader.plan(epoch), reader.rank, workers, block, (reader.seed, epoch, reader.rank), consumed)
+    plan = reader.plan(epoch)
+    key = block_key(reader.seed, epoch, reader.rank, plan.generation)
+    stream = rank_stream(plan, reader.rank, workers, block, key, consumed - reader._earlier(reader.history(epoch)))
     return [names[(s, i)] for s, i, _ in stream]
 
 
@@ -294,3 +296,183 @@ def test_undecodable_sample_at_a_smaller_size_names_shard_and_key(big_shards, tm
     key = victim.name.split(".")[0]
     with pytest.raises(SampleDecodeError, match=rf"^{tar_path.name}: sample {key} .*does not decode"):
         list(make_loader(ShardReader(shards, batch_size=2, image_size=24), 0))
+
+
+def test_pairs_carry_caption_and_group_ids_and_no_class_reads_as_minus_one(tmp_path):
+    """fields with "pairs" (issue 22): equal captions get equal ids, a near-duplicate group recorded
+    in the .json one id for its pairs, a pair without a label the class -1 (without "pairs", its
+    missing .cls is still an error)."""
+    from train.data.pairs import NO_GROUP
+
+    base = 0x0123456789ABCDEF
+    specs = [Spec(key="a", label=None, seed=1, text="same words", phash=base),
+             Spec(key="b", label=None, seed=2, text="other words", phash=base ^ 0b11),  # near copy of a
+             Spec(key="c", label="cat", seed=3, text="same words", phash=0x5555_5555_5555_5555),
+             Spec(key="d", label="cat", seed=4, text="alone", phash=0x00FF_00FF_00FF_00FF)]
+    stage.run(stage.ShardConfig(make_clean_dir(tmp_path / "clean", specs), tmp_path / "shards", val_fraction=0.0),
+              show_progress=False)
+    reader = ShardReader(tmp_path / "shards", "train", batch_size=4, fields=("text", "pairs"), shuffle_buffer=0)
+    reader.set_epoch(0)
+    batch = next(iter(reader))
+    at = {k: i for i, k in enumerate(batch["key"])}
+    cap, grp, label = batch["caption_id"], batch["group_id"], batch["label"]
+    assert cap[at["a"]] == cap[at["c"]] and cap[at["a"]] != cap[at["b"]] != cap[at["d"]]
+    assert grp[at["a"]] == grp[at["b"]] >= 0 and grp[at["c"]] == grp[at["d"]] == NO_GROUP
+    assert label[at["a"]] == label[at["b"]] == -1 and label[at["c"]] == label[at["d"]] == 0
+    plain = ShardReader(tmp_path / "shards", "train", batch_size=4, fields=("text",), shuffle_buffer=0)
+    plain.set_epoch(0)
+    with pytest.raises(SampleDecodeError, match="no .cls member"):
+        next(iter(plain))
+
+
+@pytest.mark.parametrize("world,batch,workers,buffer", [(3, 2, 1, 5), (1, 6, 3, 0), (6, 1, 0, 7)])
+def test_a_mid_epoch_position_continues_on_another_layout_with_every_sample_once(shards, world, batch, workers, buffer):
+    """2 ranks x batch 3 (global batch 6), 2 workers, read 3 batches each into epoch 1; then the
+    rest of the epoch on another world size, per-rank batch, worker count and shuffle buffer with
+    the global batch kept: the two parts together are the epoch's samples, each once, and every
+    new rank reads the same number of batches; the next epoch is the new layout's own."""
+    before = [ShardReader(shards, "train", r, 2, batch_size=3, seed=2, shuffle_buffer=4) for r in range(2)]
+    loaders = [make_loader(r, 2) for r in before]
+    for r in before:
+        r.set_epoch(1)
+    first = [loader_keys(ld)[: 3 * 3] for ld in loaders]
+    state = before[0].state_dict(steps_done=3)
+    after = [ShardReader(shards, "train", r, world, batch_size=batch, seed=2, shuffle_buffer=buffer) for r in range(world)]
+    rest = []
+    for r in after:
+        loader = make_loader(r, workers)
+        r.load_state_dict(state)
+        assert r.epoch == 1 and len(r.history(1)) == 1
+        rest.append(loader_keys(loader))
+        assert rest[-1] == expected_keys(r, 1, workers, consumed=9 * 2 // world)  # the plan's later generation
+    assert len({len(k) for k in rest}) == 1
+    trained = [k for keys in first + rest for k in keys]
+    whole = [k for r in before for k in expected_keys(r, 1, 2)]
+    assert len(trained) == len(set(trained)) and set(trained) == set(whole)
+    after[0].set_epoch(2)  # the next epoch: planned for the new layout alone
+    assert after[0].history(2) == () and after[0].plan(2).generation == 0
+
+
+# -- bad samples mid-stream, skipped (skip_bad): named, masked, the batch kept whole ----------------
+
+
+def _damaged_copy(shards, tmp_path, damage):
+    """A copy of ``shards`` with ``damage(data: bytearray, members) -> key`` applied to the first
+    train shard (members: its tarfile members); returns (copy, shard name, the damaged key)."""
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    target = sorted(copy.glob("train-*.tar"))[0]
+    with tarfile.open(target) as tf:
+        members = tf.getmembers()
+    data = bytearray(target.read_bytes())
+    key = damage(data, members)
+    target.write_bytes(bytes(data))
+    return copy, target.name, key
+
+
+def _zero_image(data, members):
+    victim = next(m for m in members if m.name.endswith(".jpg"))
+    data[victim.offset_data : victim.offset_data + victim.size] = bytes(victim.size)  # same size, not a JPEG
+    return victim.name.split(".")[0]
+
+
+def _bad_caption(data, members):
+    victim = next(m for m in members if m.name.endswith(".txt") and m.size >= 2)
+    data[victim.offset_data : victim.offset_data + 2] = b"\xff\xfe"
+    return victim.name.split(".")[0]
+
+
+def _garbled_header(data, members):
+    victim = next(m for m in members if m.name.endswith(".cls"))
+    data[victim.offset : victim.offset + 512] = bytes(range(256)) * 2  # not a tar header any more
+    return victim.name.split(".")[0]
+
+
+def _all_batches(reader, workers):
+    loader = make_loader(reader, workers)
+    try:
+        return list(loader)
+    finally:
+        close_loader(loader)
+
+
+@pytest.mark.parametrize("damage,why", [(_zero_image, "jpg image does not decode"),
+                                        (_bad_caption, "its caption is not UTF-8"),
+                                        (_garbled_header, "damaged at samples")])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_sample_is_skipped_named_and_masked_and_the_batches_stay_whole(shards, tmp_path, damage, why, workers):
+    copy, shard, key = _damaged_copy(shards, tmp_path, damage)
+    good = ShardReader(shards, "train", 0, 1, batch_size=4, seed=1, shuffle_buffer=6)
+    good.set_epoch(0)
+    reader = ShardReader(copy, "train", 0, 1, batch_size=4, seed=1, shuffle_buffer=6, skip_bad=True)
+    reader.set_epoch(0)
+    batches = _all_batches(reader, workers)
+    assert len(batches) == good.steps_per_epoch and all(len(b["key"]) == 4 for b in batches)
+    skipped = [(b, entry) for b in batches for entry in b.get("skipped", [])]
+    assert len(skipped) == 1
+    batch, (slot, where, name, offset, reason) = skipped[0]
+    assert (where, name) == (shard, key) and why in reason and offset >= 0
+    assert batch["key"][slot] == key and not batch["valid"][slot] and int(batch["valid"].sum()) == 3
+    donor = next(i for i in range(4) if i != slot)
+    if "image" in batch:  # the slot carries a good sample of the batch: no blank image in BatchNorm's statistics
+        assert any(torch.equal(batch["image"][slot], batch["image"][i]) for i in range(4) if i != slot)
+    assert batch["label"][slot] in batch["label"][[i for i in range(4) if i != slot]] or donor is None
+    assert [k for b in batches for k in b["key"]] == expected_keys(good, 0, workers)  # the same samples, in order
+    strict = ShardReader(copy, "train", 0, 1, batch_size=4, seed=1, shuffle_buffer=6)
+    if damage is _bad_caption:  # without skip_bad the bytes are fed as they are, as they always were
+        assert len(_all_batches(strict, workers)) == len(batches)
+        return
+    with pytest.raises(SampleDecodeError, match=rf"^{shard}: "):  # without skip_bad: the one-line failure
+        _all_batches(strict, workers)
+
+
+def test_a_shard_cut_short_skips_the_samples_past_its_end(shards, tmp_path):
+    import json
+
+    def cut(data, members):
+        del data[len(data) // 2:]
+        return ""
+
+    copy, shard, _ = _damaged_copy(shards, tmp_path, cut)
+    entry = next(s for s in json.loads((copy / "index.json").read_text())["shards"] if s["name"] == shard)
+    lost = sum(1 for o in entry["offsets"] if o + 512 > entry["bytes"] // 2)  # samples not wholly before the cut
+    reader = ShardReader(copy, "train", 0, 1, batch_size=4, seed=1, shuffle_buffer=0, skip_bad=True)
+    reader.set_epoch(0)
+    batches = _all_batches(reader, 0)
+    skipped = [e for b in batches for e in b.get("skipped", [])]
+    assert {e[1] for e in skipped} == {shard} and lost <= len(skipped) <= lost + 1
+    assert all("cut short" in e[4] or "damaged" in e[4] for e in skipped)
+    assert sum(int((~b["valid"]).sum()) for b in batches) == len(skipped)
+
+
+def test_a_second_resume_in_the_new_layout_continues_it_exactly_and_a_third_layout_too(shards):
+    """2 ranks x batch 3, 3 batches read; on 3 ranks x batch 2 one more global batch; saved again
+    and resumed in that same layout (exactly where it was), then on 1 rank x batch 6 for the rest:
+    the epoch's samples once over the three generations."""
+    def readers(world, batch, workers=1):
+        out = [ShardReader(shards, "train", r, world, batch_size=batch, seed=4, shuffle_buffer=5) for r in range(world)]
+        return out, [make_loader(r, workers) for r in out]
+
+    first, loaders = readers(2, 3)
+    for r in first:
+        r.set_epoch(0)
+    trained = [k for ld in loaders for k in loader_keys(ld)[:9]]
+    whole = [k for r in first for k in expected_keys(r, 0, 1)]
+    second, loaders = readers(3, 2)
+    for r in second:
+        r.load_state_dict(first[0].state_dict(steps_done=3))
+    second_keys = [loader_keys(ld) for ld in loaders]
+    trained += [k for keys in second_keys for k in keys[:2]]  # one more global batch: 1 batch of 2 per rank
+    state = second[0].state_dict(steps_done=4)  # the epoch so far (4 global batches) in this layout's batches
+    assert state["consumed"] == 24 // 3 and len(state["history"]) == 1
+    again, loaders = readers(3, 2)
+    for r, ld, before in zip(again, loaders, second_keys):
+        r.load_state_dict(state)
+        assert loader_keys(ld) == before[2:]  # the same layout: exactly where it was
+    third, loaders = readers(1, 6, workers=2)
+    third[0].load_state_dict(state)
+    assert len(third[0].history(0)) == 2
+    trained += loader_keys(loaders[0])
+    assert len(trained) == len(set(trained)) and set(trained) == set(whole)

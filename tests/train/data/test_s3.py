@@ -240,3 +240,22 @@ def test_s3_reads_are_merged_and_a_worker_makes_its_own_client(dataset, s3_env):
     before, owners = q.get(timeout=60)
     proc.join(30)
     assert before == 0 and owners == [proc.pid]
+
+
+def test_a_contrastive_batch_reads_the_same_from_s3(dataset, s3_env):
+    """--objective contrastive's fields (issue 22: caption and group ids besides pixels and bytes)
+    come out of an s3:// SHARD_DIR as out of its local copy."""
+    import torch
+
+    from train.data.reader import ShardReader
+
+    local, url = dataset
+    batches = []
+    for where in (local, url):
+        reader = ShardReader(where, "train", batch_size=8, seed=3, fields=("image", "text", "pairs"))
+        reader.set_epoch(0)
+        batches.append(next(iter(reader)))
+    a, b = batches
+    assert a["key"] == b["key"]
+    for field in ("image", "text", "caption_id", "group_id", "label"):
+        assert torch.equal(a[field], b[field]), field

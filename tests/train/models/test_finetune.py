@@ -129,3 +129,20 @@ def test_schedule_unfreezes_from_the_epoch_counted_from_one():
     s = FreezeSchedule(0.7, unfreeze_epoch=2, unfreeze_to=0.2)
     assert [s.fraction_at(i) for i in range(4)] == [0.7, 0.2, 0.2, 0.2]
     assert FreezeSchedule(0.5).fraction_at(9) == 0.5
+
+
+def test_tensor_names_from_an_init_from_file_are_printed_escaped(cli, tmp_path):
+    """The --init-from report lists the file's tensor names (its author's choice): ESC, BEL and bidi
+    overrides in them reach the terminal escaped, and brackets are not markup."""
+    from tests.train_shards import make_shards
+
+    shards = make_shards(tmp_path / "data", n=12, classes=2, size=16)
+    state = {"\x1b]0;pwned\x07\x1b[2Jhead.weight": torch.zeros(2), "[link=https://x]evil\u202e": torch.zeros(1),
+             **_model(2).state_dict()}
+    torch.save(state, tmp_path / "init.pt")
+    r = cli("train", shards, "-o", tmp_path / "run", "--model", "image", "--width", "8", "--workers", "0",
+            "--max-steps", "1", "--batch-size", "4", "--init-from", tmp_path / "init.pt")
+    assert r.exit_code == 0, r.output
+    assert not any(c in r.output for c in ("\x1b", "\x07", "\u202e"))
+    text = " ".join(r.stderr.split())
+    assert "\\x1b]0;pwned\\x07\\x1b[2Jhead.weight" in text and "[link=https://x]evil\\u202e" in text
