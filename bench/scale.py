@@ -253,13 +253,19 @@ def _same(a: Path, b: Path) -> bool:
 SETTINGS = {"size": 256}  # the part fingerprints' settings (any: the names only have to match the plan)
 
 
+def listing_order(n: int):
+    """The synthetic files' numbers in listing order (sorted by path: class0, class1, class10, ...)."""
+    for c in sorted(range(min(n, 100)), key=lambda c: f"class{c}"):
+        yield from range(c, n, 100)
+
+
 def synthetic_candidate(i: int):
-    """The i-th file of the synthetic listing, as discovery makes it."""
+    """The i-th file of the synthetic listing, as discovery makes it (keys and labels are the listing's)."""
     from pipeline.clean.discover import Candidate
     from pipeline.formats.vocabulary import Kind
 
-    key = f"f{i:09d}"
-    return Candidate(f"class{i % 100}/{key}.jpg", f"/raw/class{i % 100}/{key}.jpg", Kind.IMAGE, "jpeg", f"class{i % 100}", key)
+    source = f"class{i % 100}/f{i:09d}.jpg"
+    return Candidate(source, f"/raw/{source}", Kind.IMAGE, "jpeg")
 
 
 def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
@@ -278,12 +284,14 @@ def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
     rng = np.random.default_rng(n)
     folder = clean_dir / partlib.PARTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
+    order = np.fromiter(listing_order(n), dtype=np.int64, count=n)  # file number of each row
     for index, (b, e) in enumerate(partlib.cut(n, part_files)):
         m = e - b
-        i = np.arange(b, e, dtype=np.int64)
-        key = pc.binary_join_element_wise("f", pc.utf8_lpad(pc.cast(pa.array(i), pa.string()), width=9, padding="0"), "")
+        i = order[b:e]
+        stem = pc.binary_join_element_wise("f", pc.utf8_lpad(pc.cast(pa.array(i), pa.string()), width=9, padding="0"), "")
         label = pc.binary_join_element_wise("class", pc.cast(pa.array(i % 100), pa.string()), "")
-        source = pc.binary_join_element_wise(label, "/", key, ".jpg", "")
+        source = pc.binary_join_element_wise(label, "/", stem, ".jpg", "")
+        key = pc.binary_join_element_wise(label, "__", stem, "")  # the listing's key (`keys.slug`)
         raw = rng.bytes(32 * m)
         twin = np.where(i % 50 == 49, i - 1, i).tolist()
 
@@ -309,18 +317,30 @@ def synthetic_parts(clean_dir: Path, n: int, part_files: int) -> None:
 
 
 def _rss_kib() -> int:
+    """This process's peak RSS: its memory's high-water mark (VmHWM). Not `ru_maxrss`, which a
+    child keeps from its parent across exec: the 10M child started at the 188 MiB the parent
+    had used making the part files, which the bytes a row over the imports then left out."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def driver_child(clean_dir: str, n: int, part_files: int) -> None:
-    """What the driver of `pipe clean --executor ray` does once the parts are done, with its own
-    functions: hold the listing (as discovery made it), gather each part's decide columns, free
-    the listing, decide, and write the manifest and report from each part's whole results read
-    back (`_finalize` without its per-file moves and journal, as before this bench's rows).
-    Prints one JSON line a step, so a long run shows where it is and what it holds."""
+    """What the driver of `pipe clean --executor ray` does around the parts, with its own
+    functions: the listing (candidates handed over a batch at a time as discovery makes them, to
+    the listing file on the driver's disk: `ListingWriter`), gather each part's compact columns,
+    decide, and write the manifest and report from each part's whole results read back
+    (`_finalize` without its per-file moves and journal, as before this bench's rows). Prints one
+    JSON line a step, so a long run shows where it is and what it holds."""
+    from pipeline.clean import parts
     from pipeline.clean.columns import manifest_table
     from pipeline.clean.decide import DecideSettings, Outputs, decide
-    from pipeline.clean.parts import as_columns, gather
+    from pipeline.clean.listing import ListingWriter
     from pipeline.clean.report import ReportBuilder
     from pipeline.clean.stage import PARKED
     from pipeline.executors import parts as partlib
@@ -336,28 +356,33 @@ def driver_child(clean_dir: str, n: int, part_files: int) -> None:
         print(json.dumps(step), flush=True)
 
     t = time.perf_counter()
-    candidates = [synthetic_candidate(i) for i in range(n)]  # the listing, held from discovery on
+    writer = ListingWriter(out)
+    for i in listing_order(n):
+        writer.add(synthetic_candidate(i))
+    listing = writer.finish()
     done("listing", t)
     t = time.perf_counter()
     plan = [partlib.Part(i, b, e, "0" * 64) for i, (b, e) in enumerate(partlib.cut(n, part_files))]
-    tables = [gather(out, p, candidates) for p in plan]
-    if any(x is None for x in tables):
+    gathered = parts.gatherer(open_folder(out), plan, listing, out)
+    if not all(parts.gather(out, p, listing, gathered) for p in plan):
         raise SystemExit("a part's results file is missing or unreadable")
-    cols = as_columns(open_folder(out), plan, tables)
+    cols = gathered.finish()
+    listing.close()  # as stage._run does once the parts are in
     done("gather", t)
-    del candidates  # as stage._run does once the parts are in
     t = time.perf_counter()
     outcome = decide(cols, DecideSettings(), Outputs(open_folder(out), PARKED, "pad"))
     done("decide", t)
     t = time.perf_counter()
-    report, writer, offset = ReportBuilder(), ManifestWriter(out / "manifest.parquet"), 0
+    report, manifest, offset = ReportBuilder(), ManifestWriter(out / "manifest.parquet"), 0
+    twins = outcome.decisions.twins()
     for chunk in cols.chunks():
-        rows = manifest_table(chunk, offset, cols, outcome.decisions, {})
+        rows = manifest_table(chunk, offset, cols, outcome.decisions, {}, twins)
         report.add_table(rows)
-        writer.add_table(rows)
+        manifest.add_table(rows)
         offset += chunk.num_rows
-    writer.close()
+    manifest.close()
     step["by_status"] = report.build({}, {})["by_status"]
+    step["label_conflicts"] = len(outcome.label_conflicts)
     done("manifest", t)
 
 

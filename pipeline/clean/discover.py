@@ -8,27 +8,19 @@ quarantine row, so manifest rows equal files discovered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.clean.keys import assign_keys
-from pipeline.formats.labels import label_name
+from pipeline.clean.candidate import Candidate
 from pipeline.formats.vocabulary import Kind, Reason
 from pipeline.media.sniff import HEAD_BYTES, sniff
 from pipeline.storage import Entry, Folder, Location, open_folder
 from pipeline.storage import folder as storage
 
+if TYPE_CHECKING:
+    from pipeline.clean.listing import Listing
 
-@dataclass(slots=True)  # no __dict__: the driver of a ten-million-file run holds every one (~100 B less each)
-class Candidate:
-    source: str  # POSIX path relative to the input root (the link's own path for a link)
-    path: str  # where its bytes are read in the INPUT folder (a link's target inside it)
-    kind: Kind  # from the content
-    fmt: str  # the format the magic bytes name
-    label: str | None = None
-    key: str = ""
-    problem: Reason | None = None  # a reason decided while walking (OUTSIDE_ROOT, UNREADABLE, ...)
-    detail: str = ""
-    size: int | None = None  # bytes, when the walk saw it (a local regular file): how long it may take
+__all__ = ["Candidate", "discover", "display_path", "metadata_folder"]
 
 
 def display_path(rel: str) -> str:
@@ -78,29 +70,34 @@ def hidden_folder_detail(n: int) -> str:
             "hold copies and metadata, not samples of a class")
 
 
-def discover(root: Location | Folder, labels: dict[str, str] | None = None, exclude: set[str] | None = None) -> list[Candidate]:
+def discover(root: Location | Folder, labels: dict[str, str] | None = None, exclude: set[str] | None = None,
+             where: Path | None = None) -> Listing:
     """Every file under ``root`` (a folder, local or in object storage), sorted by relative path,
-    with kinds, labels and keys assigned. What the folder's rules make of an entry that is no
+    with kinds, labels and keys assigned, as a `Listing` on the disk at ``where`` (a local folder;
+    None: the system's temporary folder). What the folder's rules make of an entry that is no
     readable file (a link out of a local root, a hidden folder, ...: `Folder.walk`) is a
     candidate with a problem, so manifest rows equal files discovered.
 
     Labels come from ``labels`` (relative path -> label) when given, else from the first folder
     of the path (``root/<label>/...``, NFC: `pipeline.formats.labels`); files directly in the
-    root have none.
+    root have none. With ``labels``, a label given for either half of an image and its caption
+    is the pair's.
+
+    The walk's entries are classified a batch at a time (their heads read together) and handed
+    to the listing, so no run holds a candidate per file.
     """
+    from pipeline.clean.listing import BATCH, ListingWriter
+
     folder = open_folder(root)
-    out: list[Candidate] = []
-    files = []
-    for e in folder.walk(skip=metadata_folder):
-        if exclude and e.rel in exclude:
-            continue
-        if e.note:
-            out.append(_problem(e))
-        else:
-            files.append(e)
-    heads = folder.read_heads([e.target for e in files], HEAD_BYTES + 512)
-    out += [_classify(folder, e, head) for e, head in zip(files, heads)]
-    return labelled(out, labels)
+    writer = ListingWriter(where, labels)
+    entries: list[Entry | None] = list(folder.walk(skip=metadata_folder))
+    for begin in range(0, len(entries), BATCH):
+        batch = [e for e in entries[begin:begin + BATCH] if e is not None and not (exclude and e.rel in exclude)]
+        entries[begin:begin + BATCH] = [None] * min(BATCH, len(entries) - begin)  # (each entry freed once handed over)
+        files = [e for e in batch if not e.note]
+        heads = iter(folder.read_heads([e.target for e in files], HEAD_BYTES + 512))
+        writer.extend(_problem(e) if e.note else _classify(folder, e, next(heads)) for e in batch)
+    return writer.finish()
 
 
 def _problem(e: Entry) -> Candidate:
@@ -130,15 +127,3 @@ def _classify(folder: Folder, e: Entry, head: bytes | OSError) -> Candidate:
         fmt = _pillow_format(folder, e.target) or fmt  # one of the many formats Pillow knows by content (FLI, BLP, SGI...)
         kind = Kind.IMAGE if fmt != "text?" else kind
     return Candidate(source, e.target, kind, fmt, size=e.size)
-
-
-def labelled(out: list[Candidate], labels: dict[str, str] | None) -> list[Candidate]:
-    """Sorted by source, with labels (from ``labels``, else the first folder) and keys assigned."""
-    out.sort(key=lambda c: c.source)
-    for c in out:
-        if labels is not None:
-            c.label = labels.get(c.source)
-        elif "/" in c.source and c.source.split("/", 1)[0] not in ("", ".", ".."):  # (an object key is any text)
-            c.label = label_name(c.source.split("/", 1)[0])  # NFC: a macOS folder name is NFD
-    assign_keys(out)
-    return out

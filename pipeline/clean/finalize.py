@@ -9,7 +9,7 @@ import json
 
 from pipeline.clean.output import PARKED
 from pipeline.clean.process import output_path
-from pipeline.clean.records import FileResult
+from pipeline.clean.records import Decision, FileResult
 from pipeline.clean.report import ReportBuilder, input_location
 from pipeline.core.errors import StageFailed
 from pipeline.formats.vocabulary import Reason, Status
@@ -24,7 +24,7 @@ LINK_ONLY_REASONS = {Reason.TOO_LARGE}
 def finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict:
     """Outputs moved where their status says, quarantined inputs copied, stale files swept,
     report.json, and the manifest last (``place``: the `pipeline.clean.output.CleanDir`)."""
-    from pipeline.clean.columns import iter_results, manifest_table
+    from pipeline.clean.columns import REASONS, STATUSES, iter_results, manifest_table
     from pipeline.formats.manifest import ManifestWriter  # pyarrow: only needed now, at the end
 
     keep_outputs: set[str] = set()
@@ -32,18 +32,23 @@ def finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict
     keep_parked: set[str] = set()
     report = ReportBuilder()
     writer = ManifestWriter(place.manifest_path())
-    labels = results.labels()
+    twins = decisions.twins()  # the sources duplicates name, read from their parts once
     try:
         offset = 0
         for chunk in results.chunks():
             captions: dict[int, str] = {}
+            end = offset + chunk.num_rows
+            labels = results.labels(offset, end)
+            status, reason = decisions.status[offset:end].tolist(), decisions.reason[offset:end].tolist()
             for i, r in enumerate(iter_results(chunk), offset):
-                r.label, r.caption, r.caption_reason = labels[i], results.caption.get(i), results.caption_reason.get(i)
-                cap = _finalize_file(place, r, decisions[i], keep_outputs, keep_parked, keep_quarantine)
+                k = i - offset
+                r.label, r.caption, r.caption_reason = labels[k], results.caption.get(i), results.caption_reason.get(i)
+                d = Decision(STATUSES[status[k]], None if reason[k] < 0 else REASONS[reason[k]])
+                cap = _finalize_file(place, r, d, keep_outputs, keep_parked, keep_quarantine)
                 if cap:
                     captions[i] = cap
-                    decisions.detail[i] = f"{decisions.detail[i]}: {cap}"
-            rows = manifest_table(chunk, offset, results, decisions, captions)
+                    decisions.detail[i] = f"{decisions.detail.get(i, '')}: {cap}"
+            rows = manifest_table(chunk, offset, results, decisions, captions, twins)
             report.add_table(rows)
             writer.add_table(rows)
             offset += chunk.num_rows
@@ -51,11 +56,18 @@ def finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict
         place.sweep("quarantine", keep_quarantine)
         place.sweep(PARKED, keep_parked)
         doc = report.build(cfg.as_dict(), {k: round(v, 3) for k, v in timings.items()},
-                           {**extra, "input": input_location(cfg.input, cfg.output)})
+                           {**_written(extra), "input": input_location(cfg.input, cfg.output)})
         place.finish(json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=False) + "\n", writer)
     except OSError as e:
         raise StageFailed(f"could not finish writing {place}: {e}") from None
     return doc
+
+
+def _written(extra: dict) -> dict:
+    """report.json's extra sections as JSON can write them: decide's compact ones made whole now."""
+    from pipeline.clean.decide import Conflicts
+
+    return {k: list(v) if isinstance(v, Conflicts) else v for k, v in extra.items()}
 
 
 def _finalize_file(place, r: FileResult, d, keep_outputs: set, keep_parked: set, keep_quarantine: set) -> str:

@@ -37,18 +37,26 @@ def assign_keys(candidates) -> None:
         groups[slug(c.source)].append(c)
     taken = set(groups)
     for base, members in groups.items():
-        kinds = sorted(m.kind for m in members)
-        if len(members) == 1 or (len(members) == 2 and kinds == [Kind.IMAGE, Kind.TEXT] and _same_folder(members)):
-            for m in members:
-                m.key = base
-            continue
-        for m in members:
-            key = f"{base}-{short_hash(m.source)}"
-            while key in taken:  # astronomically unlikely; keep keys unique regardless
-                key = f"{key}-{short_hash(key)}"
-            taken.add(key)
+        for m, key in zip(members, group_keys(base, [(m.source, m.kind) for m in members], taken)):
             m.key = key
 
 
-def _same_folder(members) -> bool:
-    return len({m.source.rpartition("/")[0] for m in members}) == 1
+def group_keys(base: str, members: list[tuple[str, str]], taken) -> list[str]:
+    """The keys of the files (``(source, kind)``, in order) whose slug is ``base``: the slug for
+    a file alone or a caption pair, else the slug and a hash of each one's path, not in ``taken``
+    (every slug and every key given so far; the keys given here are added)."""
+    kinds = sorted(kind for _, kind in members)
+    if len(members) == 1 or (len(members) == 2 and kinds == [Kind.IMAGE, Kind.TEXT] and _same_folder(members)):
+        return [base] * len(members)
+    keys = []
+    for source, _ in members:
+        key = f"{base}-{short_hash(source)}"
+        while key in taken:  # astronomically unlikely; keep keys unique regardless
+            key = f"{key}-{short_hash(key)}"
+        taken.add(key)
+        keys.append(key)
+    return keys
+
+
+def _same_folder(members: list[tuple[str, str]]) -> bool:
+    return len({source.rpartition("/")[0] for source, _ in members}) == 1

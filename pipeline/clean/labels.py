@@ -129,60 +129,71 @@ def _cells_up_to(n: int) -> Iterator[None]:
         csv.field_size_limit(before)
 
 
-def share_within_samples(candidates) -> None:
-    """An image and its caption are one sample: a label given for either applies to both."""
-    by_key: dict[str, list] = {}
-    for c in candidates:
-        by_key.setdefault(c.key, []).append(c)
-    for members in by_key.values():
-        labels = {c.label for c in members if c.label is not None}
-        if len(members) > 1 and len(labels) == 1:
-            label = labels.pop()
-            for c in members:
-                c.label = label
+def check_against(lab: Labels, listing) -> dict:
+    """Rows naming files that are not in INPUT, and files no row names (``listing``: the
+    `pipeline.clean.listing.Listing`, read a batch at a time)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
+    from pipeline.clean.columns import KINDS
 
-def check_against(lab: Labels, candidates) -> dict:
-    """Rows naming files that are not in INPUT, and files no row names."""
-    found = {c.source for c in candidates}
+    paths = pa.array(list(lab.labels), pa.string())
+    found: set[str] = set()
+    unlabelled: list[str] = []
+    other = KINDS.index(Kind.OTHER)
+    count = 0
+    for _, t in listing.columns(["source", "kind", "label", "problem"]):
+        source = t.column("source")
+        found.update(source.filter(pc.is_in(source, value_set=paths)).to_pylist())
+        loose = pc.and_(pc.and_(pc.equal(t.column("label"), -1), pc.not_equal(t.column("kind"), other)),
+                        pc.is_null(t.column("problem")))
+        names = source.filter(loose)
+        count += len(names)
+        if len(unlabelled) < REPORT_LIMIT:
+            unlabelled += names.slice(0, REPORT_LIMIT - len(unlabelled)).to_pylist()
     missing = sorted(p for p in lab.labels if p not in found)
-    unlabelled = [c.source for c in candidates if c.label is None and c.kind != Kind.OTHER and not c.problem]
     notes: dict = {}
     _note(notes, "rows_naming_missing_files", missing)
-    _note(notes, "files_without_label", unlabelled)
+    if count:
+        notes["files_without_label"] = {"count": count, "first": unlabelled}
     return notes
 
 
-def attach_captions(results, captions: dict[str, str], max_bytes: int | None = None) -> dict:
+def attach_captions(results, captions: dict[str, str], listing, max_bytes: int | None = None) -> dict:
     """Give each image the caption the labels file's text column has for it, normalised like a
     caption file (or the reason it was rejected). A caption file beside the image wins.
 
-    ``results``: `columns.Columns` (its ``caption`` and ``caption_reason``, by file, are set).
+    ``results``: `columns.Columns` (its ``caption`` and ``caption_reason``, by file, are set);
+    ``listing``: the files' `Listing`, whose sources are looked up in ``captions``.
     A caption longer than ``max_bytes`` (--max-text-bytes) in UTF-8 is too_large, as a caption
     file of that size would be: judging it would cost the same memory."""
-    from pipeline.clean.columns import IMAGE, TEXT, sources
+    import numpy as np
+
+    from pipeline.clean.columns import IMAGE, TEXT
     from pipeline.media.text.clean import MAX_TEXT_BYTES, TextSettings
 
     settings = TextSettings(max_bytes=MAX_TEXT_BYTES if max_bytes is None else max_bytes)
 
-    with_file = set(results.key[results.kind == TEXT].tolist())
+    with_file = np.zeros(results.n, dtype=bool)  # by a key's first file: the key has a caption file
+    with_file[results.lead[results.kind == TEXT]] = True
     results.caption.clear()  # from this run's labels file only, never the journal's
     results.caption_reason.clear()
     ignored, rejected, given = [], [], 0
-    for i, source in enumerate(sources(results)):
-        raw = captions.get(source)
-        if raw is None or results.kind[i] != IMAGE:
-            continue
-        if results.key[i] in with_file:
-            ignored.append(source)
-            continue
-        o = _judge_caption(raw, settings)
-        if o.reason:
-            results.caption_reason[i] = f"{o.reason} ({o.detail})"
-            rejected.append(f"{source}: {o.reason}")
-        else:
-            results.caption[i] = o.text
-            given += 1
+    for begin, t in listing.columns(["source"]):
+        for i, source in enumerate(t.column("source").to_pylist(), begin):
+            raw = captions.get(source)
+            if raw is None or results.kind[i] != IMAGE:
+                continue
+            if with_file[results.lead[i]]:
+                ignored.append(source)
+                continue
+            o = _judge_caption(raw, settings)
+            if o.reason:
+                results.caption_reason[i] = f"{o.reason} ({o.detail})"
+                rejected.append(f"{source}: {o.reason}")
+            else:
+                results.caption[i] = o.text
+                given += 1
     notes: dict = {"captions": given} if given else {}
     _note(notes, "captions_ignored_for_a_caption_file", ignored)
     _note(notes, "captions_rejected", rejected)

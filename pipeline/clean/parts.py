@@ -7,16 +7,20 @@ ran (`finish_part`): a part's results file is what a rerun reuses, file by file.
 stands when its input is unchanged and its output is there (`CleanDir.reusable`); the files of
 a part that no longer stand are processed again and the part's results file written anew.
 
-Of each part the driver keeps only the columns decide needs (~110 B a file) and reads every
-part's whole results again, one part at a time, when it writes the manifest (`Columns.chunks`).
+Of each part the driver keeps only what deciding across parts needs (`columns.compact`, made
+where the part ran: ~33 bytes a file) and reads the rest back from the results files when it
+needs it: a few files' strings while deciding, every part whole, one at a time, when it writes
+the manifest (`columns.Rows`). The candidates stay in the listing on the driver's disk until a
+part is handed over (`PartItems`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.clean.discover import Candidate
 from pipeline.clean.records import FileResult
@@ -26,7 +30,8 @@ from pipeline.executors.parts import PARTS_DIR, SUFFIX, Part
 from pipeline.storage import EXAMPLE_URL, Folder, Location
 
 if TYPE_CHECKING:
-    from pipeline.clean.columns import Columns
+    from pipeline.clean.columns import Columns, Gatherer
+    from pipeline.clean.listing import Listing
 
 __all__ = ["PARTS_DIR", "SUFFIX", "Part", "plan", "read_results", "read_table", "sweep", "write_results"]
 
@@ -106,8 +111,8 @@ def start_part(job: PartJob) -> None:
 
 def finish_part(job: PartJob, computed: list[FileResult]):
     """Where the part ran, after its files: its results file (the results still standing and
-    the new ones, in order), and what the driver keeps of it (`DECIDE` without labels)."""
-    from pipeline.clean.columns import DECIDE, to_table
+    the new ones, in order), and what the driver keeps of it (`columns.compact`)."""
+    from pipeline.clean.columns import compact, to_table
 
     results = computed
     if job.carried:
@@ -118,7 +123,7 @@ def finish_part(job: PartJob, computed: list[FileResult]):
         partlib.write_table(job.out, job.part, table, FORMAT)
     except OSError as e:
         raise StageFailed(f"could not write the cleaned output: {e}") from None
-    return table.select([n for n in DECIDE if n != "label"])
+    return compact(table)
 
 
 def _host() -> str:
@@ -127,22 +132,43 @@ def _host() -> str:
     return socket.gethostname()
 
 
-def process_in_parts(cfg, candidates: Sequence[Candidate], executor, place, items, show_progress: bool,
+class PartItems(Sequence[Candidate]):
+    """The candidates of a part that are to be processed (those whose results do not stand),
+    read from the listing when the executor takes them: the driver holds no part's candidates
+    while it waits to hand the part over."""
+
+    def __init__(self, listing: Sequence[Candidate], part: Part, skip: Collection[int] = ()):
+        self._listing, self._part, self._skip = listing, part, frozenset(skip)
+
+    def __len__(self) -> int:
+        return len(self._part) - len(self._skip)
+
+    def __iter__(self) -> Iterator[Candidate]:
+        for k, c in enumerate(self._listing[self._part.begin:self._part.end]):
+            if k not in self._skip:
+                yield c
+
+    def __getitem__(self, i):  # (read whole, for the odd caller that indexes)
+        return list(self)[i]
+
+
+def process_in_parts(cfg, candidates: Listing, executor, place, items, show_progress: bool,
                      on_first: Callable[[], None]) -> tuple[Columns, int, dict | None]:
     """Every candidate's result in order as `Columns`, how many were reused, and what the
     executor says about how the parts ran (the report's "parts", or None).
 
-    ``place``: the `CleanDir`; ``items``: the per-file work (`pipeline.executors.Items`, its
-    part's ``start`` and ``finish`` this module's); ``on_first``: called once the first result is in."""
-    from pipeline.clean.columns import DECIDE, iter_results
+    ``candidates``: the `Listing`; ``place``: the `CleanDir`; ``items``: the per-file work
+    (`pipeline.executors.Items`, its part's ``start`` and ``finish`` this module's);
+    ``on_first``: called once the first result is in."""
+    from pipeline.clean.columns import compact, iter_results
     from pipeline.core.ui import progress
 
     t0 = time.perf_counter()
     plan_ = plan(candidates, cfg.fingerprint(), executor.part_size(cfg.part_files))
     earlier = _earlier_results(place.out, plan_)  # of parts another listing cut: reused file by file
     sweep(place.out, plan_)
-    found: dict[int, Any] = {}
-    jobs: list[tuple[PartJob, list[Candidate]]] = []
+    gathered = gatherer(place.out, plan_, candidates, place.staging)
+    jobs: list[tuple[PartJob, PartItems]] = []
     reused_files = 0
     with progress(f"clean ({len(plan_)} parts)" if len(plan_) > 1 else "clean", len(candidates), show_progress) as advance:
         for p in plan_:
@@ -151,16 +177,18 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], executor, place, item
             olds: list[FileResult | None] = (list(iter_results(old)) if old is not None
                                              else [earlier.pop(c.source, None) for c in cands])
             carried = {k: r for k, (r, c) in enumerate(zip(olds, cands)) if r is not None and place.reusable(r, c)}
+            del olds, cands
             reused_files += len(carried)
             for r in carried.values():
                 advance(r.reason is None, True)
             job = PartJob(p, place.out, place.inp, carried or None)
             if old is not None and len(carried) == len(p):
-                found[p.index] = _compact(old.select([n for n in DECIDE if n != "label"]), cands)
+                _add(gathered, candidates, p, compact(old))
             elif len(carried) == len(p):  # every file stands, as an earlier listing's part had it
-                found[p.index] = _compact(finish_part(job, []), cands)
+                _add(gathered, candidates, p, finish_part(job, []))
             else:
-                jobs.append((job, [c for k, c in enumerate(cands) if k not in carried]))
+                jobs.append((job, PartItems(candidates, p, carried)))
+            del old
         earlier.clear()
 
         runs: list[dict] = []
@@ -178,10 +206,10 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], executor, place, item
 
         def part_done(k: int, table, run) -> None:
             job = jobs[k][0]
-            found[job.part.index] = _compact(table, candidates[job.part.begin:job.part.end])
+            _add(gathered, candidates, job.part, table)
             if run is not None:
                 runs.append(run.as_dict())
-            reasons = table.column("reason").is_valid().to_pylist()
+            reasons = (table.column("reason").to_numpy() >= 0).tolist()
             computed = [failed for i, failed in enumerate(reasons) if not job.carried or i not in job.carried]
             already = min(shown[0], len(computed))
             shown[0] -= already
@@ -193,7 +221,7 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], executor, place, item
             started()
         if jobs:
             executor.map_parts(items, jobs, part_done, item_done, progress=show_progress)
-    cols = as_columns(place.out, plan_, [found.pop(p.index) for p in plan_])
+    cols = gathered.finish()
     seconds = time.perf_counter() - t0
     redone_files = len(candidates) - reused_files
     todo_parts = {job.part.index for job, _ in jobs}
@@ -204,12 +232,36 @@ def process_in_parts(cfg, candidates: Sequence[Candidate], executor, place, item
     return cols, reused_files, report
 
 
-def gather(where: Location | Folder, part: Part, candidates: Sequence[Candidate]):
-    """What the driver keeps of a finished part: its decide columns (None: no results file)."""
-    from pipeline.clean.columns import DECIDE
+def gatherer(out: Folder, plan_: Sequence[Part], listing: Listing, where: Path | None = None) -> Gatherer:
+    """Where the driver collects what it keeps of every part (`gather`, or a part's own
+    `finish_part` value), the parts' results files being where the rest is read back from."""
+    from pipeline.clean.columns import Gatherer, Rows
 
-    table = read_table(where, part, [n for n in DECIDE if n != "label"])
-    return None if table is None else _compact(table, candidates[part.begin:part.end])
+    def read(k: int, columns: Sequence[str] | None):
+        table = read_table(out, plan_[k], columns)
+        if table is None:
+            raise StageFailed(f"the results file of part {plan_[k].name} in {out.url}/{PARTS_DIR} went away during the run")
+        return table
+
+    starts = [p.begin for p in plan_] + [plan_[-1].end if plan_ else 0]
+    return Gatherer(len(listing), Rows(starts, read), listing.label_names, where)
+
+
+def gather(where: Location | Folder, part: Part, listing: Listing, gathered: Gatherer) -> bool:
+    """What the driver keeps of a finished part, into ``gathered`` (False: no results file)."""
+    from pipeline.clean.columns import GATHER, compact
+
+    table = read_table(where, part, GATHER)
+    if table is None:
+        return False
+    _add(gathered, listing, part, compact(table))
+    return True
+
+
+def _add(gathered: Gatherer, listing: Listing, part: Part, table) -> None:
+    """A part's `compact` columns, labelled from the listing: labels are not part of a part's
+    work (a labels file may change them), and a key's first file is the listing's to know."""
+    gathered.add(part.begin, table, listing.labels(part.begin, part.end), listing.leads(part.begin, part.end))
 
 
 def _earlier_results(out: Folder, plan_: Sequence[Part]) -> dict[str, FileResult]:
@@ -223,41 +275,3 @@ def _earlier_results(out: Folder, plan_: Sequence[Part]) -> dict[str, FileResult
         if table is not None:
             found.update((r.source, r) for r in iter_results(table))
     return found
-
-
-def as_columns(out: Folder, plan_: Sequence[Part], tables: list) -> Columns:
-    """Every part's kept columns (``tables``, in plan order, emptied here) as one `Columns`,
-    which reads each part's whole results again, in order, when the manifest is written."""
-    import pyarrow as pa
-
-    from pipeline.clean.columns import Columns
-
-    table = pa.concat_tables(tables) if tables else _compact(None, [])
-    tables.clear()
-    columns = {name: table.column(name) for name in table.column_names}
-    del table  # each column is freed once Columns has converted it
-
-    def chunks():
-        for p in plan_:
-            part = read_table(out, p)
-            if part is None:
-                raise StageFailed(f"the results file of part {p.name} in {out.url}/{PARTS_DIR} went away during the run")
-            yield part
-
-    return Columns(columns, chunks)
-
-
-def _compact(table, candidates: Sequence[Candidate]):
-    """A part's decide columns in buffers of their own (a results file is read whole, and a
-    column sliced from it would keep all of it in memory), labelled from the listing: labels are
-    not part of a part's work (a labels file may change them)."""
-    import pyarrow as pa
-
-    from pipeline.clean.columns import DECIDE, RESULTS
-
-    if table is None:
-        return pa.table({n: pa.array([], RESULTS.field(n).type) for n in DECIDE})
-    columns = {n: pa.concat_arrays(table.column(n).chunks) if table.column(n).num_chunks else pa.array([], RESULTS.field(n).type)
-               for n in DECIDE if n != "label"}
-    columns["label"] = pa.array([c.label for c in candidates], pa.string())
-    return pa.table({n: columns[n] for n in DECIDE})

@@ -92,36 +92,36 @@ def _run(cfg: CleanConfig, place: CleanDir, executor: Executor, show_progress: b
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    candidates, lab, label_notes = _candidates(cfg, place)
+    listing, lab, label_notes = _candidates(cfg, place)
     timings["discover_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    results, reused, parts_report = process_in_parts(cfg, candidates, executor, place, items(cfg, start_part, finish_part),
+    results, reused, parts_report = process_in_parts(cfg, listing, executor, place, items(cfg, start_part, finish_part),
                                                      show_progress, _warm_up_manifest_writer)
-    del candidates  # the listing is not needed any more: a run of millions frees its memory before decide
-    _attach_captions(cfg, lab, results, label_notes)
+    _attach_captions(cfg, lab, results, label_notes, listing)
+    listing.close()  # the listing is not needed any more (its file on the staging disk goes)
     timings["process_s"] = time.perf_counter() - t
     return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, place)
 
 
 def _candidates(cfg: CleanConfig, place: CleanDir):
-    """The sorted, labelled candidates, the labels file read (or None) and its notes."""
+    """The sorted, labelled candidates (a `Listing` on the staging disk), the labels file read
+    (or None) and its notes."""
     lab = _labels(cfg, place)
-    candidates = discover(place.inp, lab.labels if lab else None, lab.exclude if lab else None)
+    listing = discover(place.inp, lab.labels if lab else None, lab.exclude if lab else None, place.staging)
     label_notes = {}
     if lab is not None:
-        from pipeline.clean.labels import check_against, share_within_samples
+        from pipeline.clean.labels import check_against
 
-        share_within_samples(candidates)
-        label_notes = {**lab.notes, **check_against(lab, candidates)}
-    return candidates, lab, label_notes
+        label_notes = {**lab.notes, **check_against(lab, listing)}
+    return listing, lab, label_notes
 
 
-def _attach_captions(cfg: CleanConfig, lab, results, label_notes: dict) -> None:
+def _attach_captions(cfg: CleanConfig, lab, results, label_notes: dict, listing) -> None:
     if lab is not None:
         from pipeline.clean.labels import attach_captions
 
-        label_notes.update(attach_captions(results, lab.captions, cfg.text_limit()))
+        label_notes.update(attach_captions(results, lab.captions, listing, cfg.text_limit()))
 
 
 def _decide_and_finalize(cfg: CleanConfig, results, lab, label_notes: dict, reused: int,

@@ -85,7 +85,8 @@ def candidate_pairs(hashes: np.ndarray, max_distance: int, max_bucket: int = 256
         found.extend(_expand(hs, order, k, k + 1, after, max_distance))
         del k, after
         # one 8-byte read per lookup: bucket start (high 32 bits) and size (low 32 bits)
-        table = (table << 32) | np.minimum(counts, max_bucket)
+        table <<= 32  # (in place: at ten million hashes each of these arrays is 130 MB)
+        table |= np.minimum(counts, max_bucket, out=counts)
         del counts
         # Across buckets: a pair (a, b) with band_a ^ band_b == mask is seen from both ends;
         # only the end whose band has a 0 at the mask's top bit looks (the other half is skipped).

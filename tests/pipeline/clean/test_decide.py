@@ -253,3 +253,19 @@ def test_binary_file_beside_an_image_is_no_caption(tmp_path):
     rows = {r["source"]: r for r in pq.read_table(tmp_path / "out" / "manifest.parquet").to_pylist()}
     assert rows["cats/photo.raw"]["reason"] == "binary_content"
     assert rows["cats/photo.jpg"]["status"] == "kept"
+
+
+def test_arrays_parked_on_disk_come_back_as_they_were(tmp_path):
+    """While the near-duplicate search runs, decide's arrays wait on the driver's disk."""
+    from types import SimpleNamespace
+
+    from pipeline.clean.decide import parked
+
+    a = SimpleNamespace(big=np.arange(20_000, dtype=np.int32), small=np.arange(3), other="x")
+    b = SimpleNamespace(flags=np.ones(70_000, dtype=np.uint8), gone=None)
+    with parked(tmp_path, a, b):
+        assert a.big is None and b.flags is None  # dropped for the block
+        assert a.small.tolist() == [0, 1, 2] and a.other == "x"  # small ones stay
+    assert a.big.tolist() == list(range(20_000)) and a.big.dtype == np.int32
+    assert b.flags.sum() == 70_000 and b.gone is None
+    assert not list(tmp_path.iterdir())
