@@ -38,7 +38,7 @@ from torch import nn
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
-from train.components import keys, micro_batch, resume, skipping, start, wrapping
+from train.components import keys, micro_batch, resume, skipping, start, stopping, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
@@ -65,6 +65,10 @@ if TYPE_CHECKING:
 # after optimizer step STEP, once per step per RUN_DIR (a marker file, one line per kill, stops a
 # restarted run from dying there again): "3,7:1" kills rank 1 after step 3 and, resumed, after step 7.
 FAULT_ENV = "PIPE_FAULT_KILL_AT_STEP"
+# The same spec for a preemption: a SIGTERM to that rank, or to the process that started it (our
+# launcher's elastic agent, or torchrun), which passes it on to every rank.
+FAULT_SIGNALS = {FAULT_ENV: ("SIGKILL", False), "PIPE_FAULT_TERM_AT_STEP": ("SIGTERM", False),
+                 "PIPE_FAULT_TERM_LAUNCHER_AT_STEP": ("SIGTERM", True)}
 
 
 def _majority_share(index: dict) -> float | None:
@@ -76,19 +80,20 @@ def _majority_share(index: dict) -> float | None:
 
 
 def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    at, _, rank = spec.partition(":")
-    marker = run_dir / ".fault-injected"
-    line = f"SIGKILL rank {d.rank} after step {step}\n"
-    if step in {int(a) for a in at.split(",")} and d.rank == int(rank or 0) and (
-            not marker.exists() or line not in marker.read_text()):
-        with open(marker, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        os.kill(os.getpid(), signal.SIGKILL)
+    for env, (name, to_parent) in FAULT_SIGNALS.items():
+        spec = os.environ.get(env)
+        if not spec:
+            continue
+        at, _, rank = spec.partition(":")
+        marker = run_dir / ".fault-injected"
+        line = f"{name} {'the launcher of ' if to_parent else ''}rank {d.rank} after step {step}\n"
+        if step in {int(a) for a in at.split(",")} and d.rank == int(rank or 0) and (
+                not marker.exists() or line not in marker.read_text()):
+            with open(marker, "a") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            os.kill(os.getppid() if to_parent else os.getpid(), getattr(signal, name))
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -175,6 +180,8 @@ class Trainer:
         self.state = self._restore(resume_from) if resume_from is not None else TrainState()
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
+        self.stopped: stopping.Verdict | None = None  # set when a SIGTERM stopped the run
+        self._saved_at: int | None = self.state.step if resume_from is not None else None  # step of the last checkpoint
         self.margins = self.objective.recorder(self.run_dir, d.rank, d.world_size, self.state.step)  # for pipe labels
         resumed = keys.Records.of(resume_from)  # --record-keys: what the continued checkpoint had trained on
         if d.is_main:
@@ -197,16 +204,22 @@ class Trainer:
         self.monitor = Monitor(self.run_dir, d, self.hosts, total_steps=self.total_steps, start_step=self.state.step,
                                global_batch=self.plan.global_batch, log_every=cfg.log_every, console=self.console)
         started, start_step, last_val = time.monotonic(), self.state.step, None
+        self.stops = stopping.StopRequests(d)  # SIGTERM: a checkpoint at the next step boundary, then stop
         try:
             while self.state.epoch < cfg.epochs and self.state.step < self.total_steps:
                 self._apply_freeze(self.state.epoch)
                 finished_epoch = self._train_epoch(self.state.epoch)
+                if self.stopped and not finished_epoch:  # saved where it stopped, mid-epoch
+                    break
                 last_val = self._validate()
                 if finished_epoch:
                     self.state.epoch += 1
                     self.state.step_in_epoch = 0
                 self._save(best=last_val is not None and last_val[0] < self.state.best_val_loss, val=last_val)
+                if self.stopped:
+                    break
         finally:
+            self.stops.close()
             self.data.close()  # dataloader workers stop before the process group is torn down
             self.monitor.close()
         elapsed = time.monotonic() - started
@@ -217,7 +230,11 @@ class Trainer:
             "best_val_loss": None if math.isinf(self.state.best_val_loss) else self.state.best_val_loss,
             "best_val_acc": self.state.best_val_acc, "seconds": elapsed, "run_dir": str(self.run_dir),
             "val_majority": _majority_share(self.index), "skipped": self.skips.total,
+            "interrupted": "SIGTERM" if self.stopped else None,
         }
+        if self.stopped:  # the command ends it as interrupted (exit 143), the closing table left out
+            self.out.stopped(self.stopped.signalled, self.state.epoch, self.state.step, self._last_written())
+            return summary
         best = self.run_dir / (ckpt.BEST_DCP if self.sharded else ckpt.BEST)
         self.out.summary(self.run_dir, summary, has_best=best.exists(), sharded=self.sharded)
         return summary
@@ -237,6 +254,9 @@ class Trainer:
                 torch.manual_seed(step_seed(cfg.seed, state.step, d.rank))
                 loss_sum, samples, wait = self.optimizer_step.run(self._wrapped(), batches, epoch, state.step_in_epoch,
                                                                   self.monitor, self.margins)
+                verdict = self.stops.exchange(loss_sum)  # every rank learns every rank's SIGTERM and NaN
+                if verdict.nonfinite:  # before anything is saved: the last checkpoint stays the last good one
+                    raise StageFailed(self._nonfinite(verdict, loss_sum, epoch))
                 state.step += 1
                 state.step_in_epoch += 1
                 self.skips.exchange(count=True)  # every rank learns every skip; past --max-skipped all stop
@@ -248,6 +268,12 @@ class Trainer:
                 if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not epoch_end:
                     self._save()
                 _maybe_inject_fault(self.run_dir, state.step, d)
+                if verdict.signalled:  # every rank stops here; at an epoch's end fit validates and saves
+                    self.stopped = verdict
+                    if not epoch_end:
+                        if self._saved_at != state.step:
+                            self._save()
+                        return False
             return True
         finally:
             batches.close()  # drops the loader's iterator: non-persistent workers stop now, not at GC
@@ -331,8 +357,19 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------------
 
+    def _nonfinite(self, verdict: stopping.Verdict, loss_sum: torch.Tensor, epoch: int) -> str:
+        last = self._last_written()
+        return stopping.nonfinite_message(self.state.step + 1, epoch, verdict.nonfinite, float(loss_sum),
+                                          self.optimizer_step.nonfinite_keys(),
+                                          f"{last} (step {self._saved_at})" if last else None)
+
+    def _last_written(self) -> Path | None:
+        """RUN_DIR's last checkpoint, when there is one."""
+        return ckpt.last_checkpoint(self.run_dir) if self._saved_at is not None else None
+
     def _save(self, best: bool = False, val: tuple | None = None) -> None:
         """Every rank calls this (the RNG states are gathered); rank 0 writes."""
+        self._saved_at = self.state.step
         self.margins.flush(self.state.step)  # before the gather: every rank's records precede last.pt
         # every rank's RNG states and the key files it appended to (--record-keys), in one gather
         gathered = distributed.all_gather_object((ckpt.rng_state(), self.keys.flush()), self.d)

@@ -99,6 +99,12 @@ class RunConsole:
     def resumed(self, last: Path, epoch: int, step: int) -> None:
         self.say(f"resumed from {last}: epoch {epoch + 1}, step {step}")
 
+    def stopped(self, signalled: list[int], epoch: int, step: int, last: Path | None) -> None:
+        """A SIGTERM stopped every rank at one step (``signalled``: the ranks it reached)."""
+        ranks = ", ".join(map(str, signalled))
+        self.say(f"SIGTERM (rank{'s' if len(signalled) > 1 else ''} {ranks}): every rank stopped after step {step} "
+                 f"(epoch {epoch + 1}); {last or 'the checkpoint'} holds it")
+
     def summary(self, run_dir: Path, s: dict, has_best: bool, sharded: bool = False) -> None:
         """The closing table, on stdout (the run's result, where a script reads it)."""
         if not self.is_main:
