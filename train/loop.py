@@ -218,6 +218,12 @@ class Trainer:
                 self._save(best=last_val is not None and last_val[0] < self.state.best_val_loss, val=last_val)
                 if self.stopped:
                     break
+        except OSError as e:  # a full disk under RUN_DIR, whichever write met it first: one line
+            full = ckpt.space_error(e)
+            if full is None:
+                raise
+            what = Path(full.filename).name if isinstance(full.filename, (str, os.PathLike)) else "the run's files"
+            raise StageFailed(ckpt.no_space(self.run_dir, what, full)) from None
         finally:
             self.stops.close()
             self.data.close()  # dataloader workers stop before the process group is torn down

@@ -188,3 +188,48 @@ def test_under_torchrun_a_sigterm_checkpoints_and_every_rank_says_interrupted(di
     assert p.stderr.count("interrupted: SIGTERM: run the same command with --resume") == 2, p.stderr[-3000:]
     assert "internal error" not in p.stderr and "DataLoader worker" not in p.stderr
     assert ckpt.load(run / ckpt.LAST)["step"] == _stopped_at(p.stderr)
+
+
+# -- a full disk mid-run: one line, and the last checkpoint stays loadable ---------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs (root only: skipped where mounting is not allowed)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_disk_that_fills_up_mid_run_stops_it_in_one_line_and_the_resume_continues(tmp_path, small_disk, monkeypatch):
+    """RUN_DIR on a 4 MB disk; after the step-5 checkpoint something else fills the disk: the
+    step-10 save (or the records written with it, whichever comes first) fails with one line naming
+    the disk and the intact step-5 checkpoint; once there is room again, --resume continues."""
+    filler = small_disk / "filler"
+
+    def fill_after_6(run_dir, done, d):
+        if done == 6 and not filler.exists():
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+
+    monkeypatch.setattr(loop, "_maybe_inject_fault", fill_after_6)
+    run = small_disk / "run"
+    with pytest.raises(StageFailed) as e:
+        _run(_cfg(tmp_path, "unused", output=run, model="image"))
+    assert re.match(rf"no room to write .+? in {re.escape(str(run))} \(No space left on device, [\d.]+ MB free\)", str(e.value))
+    assert f"the last checkpoint stays {run / ckpt.LAST} (step 5), intact" in str(e.value)
+    assert ckpt.load(run / ckpt.LAST)["step"] == 5
+    filler.unlink()
+    monkeypatch.undo()
+    summary, printed = _run(_cfg(tmp_path, "unused", output=run, model="image", resume=True))
+    assert "resumed from" in printed and "step 5" in printed and summary["steps"] == 24
