@@ -259,6 +259,7 @@ def resume_conflict(saved: dict, now: dict) -> str | None:
     ``now`` has the batch arithmetic resolved (``global_batch`` set). ``--precision auto`` and a
     missing ``--init-from`` mean "as before" (the checkpoint records the resolved precision, and
     its weights replace any --init-from on resume). Keys an older checkpoint lacks are not compared.
+    ``--epochs`` may grow: a run (finished or not) continued for more epochs.
     """
     old, new = [], []
     for name in TrainConfig.RESUME_SETTINGS:
@@ -267,6 +268,8 @@ def resume_conflict(saved: dict, now: dict) -> str | None:
         a, b = saved[name], now.get(name)
         if name == "precision" and b == "auto":
             continue
+        if name == "epochs" and isinstance(a, int) and isinstance(b, int) and b > a:
+            continue  # more epochs: the run goes on, its schedule laid over the longer run (`optimizer.extend`)
         if name == "init_from":
             if b is None:
                 continue

@@ -43,6 +43,7 @@ from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
 from train.components.monitor import Monitor
+from train.components.optimizer import extend as extend_schedule
 from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
 from train.components.step import Step, step_seed
 from train.components.validation import together
@@ -407,6 +408,10 @@ class Trainer:
             self.freezer.apply(self.schedule.fraction_at(resume.last_trained_epoch(saved)))
         s = ckpt.restore(saved, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                          scaler=self.scaler, rank=self.d.rank, world_size=self.d.world_size)
+        was = (saved.get("config") or {}).get("epochs")
+        if isinstance(was, int) and self.cfg.epochs > was:  # --resume with more --epochs: the schedule goes on
+            old_total, lr_before, lr_now = extend_schedule(self.scheduler, self.total_steps)
+            self.out.extended(was, self.cfg.epochs, old_total, self.total_steps, s.step, lr_before, lr_now)
         if s.step_in_epoch:
             try:  # the same layout continues where it was; another one reads the epoch's unread samples
                 self.data.train.load_state_dict(saved["reader"])
