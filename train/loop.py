@@ -38,7 +38,7 @@ from torch import nn
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
-from train.components import keys, micro_batch, resume, skipping, start, stopping, wrapping
+from train.components import keys, micro_batch, resume, skipping, start, stopping, watchdog, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
@@ -68,8 +68,10 @@ if TYPE_CHECKING:
 FAULT_ENV = "PIPE_FAULT_KILL_AT_STEP"
 # The same spec for a preemption: a SIGTERM to that rank, or to the process that started it (our
 # launcher's elastic agent, or torchrun), which passes it on to every rank.
-FAULT_SIGNALS = {FAULT_ENV: ("SIGKILL", False), "PIPE_FAULT_TERM_AT_STEP": ("SIGTERM", False),
-                 "PIPE_FAULT_TERM_LAUNCHER_AT_STEP": ("SIGTERM", True)}
+# And a stall: SIGSTOP to that rank's dataloader workers (its next batches never come).
+FAULT_SIGNALS = {FAULT_ENV: ("SIGKILL", "rank"), "PIPE_FAULT_TERM_AT_STEP": ("SIGTERM", "rank"),
+                 "PIPE_FAULT_TERM_LAUNCHER_AT_STEP": ("SIGTERM", "launcher"),
+                 "PIPE_FAULT_STALL_AT_STEP": ("SIGSTOP", "workers")}
 
 
 def _majority_share(index: dict) -> float | None:
@@ -81,20 +83,21 @@ def _majority_share(index: dict) -> float | None:
 
 
 def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
-    for env, (name, to_parent) in FAULT_SIGNALS.items():
+    for env, (name, to) in FAULT_SIGNALS.items():
         spec = os.environ.get(env)
         if not spec:
             continue
         at, _, rank = spec.partition(":")
         marker = run_dir / ".fault-injected"
-        line = f"{name} {'the launcher of ' if to_parent else ''}rank {d.rank} after step {step}\n"
+        line = f"{name} {'' if to == 'rank' else f'the {to} of '}rank {d.rank} after step {step}\n"
         if step in {int(a) for a in at.split(",")} and d.rank == int(rank or 0) and (
                 not marker.exists() or line not in marker.read_text()):
             with open(marker, "a") as f:
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
-            os.kill(os.getppid() if to_parent else os.getpid(), getattr(signal, name))
+            for pid in {"rank": [os.getpid()], "launcher": [os.getppid()], "workers": watchdog.children()}[to]:
+                os.kill(pid, getattr(signal, name))
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -102,12 +105,16 @@ def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
 
 def main(cfg: TrainConfig) -> dict:
     """What each rank runs under `train.distributed.launch` (our launcher, torchrun, or in-process)."""
-    return run(cfg)
+    previous = stopping.keep_sigterm()  # a preemption's SIGTERM before the loop, or while the rank ends, is the loop's
+    try:
+        return run(cfg)
+    finally:
+        stopping.restore_sigterm(previous)
 
 
 def run(cfg: TrainConfig, open_data: Callable[..., DataSource] = open_shards, console: Console | None = None) -> dict:
     """Train on this rank; returns the summary (the same on every rank). Tears the group down always."""
-    with distributed.process_group(cfg.backend) as d:
+    with distributed.process_group(cfg.backend, watchdog.collective_timeout(cfg.stall_timeout)) as d:
         return Trainer(cfg, d, open_data, console).fit()
 
 
@@ -206,6 +213,7 @@ class Trainer:
                                global_batch=self.plan.global_batch, log_every=cfg.log_every, console=self.console)
         started, start_step, last_val = time.monotonic(), self.state.step, None
         self.stops = stopping.StopRequests(d)  # SIGTERM: a checkpoint at the next step boundary, then stop
+        self.watchdog = watchdog.Watchdog(self.run_dir, d, cfg.stall_timeout)  # a batch that never comes
         try:
             while self.state.epoch < cfg.epochs and self.state.step < self.total_steps:
                 self._apply_freeze(self.state.epoch)
@@ -219,13 +227,20 @@ class Trainer:
                 self._save(best=last_val is not None and last_val[0] < self.state.best_val_loss, val=last_val)
                 if self.stopped:
                     break
-        except OSError as e:  # a full disk under RUN_DIR, whichever write met it first: one line
+        except Exception as e:
+            note = self.watchdog.peer_note() if d.is_distributed else None
+            if note is not None:  # this rank's collective failed because another rank stalled: name it
+                raise StageFailed(f"rank {d.rank} stopped with the others: {note}") from None
+            if not isinstance(e, OSError):
+                raise
+            # a full disk under RUN_DIR, whichever write met it first: one line
             full = ckpt.space_error(e)
             if full is None:
                 raise
             what = Path(full.filename).name if isinstance(full.filename, (str, os.PathLike)) else "the run's files"
             raise StageFailed(ckpt.no_space(self.run_dir, what, full)) from None
         finally:
+            self.watchdog.close()
             self.stops.close()
             self.data.close()  # dataloader workers stop before the process group is torn down
             self.monitor.close()
@@ -286,15 +301,30 @@ class Trainer:
             batches.close()  # drops the loader's iterator: non-persistent workers stop now, not at GC
 
     def _batches(self, reader: Any, where: str) -> Generator[dict, None, None]:
-        """The loader's batches; bad data ends the run in one line that names the shard and key."""
+        """The loader's batches; bad data ends the run in one line that names the shard and key, a
+        dead dataloader worker in one that names the rank and host, a wait past --stall-timeout
+        too (`train.components.watchdog`)."""
         it = iter(self.data.loader(reader))
+        got = 0
+
+        def awaited() -> str:
+            shards = watchdog.batch_shards(reader, got)
+            return f"its next batch ({where}" + (f", from shard {', '.join(shards)}" if shards else "") + ")"
+
         while True:
             try:
-                batch = next(it)
+                with self.watchdog.waiting(awaited):
+                    batch = next(it)
             except StopIteration:
                 return
             except self.data.errors as e:
                 raise StageFailed(f"rank {self.d.rank}, {where}: {e}") from None
+            except RuntimeError as e:
+                if "DataLoader worker" not in str(e):
+                    raise
+                raise StageFailed(f"rank {self.d.rank} on {self.d.host}, {where}: {str(e).strip()} (killed from outside "
+                                  "or out of memory: see the kernel log, dmesg)") from None
+            got += 1
             yield batch
 
     def _recorded(self, batches: Generator[dict, None, None], epoch: int) -> Generator[dict, None, None]:

@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,22 +42,48 @@ class Verdict:
     """Ranks whose loss of this step was NaN or infinite."""
 
 
+class _Received:
+    signalled = False
+
+
+def _on_sigterm(signum, frame) -> None:
+    # a dataloader worker forked from this rank inherits the handler: it only sets its own copy
+    # of the flag, and keeps serving batches until the rank closes it
+    _Received.signalled = True
+
+
+def keep_sigterm() -> Any:
+    """For a rank's whole run (`train.loop.main`): a SIGTERM before the loop runs is kept for it
+    (it stops after its first step), and one during the rank's teardown (an agent ending the ranks
+    after another failed) lets it finish and say why, instead of killing it. Returns the handler
+    before, for `restore_sigterm`."""
+    _Received.signalled = False
+    if threading.current_thread() is threading.main_thread():
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    return None
+
+
+def restore_sigterm(previous: Any) -> None:
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)
+
+
 class StopRequests:
-    """This rank's SIGTERM flag (installed for the run, the previous handler put back by `close`)
-    and the exchange that turns every rank's flags into one verdict."""
+    """This rank's SIGTERM flag (the handler installed for the run, the previous one put back by
+    `close`) and the exchange that turns every rank's flags into one verdict."""
 
     def __init__(self, d: Dist):
         self.d = d
-        self.signalled = False
         self.pid = os.getpid()
         self._previous = None
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous = signal.signal(signal.SIGTERM, _on_sigterm)
+            if self._previous is not _on_sigterm:  # not a launched rank that kept an earlier one: a fresh flag
+                _Received.signalled = False
 
-    def _on_sigterm(self, signum, frame) -> None:
-        # a dataloader worker forked from this rank inherits the handler: it only sets its own copy
-        # of the flag, and keeps serving batches until the rank closes it
-        self.signalled = True
+    @property
+    def signalled(self) -> bool:
+        return _Received.signalled
 
     def exchange(self, loss_sum: torch.Tensor) -> Verdict:
         """Every rank calls this after each optimizer step, with the step's summed loss."""
@@ -66,7 +93,10 @@ class StopRequests:
         return Verdict(signalled=[r for r, f in enumerate(every) if f[0]], nonfinite=[r for r, f in enumerate(every) if f[1]])
 
     def close(self) -> None:
-        if self._previous is not None and os.getpid() == self.pid:
+        if os.getpid() != self.pid:
+            return
+        _Received.signalled = False  # honoured (or the run ended): a later run in this process starts afresh
+        if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
 
