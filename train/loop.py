@@ -397,8 +397,7 @@ class Trainer:
     def _nonfinite(self, verdict: stopping.Verdict, loss_sum: torch.Tensor, epoch: int) -> str:
         last = self._last_written()
         return stopping.nonfinite_message(self.state.step + 1, epoch, verdict.nonfinite, float(loss_sum),
-                                          self.optimizer_step.nonfinite_keys(),
-                                          f"{last} (step {self._saved_at})" if last else None)
+                                          self.optimizer_step.nonfinite_keys(), last, self._saved_at)
 
     def _last_written(self) -> Path | None:
         """RUN_DIR's last checkpoint, when there is one."""

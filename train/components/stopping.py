@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -102,16 +103,18 @@ class StopRequests:
 
 
 def nonfinite_message(step: int, epoch: int, ranks: list[int], loss: float | None, keys: list[str],
-                      last_good: str | None) -> str:
+                      last_good: Path | None, saved_step: int | None) -> str:
     """The one line a non-finite loss ends the run with (``keys``: this rank's micro-batches whose
-    loss was not finite; ``last_good``: the checkpoint that stays, or None when none was written)."""
+    loss was not finite; ``last_good``: the checkpoint that stays, of step ``saved_step``, or None
+    when none was written). A resume keeps --lr: going on with other settings is a new run."""
     value = "NaN" if loss is None or math.isnan(loss) else f"{loss}"
     where = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
     named = ""
     if keys:
         more = f" and {len(keys) - NAMED} more" if len(keys) > NAMED else ""
         named = f", in a batch of keys {', '.join(keys[:NAMED])}{more}"
-    kept = (f"{last_good} is the last good checkpoint, kept as it was" if last_good
+    kept = (f"{last_good} (step {saved_step}) is the last good checkpoint, kept as it was" if last_good
             else "no checkpoint was written before it")
+    again = f"to go on from it, start a new run (-o) with --init-from {last_good} and" if last_good else "start again with"
     return (f"the loss became {value} at step {step} (epoch {epoch + 1}) on {where}{named}: stopped before saving; "
-            f"{kept}; lower --lr, keep --grad-clip on, or use --precision fp32/bf16, then --resume")
+            f"{kept}; {again} a lower --lr (or [train] grad_clip in a --config file, or --precision fp32/bf16)")
