@@ -38,9 +38,12 @@ def train(ctx: typer.Context, **given: Any) -> None:
 
         launch(cfg.launch_config(), data_only_entry.main, cfg)
     else:
+        from pipeline.core.errors import Terminated
         from train import loop
 
-        launch(cfg.launch_config(), loop.main, cfg)
+        results = launch(cfg.launch_config(), loop.main, cfg)
+        if any((r or {}).get("interrupted") for r in results.values()):  # a SIGTERM: every rank saved and stopped
+            raise Terminated
 
 
 def check(cfg):

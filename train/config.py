@@ -162,6 +162,9 @@ class TrainConfig(LaunchConfig):
                                            "ranks and workers of a machine).", panel=DATA)
     cache_max_gb: float | None = setting(None, "Size cap of --cache-dir in GB; least recently used shards go first "
                                                "(default: no cap).", above=0, panel=DATA)
+    stall_timeout: int = setting(600, "Seconds a rank may wait for its next batch (a read that does not return, a "
+                                      "dataloader worker that stopped) before the run stops naming the rank, host and "
+                                      "shard; 0 = wait forever.", minimum=0, unit="seconds", panel=DATA)
 
     # -- reproducibility, faults, launch ---------------------------------------------------------
     seed: int = setting(0, "Seed of the initialisation, the data order (with the epoch) and every rank's RNG.",
@@ -216,7 +219,7 @@ class TrainConfig(LaunchConfig):
                    "batch_size", "accum", "grad_checkpoint", "auto_micro_batch", "workers", "shuffle_buffer",
                    "checkpoint_every", "resume", "log_every",
                    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
-                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb", "zeroshot_prompt")
+                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb", "zeroshot_prompt", "stall_timeout")
 
     def fingerprint(self) -> str:
         """Hash of the settings every rank must share; the preflight compares it across ranks."""
@@ -259,6 +262,7 @@ def resume_conflict(saved: dict, now: dict) -> str | None:
     ``now`` has the batch arithmetic resolved (``global_batch`` set). ``--precision auto`` and a
     missing ``--init-from`` mean "as before" (the checkpoint records the resolved precision, and
     its weights replace any --init-from on resume). Keys an older checkpoint lacks are not compared.
+    ``--epochs`` may grow: a run (finished or not) continued for more epochs.
     """
     old, new = [], []
     for name in TrainConfig.RESUME_SETTINGS:
@@ -267,6 +271,8 @@ def resume_conflict(saved: dict, now: dict) -> str | None:
         a, b = saved[name], now.get(name)
         if name == "precision" and b == "auto":
             continue
+        if name == "epochs" and isinstance(a, int) and isinstance(b, int) and b > a:
+            continue  # more epochs: the run goes on, its schedule laid over the longer run (`optimizer.extend`)
         if name == "init_from":
             if b is None:
                 continue

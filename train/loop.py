@@ -38,11 +38,12 @@ from torch import nn
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.core.files import atomic_write_text
 from train.components import checkpoint as ckpt
-from train.components import keys, micro_batch, resume, skipping, start, wrapping
+from train.components import keys, micro_batch, resume, skipping, start, stopping, watchdog, wrapping
 from train.components.checkpoint import TrainState
 from train.components.console import TORCHRUN_STORE_WARNING, RunConsole, stderr_console
 from train.components.device import set_device_flags
 from train.components.monitor import Monitor
+from train.components.optimizer import extend as extend_schedule
 from train.components.optimizer import make_optimizer, make_scheduler, warmup_steps
 from train.components.step import Step, step_seed
 from train.components.validation import together
@@ -65,6 +66,12 @@ if TYPE_CHECKING:
 # after optimizer step STEP, once per step per RUN_DIR (a marker file, one line per kill, stops a
 # restarted run from dying there again): "3,7:1" kills rank 1 after step 3 and, resumed, after step 7.
 FAULT_ENV = "PIPE_FAULT_KILL_AT_STEP"
+# The same spec for a preemption: a SIGTERM to that rank, or to the process that started it (our
+# launcher's elastic agent, or torchrun), which passes it on to every rank.
+# And a stall: SIGSTOP to that rank's dataloader workers (its next batches never come).
+FAULT_SIGNALS = {FAULT_ENV: ("SIGKILL", "rank"), "PIPE_FAULT_TERM_AT_STEP": ("SIGTERM", "rank"),
+                 "PIPE_FAULT_TERM_LAUNCHER_AT_STEP": ("SIGTERM", "launcher"),
+                 "PIPE_FAULT_STALL_AT_STEP": ("SIGSTOP", "workers")}
 
 
 def _majority_share(index: dict) -> float | None:
@@ -76,19 +83,21 @@ def _majority_share(index: dict) -> float | None:
 
 
 def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    at, _, rank = spec.partition(":")
-    marker = run_dir / ".fault-injected"
-    line = f"SIGKILL rank {d.rank} after step {step}\n"
-    if step in {int(a) for a in at.split(",")} and d.rank == int(rank or 0) and (
-            not marker.exists() or line not in marker.read_text()):
-        with open(marker, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        os.kill(os.getpid(), signal.SIGKILL)
+    for env, (name, to) in FAULT_SIGNALS.items():
+        spec = os.environ.get(env)
+        if not spec:
+            continue
+        at, _, rank = spec.partition(":")
+        marker = run_dir / ".fault-injected"
+        line = f"{name} {'' if to == 'rank' else f'the {to} of '}rank {d.rank} after step {step}\n"
+        if step in {int(a) for a in at.split(",")} and d.rank == int(rank or 0) and (
+                not marker.exists() or line not in marker.read_text()):
+            with open(marker, "a") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            for pid in {"rank": [os.getpid()], "launcher": [os.getppid()], "workers": watchdog.children()}[to]:
+                os.kill(pid, getattr(signal, name))
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -96,12 +105,16 @@ def _maybe_inject_fault(run_dir: Path, step: int, d: Dist) -> None:
 
 def main(cfg: TrainConfig) -> dict:
     """What each rank runs under `train.distributed.launch` (our launcher, torchrun, or in-process)."""
-    return run(cfg)
+    previous = stopping.keep_sigterm()  # a preemption's SIGTERM before the loop, or while the rank ends, is the loop's
+    try:
+        return run(cfg)
+    finally:
+        stopping.restore_sigterm(previous)
 
 
 def run(cfg: TrainConfig, open_data: Callable[..., DataSource] = open_shards, console: Console | None = None) -> dict:
     """Train on this rank; returns the summary (the same on every rank). Tears the group down always."""
-    with distributed.process_group(cfg.backend) as d:
+    with distributed.process_group(cfg.backend, watchdog.collective_timeout(cfg.stall_timeout)) as d:
         return Trainer(cfg, d, open_data, console).fit()
 
 
@@ -180,6 +193,8 @@ class Trainer:
         self.state = self._restore(resume_from) if resume_from is not None else TrainState()
         self.wrapped: nn.Module | None = None
         self.frozen: float | None = None
+        self.stopped: stopping.Verdict | None = None  # set when a SIGTERM stopped the run
+        self._saved_at: int | None = self.state.step if resume_from is not None else None  # step of the last checkpoint
         self.margins = self.objective.recorder(self.run_dir, d.rank, d.world_size, self.state.step)  # for pipe labels
         resumed = keys.Records.of(resume_from)  # --record-keys: what the continued checkpoint had trained on
         if d.is_main:
@@ -202,16 +217,36 @@ class Trainer:
         self.monitor = Monitor(self.run_dir, d, self.hosts, total_steps=self.total_steps, start_step=self.state.step,
                                global_batch=self.plan.global_batch, log_every=cfg.log_every, console=self.console)
         started, start_step, last_val = time.monotonic(), self.state.step, None
+        self.stops = stopping.StopRequests(d)  # SIGTERM: a checkpoint at the next step boundary, then stop
+        self.watchdog = watchdog.Watchdog(self.run_dir, d, cfg.stall_timeout)  # a batch that never comes
         try:
             while self.state.epoch < cfg.epochs and self.state.step < self.total_steps:
                 self._apply_freeze(self.state.epoch)
                 finished_epoch = self._train_epoch(self.state.epoch)
+                if self.stopped and not finished_epoch:  # saved where it stopped, mid-epoch
+                    break
                 last_val = self._validate()
                 if finished_epoch:
                     self.state.epoch += 1
                     self.state.step_in_epoch = 0
                 self._save(best=last_val is not None and last_val[0] < self.state.best_val_loss, val=last_val)
+                if self.stopped:
+                    break
+        except Exception as e:
+            note = self.watchdog.peer_note() if d.is_distributed else None
+            if note is not None:  # this rank's collective failed because another rank stalled: name it
+                raise StageFailed(f"rank {d.rank} stopped with the others: {note}") from None
+            if not isinstance(e, OSError):
+                raise
+            # a full disk under RUN_DIR, whichever write met it first: one line
+            full = ckpt.space_error(e)
+            if full is None:
+                raise
+            what = Path(full.filename).name if isinstance(full.filename, (str, os.PathLike)) else "the run's files"
+            raise StageFailed(ckpt.no_space(self.run_dir, what, full)) from None
         finally:
+            self.watchdog.close()
+            self.stops.close()
             self.data.close()  # dataloader workers stop before the process group is torn down
             self.monitor.close()
         elapsed = time.monotonic() - started
@@ -222,7 +257,11 @@ class Trainer:
             "best_val_loss": None if math.isinf(self.state.best_val_loss) else self.state.best_val_loss,
             "best_val_acc": self.state.best_val_acc, "seconds": elapsed, "run_dir": str(self.run_dir),
             "val_majority": _majority_share(self.index), "skipped": self.skips.total,
+            "interrupted": "SIGTERM" if self.stopped else None,
         }
+        if self.stopped:  # the command ends it as interrupted (exit 143), the closing table left out
+            self.out.stopped(self.stopped.signalled, self.state.epoch, self.state.step, self._last_written())
+            return summary
         best = self.run_dir / (ckpt.BEST_DCP if self.sharded else ckpt.BEST)
         self.out.summary(self.run_dir, summary, has_best=best.exists(), sharded=self.sharded)
         return summary
@@ -242,6 +281,9 @@ class Trainer:
                 torch.manual_seed(step_seed(cfg.seed, state.step, d.rank))
                 loss_sum, samples, wait = self.optimizer_step.run(self._wrapped(), batches, epoch, state.step_in_epoch,
                                                                   self.monitor, self.margins)
+                verdict = self.stops.exchange(loss_sum)  # every rank learns every rank's SIGTERM and NaN
+                if verdict.nonfinite:  # before anything is saved: the last checkpoint stays the last good one
+                    raise StageFailed(self._nonfinite(verdict, loss_sum, epoch))
                 state.step += 1
                 state.step_in_epoch += 1
                 self.skips.exchange(count=True)  # every rank learns every skip; past --max-skipped all stop
@@ -253,20 +295,41 @@ class Trainer:
                 if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 and not epoch_end:
                     self._save()
                 _maybe_inject_fault(self.run_dir, state.step, d)
+                if verdict.signalled:  # every rank stops here; at an epoch's end fit validates and saves
+                    self.stopped = verdict
+                    if not epoch_end:
+                        if self._saved_at != state.step:
+                            self._save()
+                        return False
             return True
         finally:
             batches.close()  # drops the loader's iterator: non-persistent workers stop now, not at GC
 
     def _batches(self, reader: Any, where: str) -> Generator[dict, None, None]:
-        """The loader's batches; bad data ends the run in one line that names the shard and key."""
+        """The loader's batches; bad data ends the run in one line that names the shard and key, a
+        dead dataloader worker in one that names the rank and host, a wait past --stall-timeout
+        too (`train.components.watchdog`)."""
         it = iter(self.data.loader(reader))
+        got = 0
+
+        def awaited() -> str:
+            shards = watchdog.batch_shards(reader, got)
+            return f"its next batch ({where}" + (f", from shard {', '.join(shards)}" if shards else "") + ")"
+
         while True:
             try:
-                batch = next(it)
+                with self.watchdog.waiting(awaited):
+                    batch = next(it)
             except StopIteration:
                 return
             except self.data.errors as e:
                 raise StageFailed(f"rank {self.d.rank}, {where}: {e}") from None
+            except RuntimeError as e:
+                if "DataLoader worker" not in str(e):
+                    raise
+                raise StageFailed(f"rank {self.d.rank} on {self.d.host}, {where}: {str(e).strip()} (killed from outside "
+                                  "or out of memory: see the kernel log, dmesg)") from None
+            got += 1
             yield batch
 
     def _recorded(self, batches: Generator[dict, None, None], epoch: int) -> Generator[dict, None, None]:
@@ -336,8 +399,18 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------------
 
+    def _nonfinite(self, verdict: stopping.Verdict, loss_sum: torch.Tensor, epoch: int) -> str:
+        last = self._last_written()
+        return stopping.nonfinite_message(self.state.step + 1, epoch, verdict.nonfinite, float(loss_sum),
+                                          self.optimizer_step.nonfinite_keys(), last, self._saved_at)
+
+    def _last_written(self) -> Path | None:
+        """RUN_DIR's last checkpoint, when there is one."""
+        return ckpt.last_checkpoint(self.run_dir) if self._saved_at is not None else None
+
     def _save(self, best: bool = False, val: tuple | None = None) -> None:
         """Every rank calls this (the RNG states are gathered); rank 0 writes."""
+        self._saved_at = self.state.step
         self.margins.flush(self.state.step)  # before the gather: every rank's records precede last.pt
         # every rank's RNG states and the key files it appended to (--record-keys), in one gather
         gathered = distributed.all_gather_object((ckpt.rng_state(), self.keys.flush()), self.d)
@@ -369,6 +442,10 @@ class Trainer:
             self.freezer.apply(self.schedule.fraction_at(resume.last_trained_epoch(saved)))
         s = ckpt.restore(saved, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                          scaler=self.scaler, rank=self.d.rank, world_size=self.d.world_size)
+        was = (saved.get("config") or {}).get("epochs")
+        if isinstance(was, int) and self.cfg.epochs > was:  # --resume with more --epochs: the schedule goes on
+            old_total, lr_before, lr_now = extend_schedule(self.scheduler, self.total_steps)
+            self.out.extended(was, self.cfg.epochs, old_total, self.total_steps, s.step, lr_before, lr_now)
         if s.step_in_epoch:
             try:  # the same layout continues where it was; another one reads the epoch's unread samples
                 self.data.train.load_state_dict(saved["reader"])

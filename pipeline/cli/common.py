@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.errors import StageFailed, Terminated, UsageError
 from pipeline.core.ui import shown
 
 # What an interrupted command says about running it again: the one place that knows which
@@ -31,9 +31,10 @@ def folder_arg(value: str | Path):
 
 
 def exits_cleanly(fn):
-    """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, one line
-    each, scrubbed (`pipeline.storage.secrets`: an error may quote an endpoint's credentials), as
-    is whatever a library warns or logs on its own while the command runs."""
+    """Run a command body; UsageError -> exit 2, StageFailed -> exit 1, Ctrl-C -> 130, a SIGTERM the
+    command stopped for (`Terminated`) -> 143, one line each, scrubbed (`pipeline.storage.secrets`:
+    an error may quote an endpoint's credentials), as is whatever a library warns or logs on its own
+    while the command runs."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -48,9 +49,10 @@ def exits_cleanly(fn):
         except StageFailed as e:
             sys.stderr.write(f"pipe: failed: {shown(scrub(str(e)))}\n")
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            sys.stderr.write(f"interrupted: {AFTER_INTERRUPT.get(fn.__name__, START_OVER)}\n")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:  # Ctrl-C (130), or a SIGTERM the command honoured (`Terminated`, 143)
+            why = "SIGTERM: " if isinstance(e, Terminated) else ""
+            sys.stderr.write(f"interrupted: {why}{AFTER_INTERRUPT.get(fn.__name__, START_OVER)}\n")
+            raise typer.Exit(getattr(e, "exit_code", 130)) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except Exception as e:  # a bug of ours: say so in one line; PIPE_DEBUG=1 shows the traceback

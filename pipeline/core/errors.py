@@ -15,3 +15,11 @@ class StageFailed(Exception):
     """The stage could not finish (disk full, a broken invariant): exit code 1."""
 
     exit_code = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """Not a failure: a SIGTERM (a scheduler preempting the job) that the command honoured by stopping
+    where it can continue. Ended like Ctrl-C ("interrupted: ..."), with the exit code a shell reports
+    for SIGTERM, 143 (128 + 15), so a job script tells a preemption from Ctrl-C (130) and failures."""
+
+    exit_code = 143

@@ -95,12 +95,13 @@ def test_a_finished_run_is_continued_only_with_resume_and_its_own_settings(cli, 
 
     # settings that shape the run (the schedule, the optimizer, the model) cannot change on resume:
     # the restored scheduler and weights would follow the old ones while last.pt claimed the new
-    r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--lr", "0.5", "--epochs", "2")
+    # (more --epochs is the one change allowed: the run goes on, tests/train/test_loop.py)
+    r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--lr", "0.5", "--max-steps", "2")
     assert r.exit_code == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, r.stderr
-    assert ("--resume: this run was made with --epochs 1 --lr 0.001; got --epochs 2 --lr 0.5: pass the same "
-            "settings, or start a new run directory") in lines[0]
+    assert ("--resume: this run was made with --max-steps (not set) --lr 0.001; got --max-steps 2 --lr 0.5: pass "
+            "the same settings, or start a new run directory") in lines[0]
     r = cli("train", two_datasets[0], "-o", run, *flags, "--resume", "--global-batch", "4")
     assert r.exit_code == 2 and "--global-batch 2; got --global-batch 4" in r.stderr
     r = cli("train", two_datasets[0], "-o", run, "--epochs", "1", "--workers", "0", "--batch-size", "2", "--resume")

@@ -120,6 +120,24 @@ def test_max_steps_stops_mid_epoch_and_a_resume_keeps_the_schedule(tmp_path):
     assert "resumed from" in printed and summary["steps"] == 5
 
 
+def test_a_finished_run_goes_on_for_more_epochs_on_the_schedule_of_the_longer_run(tmp_path):
+    """2 epochs (24 steps) finished; --resume --epochs 4 trains 24 more, saying so, and from step 24
+    on its learning rate is, step for step, that of a run of 4 epochs from the start (the warmup
+    given in steps: the same in both); fewer epochs than the run has are refused."""
+    _run(_cfg(tmp_path, "short", warmup=2, log_every=1))
+    summary, printed = _run(_cfg(tmp_path, "short", warmup=2, log_every=1, epochs=4, resume=True))
+    assert summary["steps"] == 48 and summary["epochs"] == 4
+    assert "resume: the run goes on from 2 to 4 epochs (24 -> 48 optimizer steps): the cosine schedule now ends at " \
+           "step 48, so from step 24 the learning rate is" in printed
+    _run(_cfg(tmp_path, "long", warmup=2, log_every=1, epochs=4))
+    lr = {name: {r["step"]: r["lr"] for r in _metrics(tmp_path / name) if r["kind"] == "train"} for name in ("short", "long")}
+    assert [lr["short"][s] for s in range(25, 49)] == [lr["long"][s] for s in range(25, 49)]
+    assert lr["short"][24] < lr["short"][25]  # the floor it had decayed to, then back up the longer cosine
+    assert ckpt.load(tmp_path / "short" / "last.pt")["config"]["epochs"] == 4
+    with pytest.raises(UsageError, match="made with --epochs 4; got --epochs 3"):
+        _run(_cfg(tmp_path, "short", warmup=2, epochs=3, resume=True))
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_reduced_precision_trains_on_cpu(tmp_path, precision):
     cfg = _cfg(tmp_path, precision=precision, epochs=1, model="image")

@@ -25,18 +25,19 @@ new one. Folders no link points to any more are deleted after.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
 
-from pipeline.core.errors import UsageError
+from pipeline.core.errors import StageFailed, UsageError
 from train.components import safe_load
 
 CHECKPOINT_FORMAT = "pipe-train-checkpoint/1"
@@ -112,7 +113,14 @@ def save_sharded(run_dir: Path, *, model, optimizer, scheduler, scaler, state: T
     model_sd, optim_sd = get_state_dict(model, optimizer)
     # every rank writes its shards; rank 0 then gathers what they wrote and writes .metadata last,
     # so when save returns on rank 0 the folder holds the whole model
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+    try:
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+    except Exception as e:  # every rank gets it: DCP gathers the ranks' write results
+        full = space_error(e)
+        if full is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StageFailed(no_space(Path(run_dir), f"the checkpoint {DCP_FOLDER}/{name}", full)) from None
     if not is_main:
         return
     plain = _plain(scheduler=scheduler, scaler=scaler, state=state, reader=reader or {}, rngs=rngs, config=config,
@@ -199,18 +207,88 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def save_atomic(obj: dict, path: Path) -> None:
-    """torch.save to a temporary name, fsync, rename over ``path``, fsync the folder."""
+    """torch.save to a temporary name, fsync, rename over ``path``, fsync the folder. A full disk
+    (or quota) is `StageFailed` in one line (`no_space`); ``path`` stays what it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writes = None
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                writes = _Writes(f)
+                torch.save(obj, cast(IO[bytes], writes))  # it calls write and flush only
+                f.flush()
+                os.fsync(f.fileno())
+        except Exception as e:
+            full = space_error(e, writes)
+            if full is None:
+                raise
+            tmp.unlink(missing_ok=True)  # give the space back before saying how much there is
+            raise StageFailed(no_space(path.parent, f"the checkpoint {path.name}", full)) from None
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""The errors of a write that found no room: the device is full, a quota is reached, a file limit."""
+
+
+class _Writes:
+    """The file torch.save writes through, keeping the OSError of a failed write: torch's own
+    error for it is an assertion ("enforce fail at inline_container.cc ... unexpected pos")."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def space_error(e: BaseException, writes: _Writes | None = None) -> OSError | None:
+    """The no-room OSError behind ``e`` (itself, the write that failed under it, or one a DCP
+    exception carries for some rank: ``failures``, rank -> (exception, traceback)), or None when
+    ``e`` is something else."""
+    found = [e, getattr(writes, "error", None), e.__cause__, e.__context__]
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict):
+        for failure in failures.values():
+            failure = failure[0] if isinstance(failure, tuple) and failure else failure
+            found += [failure, getattr(failure, "__cause__", None), getattr(failure, "__context__", None)]
+    for x in found:
+        if isinstance(x, OSError) and x.errno in NO_SPACE:
+            return x
+    return None
+
+
+def no_space(folder: Path, what: str, e: OSError) -> str:
+    """The one line for a write into RUN_DIR (``folder``) that found no room (``what``: the file),
+    and which checkpoint stays."""
+    folder = Path(folder)
+    try:
+        free = f", {shutil.disk_usage(folder).free / 1e6:.1f} MB free"
+    except OSError:
+        free = ""
+    kept = "nothing yet: no checkpoint was written before this one"
+    for name in (LAST, LAST_DCP):
+        previous = folder / name
+        if previous.exists():
+            try:
+                kept = f"{previous} (step {load(previous, mmap=True)['step']}), intact"
+            except Exception:  # the line is about the disk; the checkpoint speaks for itself on --resume
+                kept = f"{previous}, as it was"
+            break
+    return (f"no room to write {what} in {folder} ({e.strerror or e}{free}); the last "
+            f"checkpoint stays {kept}: free some space (or give -o a larger disk) and run the same command with "
+            "--resume")
 
 
 def mark_best(run_dir: Path) -> None:

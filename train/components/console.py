@@ -108,8 +108,22 @@ class RunConsole:
                  "not trained on yet, each once, in a new order (the same samples as the uninterrupted run, other "
                  "batches: weights agree closely, not bit for bit)")
 
+    def extended(self, was: int, now: int, old_total: int | None, total: int, step: int, lr_before: float,
+                 lr_now: float) -> None:
+        """--resume with more --epochs (``was`` -> ``now``): the schedule laid over the longer run."""
+        steps = f" ({old_total} -> {total} optimizer steps)" if old_total is not None else ""
+        self.say(f"resume: the run goes on from {was} to {now} epochs{steps}: the cosine schedule now ends at step "
+                 f"{total}, so from step {step} the learning rate is {lr_now:.3g} (it was {lr_before:.3g}), what a run "
+                 f"of {now} epochs has there")
+
     def resumed(self, last: Path, epoch: int, step: int) -> None:
         self.say(f"resumed from {last}: epoch {epoch + 1}, step {step}")
+
+    def stopped(self, signalled: list[int], epoch: int, step: int, last: Path | None) -> None:
+        """A SIGTERM stopped every rank at one step (``signalled``: the ranks it reached)."""
+        ranks = ", ".join(map(str, signalled))
+        self.say(f"SIGTERM (rank{'s' if len(signalled) > 1 else ''} {ranks}): every rank stopped after step {step} "
+                 f"(epoch {epoch + 1}); {last or 'the checkpoint'} holds it")
 
     def summary(self, run_dir: Path, s: dict, has_best: bool, sharded: bool = False) -> None:
         """The closing table, on stdout (the run's result, where a script reads it)."""

@@ -63,3 +63,24 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_ste
                    warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Warmup then cosine from --lr down to --lr x min_lr_fraction at ``total_steps``."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total_steps, max(warmup, 0), cfg.min_lr_fraction))
+
+
+def extend(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int) -> tuple[int | None, float, float]:
+    """Lay a restored schedule over a longer run (--resume with more --epochs): the cosine now ends
+    at ``total_steps``, the warmup stays the one the run had, and the learning rate from the
+    current step on is what a run planned this long from the start has there (a finished run had
+    decayed to the floor: it climbs back to that point of the longer cosine). Returns the steps
+    the schedule had, and the first parameter group's learning rate before and after."""
+    before = float(scheduler.optimizer.param_groups[0]["lr"])
+    was = None
+    for fn in scheduler.lr_lambdas:  # one WarmupCosine shared by the parameter groups
+        if isinstance(fn, WarmupCosine):
+            was = fn.total if was is None else was
+            fn.total = total_steps
+    step = scheduler.last_epoch
+    lrs = [float(base * fn(step)) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    shown: list[float | torch.Tensor] = list(lrs)
+    scheduler._last_lr = shown  # what get_last_lr() reports (the metric lines' lr)
+    return was, before, lrs[0]

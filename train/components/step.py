@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,6 +48,8 @@ class Step:
     steps_per_epoch: int
     objective: Any = None
     """What the loss of a micro-batch is (`train.objectives`; None: classify)."""
+    _micro: list[tuple[list[str], torch.Tensor]] = field(default_factory=list, init=False, repr=False)
+    """The last step's micro-batches: their keys and loss (`nonfinite_keys`)."""
 
     def __post_init__(self) -> None:
         if self.objective is None:
@@ -64,6 +66,7 @@ class Step:
         plan, d = self.plan, self.d
         loss_sum = torch.zeros((), device=d.device)
         samples, wait = 0, 0.0
+        self._micro = []
         try:
             for micro in range(plan.accum):
                 t = time.perf_counter()
@@ -83,11 +86,17 @@ class Step:
                     self.scaler.scale(loss / plan.accum).backward()
                 n = len(batch["label"])
                 loss_sum += loss.detach() * n
+                self._micro.append((list(batch.get("key") or ()), loss.detach()))
                 samples += n
             self._update()
         except torch.OutOfMemoryError:
             raise StageFailed(oom_message(d, plan, self.precision, self.grad_checkpoint)) from None
         return loss_sum, samples, wait
+
+    def nonfinite_keys(self) -> list[str]:
+        """The keys of the last step's micro-batches whose loss was NaN or infinite (read only when
+        the step's loss was: it syncs the device)."""
+        return [k for keys, loss in self._micro if not torch.isfinite(loss.float()) for k in keys]
 
     def _update(self) -> None:
         self.scaler.unscale_(self.optimizer)  # no-op unless fp16: clip the true gradients

@@ -32,6 +32,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -424,10 +425,30 @@ def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool 
     """
     reader.num_workers = num_workers
     fork = num_workers > 0 and "fork" in mp.get_all_start_methods()
-    return ShardLoader(reader, batch_size=None, shuffle=False, num_workers=num_workers,
-                      persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
-                      prefetch_factor=2 if num_workers > 0 else None,
-                      multiprocessing_context="fork" if fork else None)
+    closing = mp.get_context("fork" if fork else None).Event() if num_workers > 0 else None
+    loader = ShardLoader(reader, batch_size=None, shuffle=False, num_workers=num_workers,
+                         persistent_workers=persistent_workers and num_workers > 0, pin_memory=pin_memory,
+                         prefetch_factor=2 if num_workers > 0 else None,
+                         multiprocessing_context="fork" if fork else None,
+                         worker_init_fn=functools.partial(_sigterm_ends_worker_when, closing) if closing else None)
+    loader.closing = closing
+    return loader
+
+
+def _sigterm_ends_worker_when(closing, worker_id: int) -> None:
+    """A worker outlives a SIGTERM until its rank closes the loader. torch's workers die of any
+    SIGTERM not sent by their rank, and a preemption signals every process (Slurm signals the
+    whole job step, torchrun the rank's process group): the rank, which stops at its next step
+    boundary (`train.components.stopping`), would find its workers dead mid-step. The rank's own
+    SIGTERM (DataLoader's terminate of a stuck worker at close) comes after `close_loader` set
+    ``closing``, and still ends it."""
+    import signal
+
+    def on_sigterm(signum, frame) -> None:
+        if closing.is_set():
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 class ShardLoader(DataLoader):
@@ -470,6 +491,9 @@ def original_message(e: BaseException) -> str:
 
 def close_loader(loader: DataLoader) -> None:
     """Stop the loader's worker processes now (persistent ones included), not at garbage collection."""
+    closing = getattr(loader, "closing", None)
+    if closing is not None:  # from here on a SIGTERM ends a worker (`_sigterm_ends_worker_when`)
+        closing.set()
     it = getattr(loader, "_iterator", None)
     if it is not None and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()

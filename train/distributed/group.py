@@ -70,8 +70,9 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value not in (None, "") else default
 
 
-def setup(requested_backend: str = "auto") -> Dist:
-    """Join the process group named by the environment (or run alone without one)."""
+def setup(requested_backend: str = "auto", timeout_s: float = COLLECTIVE_TIMEOUT_S) -> Dist:
+    """Join the process group named by the environment (or run alone without one); its collectives
+    give up on a missing rank after ``timeout_s``."""
     world = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -92,7 +93,7 @@ def setup(requested_backend: str = "auto") -> Dist:
     # Launched (torchrun, our launcher, even with one rank): join a real group, so that a single-GPU
     # run initialises NCCL exactly as a large one does and fails here, not on the cluster.
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 device_id=device if backend == "nccl" else None)
     except Exception as e:
         addr, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
@@ -105,12 +106,12 @@ def setup(requested_backend: str = "auto") -> Dist:
 
 
 @contextmanager
-def process_group(requested_backend: str = "auto") -> Iterator[Dist]:
+def process_group(requested_backend: str = "auto", timeout_s: float = COLLECTIVE_TIMEOUT_S) -> Iterator[Dist]:
     """`setup`, and `teardown` on the way out: the final barrier only when the body finished (after
     an exception the other ranks may never reach it). The body stops its dataloader workers first."""
     d, ok = None, False
     try:
-        d = setup(requested_backend)
+        d = setup(requested_backend, timeout_s)
         yield d
         ok = True
     finally:

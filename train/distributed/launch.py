@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from pipeline.core import settings
-from pipeline.core.errors import StageFailed, UsageError
+from pipeline.core.errors import StageFailed, Terminated, UsageError
 from pipeline.core.ui import shown
 from train.config import LaunchConfig
 
@@ -190,6 +190,10 @@ def _elastic(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dic
     except ChildFailedError as e:
         raise StageFailed(_describe_failures(e)) from None
     except SignalException as e:
+        if e.sigval == signal.SIGTERM:
+            # a preemption: the agent passed it on to the ranks, which wrote a checkpoint at their
+            # next step boundary and ended (`train.components.stopping`), and waited for them (30 s)
+            raise Terminated from None
         if e.sigval != signal.SIGINT:
             raise
         # Ctrl-C: the agent has already passed it on to the ranks and waited for them to end
@@ -237,7 +241,10 @@ def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
     signal.signal(signal.SIGINT, _interrupt_once)
     sys.unraisablehook = _interrupt_again_if_lost
     try:
-        return record(_as_rank)(entry, arg)
+        result = record(_as_rank)(entry, arg)
+        if isinstance(result, dict) and result.get("interrupted"):
+            _exit_after_handing_back()
+        return result
     except KeyboardInterrupt:
         _end_interrupted_rank()
     except BaseException as e:
@@ -246,6 +253,24 @@ def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
         sys.stderr.write(f"pipe: rank {os.environ.get('RANK', '?')} failed: {shown(one_line(e))}\n")
         sys.stderr.flush()
         raise
+
+
+def _exit_after_handing_back(seconds: float = 2.0) -> None:
+    """A rank that a SIGTERM stopped (its checkpoint written, its result about to be handed back)
+    ends on its own shortly after: torch's worker wrapper puts the result in a pipe and then waits
+    for the agent to say it read it, which an agent that got the SIGTERM itself (and passed it on)
+    never does: it would wait out its 30 s shutdown timeout and SIGKILL the rank. An agent that was
+    not signalled reads the result at once and lets the rank end before this timer fires."""
+    import threading
+
+    def end() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True  # a rank the agent lets go first exits without waiting for it
+    timer.start()
 
 
 def _end_interrupted_rank() -> NoReturn:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 
 import numpy as np
 import pytest
 import torch
 
-from pipeline.core.errors import UsageError
+from pipeline.core.errors import StageFailed, UsageError
 from train.components import checkpoint as ckpt
 
 
@@ -29,6 +31,30 @@ def test_a_save_that_dies_midway_leaves_the_previous_checkpoint(tmp_path, monkey
     monkeypatch.undo()
     assert ckpt.load(tmp_path / ckpt.LAST)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == [ckpt.LAST]  # no temporary file left behind
+
+
+def test_a_full_disk_says_so_in_one_line_and_the_last_checkpoint_stays_loadable(tmp_path, monkeypatch):
+    """torch.save's own error for a write that found no room is an assertion about zip offsets;
+    the save says what happened and what stays, and leaves no partial file taking the space."""
+    ckpt.save_atomic(_state(3), tmp_path / ckpt.LAST)
+    real = ckpt._Writes.write
+
+    def full_after_100_bytes(self, data):
+        self.written = getattr(self, "written", 0) + len(data)
+        if self.written > 100:
+            self.error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise self.error
+        return real(self, data)
+
+    monkeypatch.setattr(ckpt._Writes, "write", full_after_100_bytes)
+    with pytest.raises(StageFailed) as e:
+        ckpt.save_atomic({**_state(4), "model": {"w": torch.zeros(10_000)}}, tmp_path / ckpt.LAST)
+    monkeypatch.undo()
+    msg = str(e.value)
+    assert msg.startswith(f"no room to write the checkpoint last.pt in {tmp_path} (No space left on device, ")
+    assert f"the last checkpoint stays {tmp_path / ckpt.LAST} (step 3), intact" in msg and "--resume" in msg
+    assert ckpt.load(tmp_path / ckpt.LAST)["step"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == [ckpt.LAST]
 
 
 def test_best_keeps_its_version_when_last_moves_on(tmp_path):
