@@ -1,0 +1,158 @@
+"""Batches onto the device: pinned, copied ``non_blocking`` one step ahead, normalised there a whole
+batch at once, and (``--decode gpu``) their JPEGs decoded there.
+
+The dataloader workers ship images as uint8 (`train.data.reader.ShardReader` with
+``normalize=False``): a quarter of float32's bytes to move through shared memory, pin and copy,
+and no float per pixel in the worker. `DeviceFeed` wraps the loader: on a GPU it copies batch k+1
+(from the pinned memory the DataLoader put it in) on a side stream while the model computes on
+batch k, decodes its JPEGs there when the workers left them undecoded, and normalises the whole
+batch in one pass: ``x * scale + shift`` in float32, the very operations the workers apply to one
+image on the CPU path, so the model is fed the same tensors. On a CPU rank there is nothing to
+overlap: it decodes and normalises in place, in the training process (the CPU path normally
+normalises in the workers instead, where it is cheapest: `train.data.loaders`).
+
+``--decode gpu`` decodes with `torchvision.io.decode_jpeg` on the GPU (nvJPEG), batched, then
+resizes the batch with an antialiased bicubic filter (the CPU path's is Lanczos-3: pixels differ
+slightly, samples and order do not). A JPEG the GPU will not decode, and every JPEG where there is
+no GPU, is decoded by the CPU decoder (`train.data.reader.decode_at`) into the same slot: the same
+samples in the same order either way (tests/train/data/test_device.py checks the fallback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from pipeline.formats.sample import DecodeError
+from train.data.reader import decode_at
+from train.data.stream import SampleDecodeError
+
+ENCODED = ("jpeg", "jpeg_offsets")  # a batch's undecoded JPEGs (`train.data.reader._Images.fields`)
+
+
+def normalize_batch(image: torch.Tensor, has: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """A uint8 [B,3,S,S] batch (any memory layout) as float32 NCHW ``x * scale + shift`` (scale and
+    shift [1,3,1,1]); slots without an image (``has`` False) are zeros, the mean colour, as the
+    workers leave them. One conversion pass and two in-place passes, no host sync."""
+    out = torch.empty(image.shape, dtype=torch.float32, device=image.device)
+    out.copy_(image)
+    out.mul_(scale.to(image.device, non_blocking=True)).add_(shift.to(image.device, non_blocking=True))
+    if has is not None:
+        out.masked_fill_(~has.to(image.device, non_blocking=True).view(-1, 1, 1, 1), 0.0)
+    return out
+
+
+def decode_batch(image: torch.Tensor, data: torch.Tensor, offsets: torch.Tensor, stored: int, keys: list[str],
+                 gpu: bool) -> None:
+    """Decode the JPEGs in ``data`` (slot i's bytes ``data[offsets[i]:offsets[i+1]]``, empty where
+    the slot is done) into the uint8 [B,3,S,S] ``image`` (on the device), resized from ``stored``
+    px. ``gpu``: nvJPEG first; what it refuses, and everything without it, through the CPU decoder."""
+    bounds = offsets.tolist()
+    slots = [i for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
+    if not slots:
+        return
+    left = _decode_gpu(image, data, bounds, slots) if gpu else slots
+    size = image.shape[-1]
+    raw = data.numpy()
+    for i in left:
+        try:
+            arr = decode_at(raw[bounds[i]:bounds[i + 1]].tobytes(), "jpg", stored, size)
+        except DecodeError as e:  # its header passed the worker's checks; the rest of it is damaged
+            raise SampleDecodeError(f"sample {keys[i]}: {e}") from None
+        image[i].copy_(torch.from_numpy(arr).permute(2, 0, 1), non_blocking=False)
+
+
+def _decode_gpu(image: torch.Tensor, data: torch.Tensor, bounds: list[int], slots: list[int]) -> list[int]:
+    """nvJPEG over the slots, a batch at a time; the slots it could not decode, for the CPU."""
+    import torch.nn.functional as F
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    parts = [data[bounds[i]:bounds[i + 1]] for i in slots]
+    decoded: list[torch.Tensor] = []
+    done: list[int] = []
+    left: list[int] = []
+    try:
+        decoded, done = list(decode_jpeg(parts, mode=ImageReadMode.RGB, device=image.device)), slots
+    except RuntimeError:  # one image nvJPEG refuses fails the batch: one at a time, the rest to the CPU
+        for i, part in zip(slots, parts):
+            try:
+                decoded.append(decode_jpeg(part, mode=ImageReadMode.RGB, device=image.device))
+                done.append(i)
+            except RuntimeError:
+                left.append(i)
+    if done:
+        x = torch.stack(decoded)
+        size = image.shape[-1]
+        if x.shape[-1] != size or x.shape[-2] != size:
+            x = F.interpolate(x.float(), size=(size, size), mode="bicubic", antialias=True)
+            x = x.round_().clamp_(0, 255).to(torch.uint8)
+        image[torch.tensor(done, device=image.device)] = x
+    return left
+
+
+class DeviceFeed:
+    """The loader's batches on ``device``, images decoded and normalised there (see the module).
+
+    ``normalization``: (scale, shift) of `ShardReader.normalization` for uint8 images (None: they
+    arrive normalised); ``stored``: the shards' image side (for JPEGs left to decode); ``gpu_decode``:
+    nvJPEG for those (else the CPU decoder). Iterating it iterates the loader once.
+    """
+
+    def __init__(self, loader: Iterable[dict], device: torch.device,
+                 normalization: tuple[torch.Tensor, torch.Tensor] | None, stored: int | None = None,
+                 gpu_decode: bool = False):
+        self.loader, self.device, self.stored = loader, device, stored
+        self.gpu_decode = gpu_decode and device.type == "cuda"
+        self.normalization = None if normalization is None else tuple(t.to(device) for t in normalization)
+
+    def __iter__(self) -> Iterator[dict]:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                yield self.place(batch)
+            return
+        yield from self._ahead()
+
+    def _ahead(self) -> Iterator[dict]:
+        """One batch in flight on a side stream while the current one is used; a loader error is
+        raised where the unprefetched loop would raise it, after the batches before it."""
+        stream = torch.cuda.Stream(self.device)
+        it = iter(self.loader)
+        nxt, error = self._send(it, stream)
+        while nxt is not None:
+            current = nxt
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            for v in current.values():
+                if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+                    v.record_stream(torch.cuda.current_stream(self.device))  # not reused while in use
+            if error is None:
+                nxt, error = self._send(it, stream)
+            else:
+                nxt = None
+            yield current
+        if error is not None:
+            raise error
+
+    def _send(self, it: Iterator[dict], stream: torch.cuda.Stream) -> tuple[dict | None, BaseException | None]:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return None, None
+        except Exception as e:  # noqa: BLE001 - raised in order, after the batch in flight (see _ahead)
+            return None, e
+        with torch.cuda.stream(stream):
+            return self.place(batch), None
+
+    def place(self, batch: dict) -> dict:
+        """One batch: tensors onto the device (``non_blocking``: from pinned memory the copy is
+        asynchronous), JPEGs decoded into ``image``, uint8 images normalised."""
+        out = {k: (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+               for k, v in batch.items() if k not in ENCODED}
+        if "jpeg" in batch:
+            decode_batch(out["image"], batch["jpeg"], batch["jpeg_offsets"], int(self.stored or 0),
+                         list(batch.get("key") or []), self.gpu_decode)
+        image = out.get("image")
+        if self.normalization is not None and isinstance(image, torch.Tensor) and image.dtype == torch.uint8:
+            out["image"] = normalize_batch(image, out.get("has_image"), *self.normalization)
+        return out
+
