@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
 from pipeline.media.image.resize import dct_scale, fit, scaled_size
+from train.config import DECODES  # where JPEGs are decoded: the workers, or the device (`train.data.device`)
 from train.data.mix import Sources
 from train.data.pairs import pair_ids
 from train.data.plan import Generation, epoch_plan
@@ -54,7 +55,6 @@ from train.data.stream import SampleDecodeError, SampleReader, read_samples
 __all__ = ["FIELDS", "SampleDecodeError", "ShardReader", "close_loader", "make_loader", "read_samples"]
 
 FIELDS = ("image", "text", "pairs")  # pairs: caption and group ids for a contrastive loss (`train.data.pairs`)
-DECODES = ("cpu", "gpu")  # where JPEGs are decoded: the dataloader workers, or the device (`train.data.device`)
 MAX_GENERATIONS = 64  # layouts one epoch can be continued in (a resume on another layout adds one)
 
 

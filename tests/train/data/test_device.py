@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.train.data.test_reader import _damaged_copy, big_shards, shards  # noqa: F401 - fixtures
-from train.data.device import DeviceFeed, normalize_batch
+from train.data.device import DeviceFeed, Reused, normalize_batch
 from train.data.reader import ShardReader, close_loader, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -98,3 +98,18 @@ def test_gpu_decode_skips_a_damaged_jpeg_in_the_worker_as_the_cpu_path_does(shar
     assert [b.get("skipped") for b in ours] == [b.get("skipped") for b in today]
     assert any(s[2] == key for b in ours for s in b.get("skipped", []))
     _same_tensors(ours, today)
+
+
+def test_reused_float_batches_are_never_overwritten_while_held():
+    pool = Reused()
+    a = pool.get(torch.Size((2, 3, 4, 4)))
+    a.fill_(1)
+    b = pool.get(a.shape)  # a is held: new memory
+    assert a.data_ptr() != b.data_ptr()
+    view = b[0]
+    del b
+    c = pool.get(a.shape)  # a view of b is held: still new memory
+    assert c.data_ptr() not in (a.data_ptr(), view.data_ptr() - 0)
+    ptr = a.data_ptr()
+    del a
+    assert pool.get(c.shape).data_ptr() == ptr  # nobody holds a: used again
