@@ -183,7 +183,7 @@ for decode in ("cpu", "gpu"):
     reader.set_epoch(0)
     keys, images, n = [], [], 0
     t = time.perf_counter()
-    for b in DeviceFeed(loader, dev, reader.normalization(), reader.stored_size, gpu_decode=decode == "gpu"):
+    for b in DeviceFeed(loader, dev, reader):
         assert b["image"].device.type == "cuda" and b["image"].dtype == torch.float32, (b["image"].device, b["image"].dtype)
         keys += b["key"]
         n += len(b["key"])

@@ -44,7 +44,7 @@ def main(cfg: TrainConfig) -> dict:
                              decode=cfg.decode if me.device.type == "cuda" else "cpu")
         loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0, pin_memory=me.device.type == "cuda")
         # as training is fed (`train.data.loaders.open_shards`): uint8 from the workers, normalised by the rank
-        feed = DeviceFeed(loader, me.device, reader.normalization(), reader.stored_size, reader.decode == "gpu")
+        feed = DeviceFeed(loader, me.device, reader)
         rates = []
         try:
             if me.rank == 0:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from pipeline.formats.sample import DecodeError
-from train.data.reader import decode_at
+from train.data.reader import ShardReader, decode_at
 from train.data.stream import SampleDecodeError
 
 ENCODED = ("jpeg", "jpeg_offsets")  # a batch's undecoded JPEGs (`train.data.reader._Images.fields`)
@@ -124,18 +124,20 @@ class Reused:
 class DeviceFeed:
     """The loader's batches on ``device``, images decoded and normalised there (see the module).
 
-    ``normalization``: (scale, shift) of `ShardReader.normalization` for uint8 images (None: they
-    arrive normalised); ``stored``: the shards' image side (for JPEGs left to decode); ``gpu_decode``:
-    nvJPEG for those (else the CPU decoder). Iterating it iterates the loader once.
+    ``reader``: the loader's `train.data.reader.ShardReader` (its normalisation for uint8 images,
+    its stored image size for JPEGs left to decode, ``decode``); made before the loader's workers
+    start, the feed shares a ring of batch slots with them (`ShardReader.share_ring`). Iterating it
+    iterates the loader once.
     """
 
-    def __init__(self, loader: Iterable[dict], device: torch.device,
-                 normalization: tuple[torch.Tensor, torch.Tensor] | None, stored: int | None = None,
-                 gpu_decode: bool = False):
-        self.loader, self.device, self.stored = loader, device, stored
-        self.gpu_decode = gpu_decode and device.type == "cuda"
-        self.normalization = None if normalization is None else (normalization[0].to(device), normalization[1].to(device))
+    def __init__(self, loader: Iterable[dict], device: torch.device, reader: ShardReader):
+        self.loader, self.device, self.stored = loader, device, reader.stored_size
+        self.gpu_decode = reader.decode == "gpu" and device.type == "cuda"
+        scale, shift = reader.normalization()
+        self.normalization = None if reader.normalize else (scale.to(device), shift.to(device))
         self.reused = Reused() if device.type == "cpu" else None  # the GPU's caching allocator does this there
+        # a slot per batch a worker may have in flight (prefetch_factor), and one it decodes into
+        self.ring = reader.share_ring((getattr(loader, "prefetch_factor", None) or 2) + 1)
 
     def __iter__(self) -> Iterator[dict]:
         if self.device.type != "cuda":
@@ -176,9 +178,26 @@ class DeviceFeed:
 
     def place(self, batch: dict) -> dict:
         """One batch: tensors onto the device (``non_blocking``: from pinned memory the copy is
-        asynchronous), JPEGs decoded into ``image``, uint8 images normalised."""
+        asynchronous), its images out of their ring slot, JPEGs decoded into ``image``, uint8
+        images normalised; the slot freed for its worker once nothing reads it any more."""
+        slot = batch.get("image_slot")
         out = {k: (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
-               for k, v in batch.items() if k not in ENCODED}
+               for k, v in batch.items() if k not in ENCODED and k != "image_slot"}
+        if slot is None:
+            return self._images(batch, out)
+        if self.ring is None:
+            raise RuntimeError("internal: a batch in a ring slot, but this feed shares no ring")
+        slot = (int(slot[0]), int(slot[1]))
+        try:
+            images = self.ring.images(slot)
+            # to a GPU through pinned memory (torch's caching host allocator: no new pages, and a
+            # block is not reused before its copy is done); on a CPU read where it is
+            out["image"] = images.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else images
+            return self._images(batch, out)
+        finally:
+            self.ring.free(slot)
+
+    def _images(self, batch: dict, out: dict) -> dict:
         if "jpeg" in batch:
             decode_batch(out["image"], batch["jpeg"], batch["jpeg_offsets"], int(self.stored or 0),
                          list(batch.get("key") or []), self.gpu_decode)

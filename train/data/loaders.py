@@ -120,8 +120,7 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
                                   pin_memory=d.device.type == "cuda")  # page-locked: async copies to the GPU
                for r in readers}
 
-    feeds = {id(r): DeviceFeed(loaders[id(r)], d.device, r.normalization(), r.stored_size, decode == "gpu")
-             for r in readers}
+    feeds = {id(r): DeviceFeed(loaders[id(r)], d.device, r) for r in readers}  # before the workers start
 
     def close() -> None:
         for ld in loaders.values():

@@ -134,6 +134,21 @@ class ShardReader(SampleReader, IterableDataset):
         self._position[2] = -1
         self._generations = torch.zeros((MAX_GENERATIONS, 5), dtype=torch.int64).share_memory_()
         self.num_workers = 0  # set by make_loader; the plan gives each worker a piece
+        self.ring: Ring | None = None  # uint8 batch slots the workers and the training process share (`share_ring`)
+
+    def share_ring(self, slots: int) -> Ring | None:
+        """Give each dataloader worker ``slots`` batch-sized uint8 slots in shared memory, made now,
+        before the workers fork, so the training process has them mapped too: a worker decodes into
+        a free slot and ships only its number (``image_slot``); the consumer (`train.data.device.DeviceFeed`)
+        reads the images from its own mapping and frees the slot. Without it every batch is new
+        shared memory, which both processes fault in page by page (measured: ~0.5 ms of CPU a
+        sample, as much as a third of a decode). A worker that finds no free slot (or a consumer
+        that never frees one) gets new memory, as before. Only for uint8 images read by workers."""
+        if self.normalize or "image" not in self.fields or self.num_workers < 1:
+            return None
+        if self.ring is None:
+            self.ring = Ring(self.num_workers, slots, (self.batch_size, self.image_size, self.image_size, 3))
+        return self.ring
 
     def normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, shift) [1,3,1,1]: a uint8 image ``x`` is normalised as ``x * scale + shift``,
@@ -334,13 +349,16 @@ class ShardReader(SampleReader, IterableDataset):
         normalised, or uint8 for the device to normalise), or with ``decode="gpu"`` a JPEG's bytes
         passed on for the device to decode (its header checked here, so a bad one is skipped here)."""
         size, n = self.image_size, len(samples)
+        ring_slot = None
         if self.normalize:  # float [B,3,S,S], normalised per image while it is in cache
             out = _batch_tensor((n, 3, size, size))
             pixels = np.empty((size, size, 3), dtype=np.uint8)
+        elif (ring_slot := self._ring_slot(n)) is not None:  # uint8 into a slot of the shared ring
+            out = self.ring.pixels[ring_slot]  # type: ignore[union-attr]
         else:  # uint8 [B,S,S,3]: each image decoded straight into its slot; [B,3,S,S] channels-last view
             out = _batch_tensor((n, size, size, 3), torch.uint8)
         images = _Images(out if self.normalize else out.permute(0, 3, 1, 2), torch.zeros(n, dtype=torch.bool),
-                         [None] * n if self.decode == "gpu" else None)
+                         [None] * n if self.decode == "gpu" else None, ring_slot)
         for i, s in enumerate(samples):
             ext = s.image_ext
             if ext is None or i in bad:
@@ -370,6 +388,13 @@ class ShardReader(SampleReader, IterableDataset):
                 x.mul_(self._scale).add_(self._shift)
             images.has[i] = True
         return images
+
+    def _ring_slot(self, n: int) -> tuple[int, int] | None:
+        """A free ring slot of this worker for a batch of ``n`` (None: no ring here, or none free)."""
+        info = get_worker_info()
+        if self.ring is None or info is None or n != self.batch_size or info.id >= self.ring.busy.shape[0]:
+            return None
+        return self.ring.take(info.id)
 
     def _texts(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = np.zeros((len(samples), self.max_text_len), dtype=np.int64)
@@ -454,6 +479,8 @@ class _Images:
     pixels: torch.Tensor
     has: torch.Tensor
     encoded: list[memoryview | None] | None = None
+    slot: tuple[int, int] | None = None
+    """(worker, slot) of the `Ring` the pixels are in: shipped instead of the pixels."""
 
     def fill(self, fill: dict[int, int | None]) -> None:
         """Bad slots take a good sample's image (`train.data.skips.donors`), or none."""
@@ -467,7 +494,8 @@ class _Images:
         """The batch's entries: ``image`` and ``has_image``; with JPEGs left to the device, also
         ``jpeg`` (their bytes, one uint8 tensor) and ``jpeg_offsets`` ([B+1]: slot i's are
         ``jpeg[off[i]:off[i+1]]``, empty where ``image`` already holds it)."""
-        out = {"image": self.pixels, "has_image": self.has}
+        out: dict = {"image": self.pixels, "has_image": self.has} if self.slot is None else \
+            {"image_slot": self.slot, "has_image": self.has}
         if self.encoded is not None:
             sizes = [len(e) if e is not None else 0 for e in self.encoded]
             offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
@@ -482,6 +510,37 @@ class _Images:
         return out
 
 
+class Ring:
+    """``slots`` uint8 batches [B,S,S,3] per dataloader worker in shared memory, and whether each is
+    taken (see `ShardReader.share_ring`). A slot's flag is set only by its worker (free -> taken)
+    and cleared only by the consumer (taken -> free), so neither needs a lock."""
+
+    def __init__(self, workers: int, slots: int, batch: tuple[int, ...]):
+        self.pixels = _shared((workers, slots, *batch), torch.uint8)
+        self.busy = torch.zeros((workers, slots), dtype=torch.int32).share_memory_()
+
+    def take(self, worker: int) -> tuple[int, int] | None:
+        for j, taken in enumerate(self.busy[worker].tolist()):
+            if not taken:
+                self.busy[worker, j] = 1
+                return worker, j
+        return None
+
+    def images(self, slot: tuple[int, int]) -> torch.Tensor:
+        """The slot's images as uint8 [B,3,S,S] (a channels-last view); valid until `free`."""
+        return self.pixels[slot].permute(0, 3, 1, 2)
+
+    def free(self, slot: tuple[int, int]) -> None:
+        self.busy[slot] = 0
+
+
+def _shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized tensor in shared memory (no pages touched: `share_memory_` would copy)."""
+    proto = torch.empty(0, dtype=dtype)
+    storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
+    return proto.new(storage).resize_(shape)
+
+
 def _batch_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialized tensor (float32 unless told); in a dataloader worker, allocated in shared memory.
 
@@ -489,11 +548,9 @@ def _batch_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) ->
     from the start is not copied on the way (a batch of 64 512x512 images is 200 MB). These
     are the calls torch's own default_collate makes for the same reason.
     """
-    proto = torch.empty(0, dtype=dtype)
     if get_worker_info() is None:
-        return proto.new_empty(shape)
-    storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
-    return proto.new(storage).resize_(shape)
+        return torch.empty(shape, dtype=dtype)
+    return _shared(shape, dtype)
 
 
 def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool = False,

@@ -23,9 +23,14 @@ def _batches(reader, workers, epoch=0):
         close_loader(loader)
 
 
-def _fed(reader, workers, gpu_decode=False):
-    feed = DeviceFeed(_batches(reader, workers), CPU, reader.normalization(), reader.stored_size, gpu_decode)
-    return list(feed)
+def _fed(reader, workers):
+    """The feed's batches (CPU: JPEGs left to the device are decoded by the CPU fallback)."""
+    reader.set_epoch(0)
+    loader = make_loader(reader, workers)
+    try:
+        return list(DeviceFeed(loader, CPU, reader))
+    finally:
+        close_loader(loader)
 
 
 def _same_tensors(ours, today):
@@ -82,7 +87,7 @@ def test_gpu_decode_falls_back_to_the_cpu_decoder_with_the_same_samples_in_order
     assert all(b["jpeg_offsets"].shape == (5,) for b in left)
     assert sum(int(b["jpeg_offsets"][-1]) for b in left) > 0  # JPEGs were left undecoded (PNGs were not)
     # no GPU here: the feed decodes them with the CPU decoder, into the same slots
-    _same_tensors(_fed(reader(decode="gpu"), workers, gpu_decode=True), _batches(reader(), workers))
+    _same_tensors(_fed(reader(decode="gpu"), workers), _batches(reader(), workers))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -94,7 +99,7 @@ def test_gpu_decode_skips_a_damaged_jpeg_in_the_worker_as_the_cpu_path_does(shar
     def reader(**kw):
         return ShardReader(copy, "train", batch_size=4, seed=1, shuffle_buffer=6, skip_bad=True, **kw)
 
-    ours, today = _fed(reader(decode="gpu"), workers, gpu_decode=True), _batches(reader(), workers)
+    ours, today = _fed(reader(decode="gpu"), workers), _batches(reader(), workers)
     assert [b.get("skipped") for b in ours] == [b.get("skipped") for b in today]
     assert any(s[2] == key for b in ours for s in b.get("skipped", []))
     _same_tensors(ours, today)
@@ -113,3 +118,19 @@ def test_reused_float_batches_are_never_overwritten_while_held():
     ptr = a.data_ptr()
     del a
     assert pool.get(c.shape).data_ptr() == ptr  # nobody holds a: used again
+
+
+def test_workers_decode_into_ring_slots_and_take_new_memory_when_none_is_free(big_shards):  # noqa: F811
+    reader = ShardReader(big_shards, "train", batch_size=4, seed=3, fields=("image",), image_size=24, normalize=False)
+    loader = make_loader(reader, 2)
+    ring = reader.share_ring(1)  # made before the workers fork; nobody frees a slot below
+    assert ring is not None and ring.pixels.shape == (2, 1, 4, 24, 24, 3)
+    reader.set_epoch(0)
+    try:
+        batches = list(loader)
+    finally:
+        close_loader(loader)
+    slotted = [b for b in batches if "image_slot" in b]
+    assert [tuple(b["image_slot"]) for b in slotted] == [(0, 0), (1, 0)]  # each worker's one slot, once
+    assert all(b["image"].dtype == torch.uint8 for b in batches if "image_slot" not in b) and len(batches) > 2
+    assert ShardReader(big_shards, batch_size=4).share_ring(2) is None  # float batches, or no workers: no ring
