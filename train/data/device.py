@@ -36,12 +36,25 @@ def normalize_batch(image: torch.Tensor, has: torch.Tensor | None, scale: torch.
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """A uint8 [B,3,S,S] batch (any memory layout) as float32 NCHW ``x * scale + shift`` (scale and
     shift [1,3,1,1]), into ``out`` when given; slots without an image (``has`` False) are zeros, the
-    mean colour, as the workers leave them. One conversion pass and two in-place passes, no host sync."""
+    mean colour, as the workers leave them. On a GPU: one conversion pass and two in-place passes
+    over the batch, no host sync. On a CPU the same operations an image at a time, each image's
+    passes in cache (measured: 0.10 ms a sample against 0.14 for whole-batch passes)."""
     if out is None:
         out = torch.empty(image.shape, dtype=torch.float32, device=image.device)
-    out.copy_(image)
-    out.mul_(scale.to(image.device, non_blocking=True)).add_(shift.to(image.device, non_blocking=True))
-    if has is not None:
+    scale, shift = scale.to(image.device, non_blocking=True), shift.to(image.device, non_blocking=True)
+    if out.device.type == "cpu":  # an image at a time: its three passes stay in cache
+        for x, u in zip(out, image):
+            x.copy_(u)
+            x.mul_(scale[0]).add_(shift[0])
+    else:
+        out.copy_(image)
+        out.mul_(scale).add_(shift)
+    if has is None:
+        return out
+    if out.device.type == "cpu":  # a pass over the batch only where a slot has no image
+        if not bool(has.all()):
+            out[~has.cpu()] = 0.0
+    else:  # no host sync on a GPU: one masked pass
         out.masked_fill_(~has.to(image.device, non_blocking=True).view(-1, 1, 1, 1), 0.0)
     return out
 
