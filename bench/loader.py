@@ -182,15 +182,20 @@ def child_loose(clean: str, shards: str, batch: int, workers: int, seed: int) ->
 
 
 def child_ours(shards: str, batch: int, workers: int, seed: int) -> dict:
-    """Ours: `ShardReader` batches (images only) through `make_loader`'s forked workers."""
+    """Ours: `ShardReader` batches (images only) through `make_loader`'s forked workers, fed as
+    pipe train feeds them (uint8 from the workers, `DeviceFeed` normalising on this CPU)."""
+    import torch
+
+    from train.data.device import DeviceFeed
     from train.data.reader import ShardReader, close_loader, make_loader
 
-    reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",))
+    reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",), normalize=False)
     loader = make_loader(reader, workers)
+    feed = DeviceFeed(loader, torch.device("cpu"), reader)
     reader.set_epoch(0)
     t = time.perf_counter()
     n = 0
-    for b in loader:
+    for b in feed:
         assert b["image"].shape[1:] == (3, SIZE, SIZE)
         n += len(b["key"])
     close_loader(loader)
