@@ -161,7 +161,7 @@ from pathlib import Path
 from tests.captioned import make_raw
 make_raw(Path('$OUT/captioned-raw'), 200)
 "
-"$PY" -m pipeline clean "$OUT/captioned-raw" -o "$OUT/captioned-clean" --size 256 --workers "$CORES" >/dev/null
+"$PY" -m pipeline clean "$OUT/captioned-raw" -o "$OUT/captioned-clean" --size 48 --workers "$CORES" >/dev/null  # its 48 px pictures
 "$PY" -m pipeline shard "$OUT/captioned-clean" -o "$OUT/captioned" --val-fraction 0.1 --workers "$CORES" >/dev/null
 
 echo "== the device path alone: DeviceFeed on the GPU, --decode cpu vs --decode gpu =="
@@ -224,7 +224,7 @@ train() {  # train NAME ARGS...: one pipe train on the GPU, NCCL x 1, $precision
   echo "== pipe train: $name =="
   start_sampler "$OUT/gpu-run-$name.txt"
   if "$PY" -m pipeline train "$@" -o "$OUT/run-$name" --nproc-per-node 1 --backend nccl --precision "${precision:-bf16}" \
-      --workers "$WORKERS" --log-every 10 --checkpoint-every 0 --max-steps "$STEPS" --epochs 1000 \
+      --workers "$WORKERS" --log-every 10 --checkpoint-every 0 --max-steps "${steps:-$STEPS}" --epochs 1000 \
       2>"$OUT/run-$name.log" >/dev/null; then
     grep -q "backend nccl" "$OUT/run-$name.log" || echo "gpu_check: $name did not say it ran over nccl (see $OUT/run-$name.log)"
   else
@@ -240,7 +240,9 @@ done
 
 # the contrastive objective (issue 22), where this pipe train has it
 if "$PY" -m pipeline train --help 2>/dev/null | grep -q -- "--objective"; then
-  train "contrastive-clip" "$OUT/captioned" --objective contrastive --model clip --batch-size 256
+  # a small set (2000 pairs, 48 px): fewer steps, so fewer epoch ends (each validates and checkpoints)
+  steps=$(( STEPS < 60 ? STEPS : 60 )) train "contrastive-clip" "$OUT/captioned" --objective contrastive --model clip \
+    --batch-size 128
 else
   echo "== this pipe train has no --objective: the contrastive run is skipped =="
 fi
