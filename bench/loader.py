@@ -1,5 +1,17 @@
-"""The streaming reader vs the naive ways, same data, same run, whole processes, as ratios.
+"""The streaming reader vs the machine's limit, its peers and the naive ways, same data, same run, as ratios.
 
+0. The limit (issue 26, item 1): the training reader's decoded samples per CPU second, all its
+   processes counted (512 px JPEG shards -> 224 px normalised float batches, 2 dataloader workers,
+   fed as `pipe train` feeds them: uint8 from the workers, `train.data.device.DeviceFeed`
+   normalising a batch at once) against one process decoding and resizing the same bytes in a tight
+   loop with the same decoder and resizer (`train.data.reader.decode_at`: DCT-domain scaling, then
+   Lanczos-3; uint8 out). Target: ours >= 0.85 of the limit. In the same rounds: the reader as it
+   was (float normalised per image in the workers), the stock webdataset `WebLoader` and LitData's
+   `StreamingDataLoader` over the same samples with the same decode and per-sample normalisation
+   (peers are skipped, said so, when they do not import: ``--install-peers`` puts them in
+   ``--peers DIR`` with pip, outside the venv; LitData reads its own chunks, converted from the
+   same bytes before timing). CPU seconds are each child's own accounting of its read loop (its
+   workers included: they are waited for), so interpreter start and imports are not counted.
 1. Decoded batches: our `ShardReader` (shards, `make_loader`) against the way most training
    scripts load images: one JPEG file per sample, a map-style Dataset, `DistributedSampler`
    (shuffled) and a DataLoader. Both run 2 dataloader workers (forked), the same batch size and
@@ -24,6 +36,7 @@ script, so interpreter start, imports and worker start-up count on both sides; i
 it. The page cache is warmed first (every loose file and every shard read once), so every run
 reads from memory; the runs alternate and the fastest of ``--repeats`` counts for each.
 
+    python bench/loader.py --only limit --install-peers   # item 1 alone: the limit, peers, ratios
     python bench/loader.py --quick            # ~1-2 minutes: a sanity run (400 images)
     python bench/loader.py                    # the numbers: 2000 images, a few minutes on 2 cores
     python bench/loader.py --keep /tmp/loaderdata   # keep (and next time reuse) the built data
@@ -169,15 +182,20 @@ def child_loose(clean: str, shards: str, batch: int, workers: int, seed: int) ->
 
 
 def child_ours(shards: str, batch: int, workers: int, seed: int) -> dict:
-    """Ours: `ShardReader` batches (images only) through `make_loader`'s forked workers."""
+    """Ours: `ShardReader` batches (images only) through `make_loader`'s forked workers, fed as
+    pipe train feeds them (uint8 from the workers, `DeviceFeed` normalising on this CPU)."""
+    import torch
+
+    from train.data.device import DeviceFeed
     from train.data.reader import ShardReader, close_loader, make_loader
 
-    reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",))
+    reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",), normalize=False)
     loader = make_loader(reader, workers)
+    feed = DeviceFeed(loader, torch.device("cpu"), reader)
     reader.set_epoch(0)
     t = time.perf_counter()
     n = 0
-    for b in loader:
+    for b in feed:
         assert b["image"].shape[1:] == (3, SIZE, SIZE)
         n += len(b["key"])
     close_loader(loader)
@@ -208,6 +226,147 @@ def child_raw(shards: str, level: str, batch: int, passes: int, seed: int) -> di
                 n += 1
                 nbytes += extent[(s.shard, s.offset)]
     return {"samples": n, "bytes": nbytes, "loop_s": time.perf_counter() - t}
+
+
+# ---------------------------------------------------------------- 0. the limit and the peers (child processes)
+
+LIMIT_SIZE = 224  # the model's side: 512 px shards decoded smaller, as pipe train decodes them
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that ended (dataloader workers, once joined)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _norm(shards: str) -> tuple:
+    """(stored side, per-image scale [3,1,1], shift [3,1,1]): the reader's own normalisation."""
+    from train.data.reader import ShardReader
+
+    reader = ShardReader(shards, "train", 0, 1, batch_size=1, fields=("image",), image_size=LIMIT_SIZE)
+    scale, shift = reader.normalization()
+    return reader.stored_size, scale[0], shift[0]
+
+
+def child_limit(shards: str, batch: int, workers: int, seed: int) -> dict:
+    """The limit: the same JPEG bytes decoded and resized by `decode_at` in a tight loop, uint8 out."""
+    import numpy as np
+    import torch
+
+    from train.data.reader import decode_at
+    from train.data.stream import SampleReader
+
+    torch.set_num_threads(1)
+    data = [bytes(s.fields["jpg"]) for _, s in SampleReader(shards, "train", 0, 1, batch_size=batch, seed=seed).samples(0)]
+    stored, _, _ = _norm(shards)
+    out = np.empty((LIMIT_SIZE, LIMIT_SIZE, 3), dtype=np.uint8)
+    decode_at(data[0], "jpg", stored, LIMIT_SIZE, out=out)  # decoder and resizer loaded before the clock starts
+    c, t = _cpu(), time.perf_counter()
+    for b in data:
+        decode_at(b, "jpg", stored, LIMIT_SIZE, out=out)
+    return {"samples": len(data), "cpu_s": _cpu() - c, "loop_s": time.perf_counter() - t}
+
+
+def _counted(batches, close=None) -> dict:
+    """Iterate float [B,3,224,224] batches to the end: samples, CPU seconds (workers included), wall."""
+    import torch
+
+    c, t, n = _cpu(), time.perf_counter(), 0
+    for b in batches:
+        x = b["image"] if isinstance(b, dict) else b[0]
+        assert x.dtype == torch.float32 and x.shape[1:] == (3, LIMIT_SIZE, LIMIT_SIZE), (x.dtype, x.shape)
+        n += len(x)
+    if close is not None:
+        close()  # joins the workers: their CPU time is counted from here on
+    return {"samples": n, "cpu_s": _cpu() - c, "loop_s": time.perf_counter() - t}
+
+
+def child_reader(shards: str, mode: str, batch: int, workers: int, seed: int) -> dict:
+    """Ours. "feed": as pipe train reads (uint8 from the workers, `DeviceFeed` normalising a batch at
+    once on this CPU); "float": as it read before (float normalised per image in the workers)."""
+    import torch
+
+    from train.data.device import DeviceFeed
+    from train.data.reader import ShardReader, close_loader, make_loader
+
+    torch.set_num_threads(1)  # a CPU rank's training threads are the model's; the reader gets none
+    c0 = _cpu()
+    reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",), image_size=LIMIT_SIZE,
+                         normalize=mode == "float")
+    loader = make_loader(reader, workers)
+    reader.set_epoch(0)
+    batches = DeviceFeed(loader, torch.device("cpu"), reader) if mode == "feed" else loader
+    return {**_counted(batches, lambda: close_loader(loader)), "setup_cpu_s": _cpu() - c0}
+
+
+def _per_sample(shards: str):
+    """What a peer runs per sample: the same decode and resize, normalised per image as ours did."""
+    import torch
+
+    from train.data.reader import decode_at
+
+    stored, scale, shift = _norm(shards)
+
+    def decode(data: bytes) -> torch.Tensor:
+        arr = decode_at(data, "jpg", stored, LIMIT_SIZE)
+        x = torch.empty((3, LIMIT_SIZE, LIMIT_SIZE), dtype=torch.float32)
+        x.copy_(torch.from_numpy(arr).permute(2, 0, 1))
+        return x.mul_(scale).add_(shift)
+
+    return decode
+
+
+def child_webloader(shards: str, _: str, batch: int, workers: int, seed: int) -> dict:
+    """The stock webdataset `WebLoader`: shards split over the workers, a 512-sample shuffle
+    buffer (as ours), per-sample decode, `batched` collation in the workers."""
+    import torch
+    import webdataset as wds
+
+    torch.set_num_threads(1)
+    decode = _per_sample(shards)
+    urls = [str(p) for p in train_shards(Path(shards))]
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(512)
+          .map(lambda s: (decode(s["jpg"]), int(s["cls"]))).batched(batch, partial=False))
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
+    return _counted(loader)  # its workers end (and are joined) when the epoch ends
+
+
+def child_litdata(shards: str, chunks: str, batch: int, workers: int, seed: int) -> dict:
+    """LitData's `StreamingDataLoader` over its own chunks of the same bytes (converted before)."""
+    import torch
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    torch.set_num_threads(1)
+    decode = _per_sample(shards)
+
+    class Images(StreamingDataset):
+        def __getitem__(self, index):
+            s = super().__getitem__(index)
+            return decode(s["jpg"]), s["cls"]
+
+    ds = Images(chunks, shuffle=True, drop_last=True, seed=seed)
+    loader = StreamingDataLoader(ds, batch_size=batch, num_workers=workers, drop_last=True)
+    return _counted(loader)
+
+
+
+def _litdata_sample(item: tuple[str, int]) -> dict:
+    """One sample for `litdata.optimize`: a CLEAN_DIR JPEG (byte for byte the one in the shards) and its class."""
+    path, cls = item
+    return {"jpg": Path(path).read_bytes(), "cls": cls}
+
+
+def child_litdata_build(clean: str, shards: str, chunks: str) -> dict:
+    """LitData's own format of the same train samples (before any timing)."""
+    from litdata import optimize
+
+    classes = {c: i for i, c in enumerate(json.loads((Path(shards) / "index.json").read_text())["classes"])}
+    items = [(str(p), classes[p.parent.name]) for p in loose_files(Path(clean))]
+    optimize(fn=_litdata_sample, inputs=items, output_dir=chunks, chunk_bytes="64MB", num_workers=2, mode="overwrite")
+    return {"samples": len(items)}
+
+
+CHILDREN2 = {"limit": child_limit, "reader": child_reader, "webloader": child_webloader, "litdata": child_litdata}
 
 
 # ---------------------------------------------------------------- the comparison
@@ -254,11 +413,98 @@ def compare(a: argparse.Namespace, clean: Path, shards: Path) -> None:
     print(f"data: {len(files)} loose JPEGs ({loose_bytes / 1e6:.0f} MB), {len(tars)} train shards "
           f"({shard_bytes / 1e6:.0f} MB); page cache warmed (every file read once); load {load()}")
 
-    if a.only != "raw":
+    if a.only in (None, "limit"):
+        compare_limit(a, clean, shards)
+    if a.only in (None, "decode"):
         compare_decoded(a, clean, shards)
-    if a.only != "decode":
+    if a.only in (None, "raw"):
         compare_raw(a, shards, tars, shard_bytes)
     print(f"load at the end: {load()}")
+
+
+def peers_env(a: argparse.Namespace) -> dict:
+    """The children's environment: ``--peers`` on their path (where ``--install-peers`` puts
+    LitData, and webdataset when the venv lacks it: outside the venv, which stays as the project
+    installs it)."""
+    peers = str(a.peers)
+    if a.install_peers:
+        want = ["litdata", "lightning-utilities"]
+        probe = subprocess.run([sys.executable, "-c", "import webdataset"], capture_output=True)
+        want += ["webdataset", "braceexpand"] if probe.returncode else []
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", peers, *want],
+                              capture_output=True, text=True)
+        print(f"peers: pip install --target {peers} {' '.join(want)}: "
+              f"{'ok' if not done.returncode else 'FAILED: ' + done.stderr.strip().splitlines()[-1]}")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH"), peers]))}
+
+
+def importable(module: str, env: dict) -> bool:
+    return subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True).returncode == 0
+
+
+def run_child2(spec: dict, env: dict) -> dict | None:
+    """A fresh `python bench/loader.py --child2 SPEC`: what it reported (None, said, when it failed)."""
+    done = subprocess.run([sys.executable, __file__, "--child2", json.dumps(spec)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"  {spec['kind']} {spec.get('arg', '')} failed (exit {done.returncode}): {tail}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def litdata_chunks(clean: Path, shards: Path, env: dict) -> Path | None:
+    """LitData's chunks of the train samples next to SHARD_DIR (made once)."""
+    chunks = shards.parent / "litdata"
+    if (chunks / "index.json").is_file():
+        return chunks
+    t = time.perf_counter()
+    made = run_child2({"kind": "litdata-build", "clean": str(clean), "shards": str(shards), "chunks": str(chunks)}, env)
+    if made is None:
+        return None
+    print(f"litdata: {made['samples']} samples -> {chunks} in {time.perf_counter() - t:.0f} s (not timed below)")
+    return chunks
+
+
+def compare_limit(a: argparse.Namespace, clean: Path, shards: Path) -> None:
+    env = peers_env(a)
+    common = {"shards": str(shards), "batch": a.batch_size, "workers": a.workers, "seed": a.seed}
+    ways = {"limit": ("the limit: decode_at in a loop", {"kind": "limit"}),
+            "ours": ("ours, as pipe train reads", {"kind": "reader", "arg": "feed"}),
+            "before": ("ours before (float in workers)", {"kind": "reader", "arg": "float"})}
+    for module, name, what in (("webdataset", "webloader", "webdataset WebLoader"),
+                               ("litdata", "litdata", "LitData StreamingDataLoader")):
+        if not importable(module, env):
+            print(f"  {what}: skipped: {module} does not import (--install-peers puts it in {a.peers})")
+            continue
+        chunks = litdata_chunks(clean, shards, env) if name == "litdata" else None
+        if name == "litdata" and chunks is None:
+            continue
+        ways[name] = (what, {"kind": name, "arg": str(chunks or "")})
+    runs: dict[str, list[dict]] = {n: [] for n in ways}
+    for _ in range(a.repeats):  # interleaved rounds: a burst of load elsewhere hits every way alike
+        for n, (_, spec) in ways.items():
+            got = run_child2({**common, **spec}, env)
+            if got is not None:
+                runs[n].append(got)
+    print(f"decoded 224 px float batches from 512 px JPEG shards (batch {a.batch_size}, {a.workers} workers, "
+          f"{a.repeats} interleaved rounds, the least CPU a sample of each; load {load()}):")
+    ms: dict[str, float] = {}
+    for n, (what, _) in ways.items():
+        if not runs[n]:
+            continue
+        best = min(runs[n], key=lambda r: r["cpu_s"] / r["samples"])
+        ms[n] = best["cpu_s"] / best["samples"] * 1e3
+        spread = [r["cpu_s"] / r["samples"] * 1e3 for r in runs[n]]
+        print(f"  {what + ':':38s} {best['samples']} samples, {ms[n]:.3f} ms CPU a sample = {1e3 / ms[n]:6.0f} samples per "
+              f"CPU second (rounds {', '.join(f'{x:.2f}' for x in spread)} ms); wall {best['samples'] / best['loop_s']:6.0f}/s")
+    if "limit" in ms and "ours" in ms:
+        r = ms["limit"] / ms["ours"]
+        print(f"  ours / the limit, per core = {r:.2f}  (target >= 0.85: {'meets' if r >= 0.85 else 'MISSES'})")
+    for n in ("before", "webloader", "litdata"):
+        if n in ms and "ours" in ms:
+            print(f"  ours / {ways[n][0]}, per CPU second = {ms[n] / ms['ours']:.2f}"
+                  + ("  (target > 1: " + ("beats)" if ms[n] > ms["ours"] else "DOES NOT beat)") if n != "before" else ""))
 
 
 def compare_decoded(a: argparse.Namespace, clean: Path, shards: Path) -> None:
@@ -311,10 +557,25 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="runs of each measurement; the fastest counts")
     ap.add_argument("--max-count", type=int, default=1000, help="pipe shard --max-count (1000: its default)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=("decode", "raw"), help="run one of the two comparisons")
+    ap.add_argument("--only", choices=("limit", "decode", "raw"), help="run one of the three comparisons")
+    ap.add_argument("--peers", type=Path, default=Path(tempfile.gettempdir()) / "pipe-bench-peers",
+                    help="a folder put on the children's path for the peers (LitData; webdataset if the venv lacks it)")
+    ap.add_argument("--install-peers", action="store_true", help="pip install the peers into --peers first (no deps: "
+                    "they run on the venv's torch), never into the venv")
+    ap.add_argument("--child2", help=argparse.SUPPRESS)
     ap.add_argument("--keep", type=Path, help="build (or reuse) the data here instead of a temporary folder")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child2:
+        spec = json.loads(a.child2)
+        if spec["kind"] == "litdata-build":
+            print(json.dumps(child_litdata_build(spec["clean"], spec["shards"], spec["chunks"])))
+            return
+        fn2 = CHILDREN2[spec["kind"]]
+        args2 = [spec["shards"], *([spec.get("arg", "")] if spec["kind"] != "limit" else []),
+                 spec["batch"], spec["workers"], spec["seed"]]
+        print(json.dumps(fn2(*args2)))
+        return
     if a.child:
         kind, *args = a.child
         fn = {"loose": child_loose, "ours": child_ours, "raw": child_raw}[kind]

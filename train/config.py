@@ -23,6 +23,7 @@ from pipeline.storage import FOLDER_HELP
 from train.models import families
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+DECODES = ("cpu", "gpu")  # `train.data.reader.DECODES`: where JPEGs are decoded
 OBJECTIVES = ("classify", "contrastive")  # what each is: `train.objectives`
 LOSSES = ("clip", "siglip")
 STRATEGIES = ("ddp", "fsdp")
@@ -154,6 +155,9 @@ class TrainConfig(LaunchConfig):
 
     # -- data (the reader's knobs) ------------------------------------------------------------
     workers: int = setting(2, "Dataloader workers per rank (0 = in the training process).", minimum=0, panel=DATA)
+    decode: str = setting("cpu", "Where JPEGs are decoded: cpu (the dataloader workers) or gpu (nvJPEG on the rank's GPU, "
+                                 "batched; the CPU decoder where there is no GPU or for an image nvJPEG refuses).",
+                          choices=DECODES, panel=DATA)
     max_text_len: int = setting(256, "Bytes of text the built-in models see per sample; tokens for hf: text models "
                                      "(longer texts are cut; hf: pads to it).", minimum=1, panel=DATA)
     shuffle_buffer: int = setting(512, "Samples each worker shuffles at a time (memory: this many undecoded samples per "
@@ -219,7 +223,7 @@ class TrainConfig(LaunchConfig):
                    "batch_size", "accum", "grad_checkpoint", "auto_micro_batch", "workers", "shuffle_buffer",
                    "checkpoint_every", "resume", "log_every",
                    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "backend",
-                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb", "zeroshot_prompt", "stall_timeout")
+                   "max_restarts", "rdzv_timeout", "cache_dir", "cache_max_gb", "zeroshot_prompt", "stall_timeout", "decode")
 
     def fingerprint(self) -> str:
         """Hash of the settings every rank must share; the preflight compares it across ranks."""

@@ -23,6 +23,7 @@ def main(cfg: TrainConfig) -> dict:
 
     from pipeline.core.errors import StageFailed
     from train.data import sources
+    from train.data.device import DeviceFeed
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
     from train.distributed.group import process_group
 
@@ -39,8 +40,11 @@ def main(cfg: TrainConfig) -> dict:
     with process_group(cfg.backend) as me:
         reader = ShardReader(cfg.shard_dir, "train", me.rank, me.world_size, batch_size=batch_size,
                              seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, image_size=image_size,
-                             cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes)
-        loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0)
+                             cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes, normalize=False,
+                             decode=cfg.decode if me.device.type == "cuda" else "cpu")
+        loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0, pin_memory=me.device.type == "cuda")
+        # as training is fed (`train.data.loaders.open_shards`): uint8 from the workers, normalised by the rank
+        feed = DeviceFeed(loader, me.device, reader)
         rates = []
         try:
             if me.rank == 0:
@@ -50,7 +54,7 @@ def main(cfg: TrainConfig) -> dict:
                 reader.set_epoch(epoch)
                 n, keys, start = 0, [], time.perf_counter()
                 try:
-                    for batch in loader:
+                    for batch in feed:
                         n += len(batch["key"])
                         if cfg.record_keys:
                             keys.extend(batch["key"])

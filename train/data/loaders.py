@@ -30,7 +30,7 @@ class DataSource:
     per epoch, equal on every rank), ``image_size`` (the side images are decoded at),
     ``set_epoch(epoch, consumed=0)``, ``state_dict(steps_done)`` (its position, for a checkpoint)
     and ``load_state_dict(state)`` (ValueError when that position cannot be continued exactly);
-    the loader yields dicts: ``image`` [B,3,S,S] float normalised,
+    the loader yields dicts (on the rank's device): ``image`` [B,3,S,S] float normalised,
     ``text`` [B,L] int64 byte ids, ``text_len`` [B] (or, for a model with a ``tokenize``, what it
     returns: ``input_ids`` and ``attention_mask`` [B,L]), ``label`` [B], ``key`` list[str], and for
     validation ``valid`` [B] bool (False for the repeats that fill the last batches so that
@@ -85,19 +85,24 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
     """The real readers over SHARD_DIR (`train.data.reader`); images decoded at ``image_size`` (the
     model's input size) in the dataloader workers, not at the stored size, and normalised with
     ``mean``/``std`` when the model brings its own (else the index's); texts through the model's
-    ``tokenize`` when it has one, there too."""
+    ``tokenize`` when it has one, there too. The workers ship images as uint8 and `DeviceFeed`
+    puts each batch on the rank's device, normalised there a batch at once (on a GPU: pinned,
+    copied one step ahead; with --decode gpu, its JPEGs decoded there)."""
+    from train.data.device import DeviceFeed
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
 
     if "image" in fields and index.get("image_size") is None:
         raise UsageError(f"{cfg.shard_dir} holds no images, but --model {cfg.model} reads them: use --model text")
     dataset = mixed(cfg) if len(cfg.shard_dirs) > 1 else None
+    decode = cfg.decode if d.device.type == "cuda" else "cpu"  # no GPU: the workers decode, as always
 
     def reader(split: str, only: int | None = None) -> ShardReader:
         return ShardReader(cfg.shard_dir, split=split, rank=d.rank, world_size=d.world_size, batch_size=plan.batch_size,
                            seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, fields=fields, max_text_len=cfg.max_text_len,
                            image_size=image_size, mean=mean, std=std, tokenize=tokenize,
                            cache_dir=cfg.cache_dir, cache_max_bytes=cfg.cache_max_bytes,
-                           accum=plan.accum if split == "train" else 1, skip_bad=True, dataset=dataset, only=only)
+                           accum=plan.accum if split == "train" else 1, skip_bad=True, dataset=dataset, only=only,
+                           normalize=False, decode=decode)
 
     def has_val(shards: list[dict]) -> bool:
         return any(s.get("split") == "val" and s.get("count", 0) > 0 for s in shards)
@@ -115,9 +120,11 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
                                   pin_memory=d.device.type == "cuda")  # page-locked: async copies to the GPU
                for r in readers}
 
+    feeds = {id(r): DeviceFeed(loaders[id(r)], d.device, r) for r in readers}  # before the workers start
+
     def close() -> None:
         for ld in loaders.values():
             close_loader(ld)
 
-    return DataSource(train=train, val=val, loader=lambda r: loaders[id(r)], close=close,
+    return DataSource(train=train, val=val, loader=lambda r: feeds[id(r)], close=close,
                       errors=(SampleDecodeError,), val_parts=parts or None)

@@ -36,7 +36,9 @@ import functools
 import math
 import multiprocessing as mp
 import os
+import platform
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,6 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from pipeline.formats.sample import DecodeError, RawSample, decode_class, decode_image
 from pipeline.media.image.resize import dct_scale, fit, scaled_size
+from train.config import DECODES  # where JPEGs are decoded: the workers, or the device (`train.data.device`)
 from train.data.mix import Sources
 from train.data.pairs import pair_ids
 from train.data.plan import Generation, epoch_plan
@@ -60,7 +63,7 @@ MAX_GENERATIONS = 64  # layouts one epoch can be continued in (a resume on anoth
 class ShardReader(SampleReader, IterableDataset):
     """One rank's view of a split of a shard folder, as an iterable of collated batches.
 
-    Each batch is a dict: ``image`` float32 [B,3,S,S] (S = ``image_size``: the index's unless
+    Each batch is a dict: ``image`` float32 [B,3,S,S] (uint8 with ``normalize=False``; S = ``image_size``: the index's unless
     given; normalized with the index's mean/std unless ``mean``/``std`` are given) and
     ``has_image`` bool [B] when "image" is in ``fields``; ``text`` int64 [B,L] (byte value + 1,
     0 = padding, L = ``max_text_len``) and ``text_len`` int64 [B] when "text" is (with a
@@ -75,7 +78,8 @@ class ShardReader(SampleReader, IterableDataset):
                  fields: tuple[str, ...] = ("image", "text"), max_text_len: int = 256,
                  image_size: int | None = None, mean=None, std=None, tokenize=None,
                  cache_dir: str | os.PathLike | None = None, cache_max_bytes: int | None = None, accum: int = 1,
-                 skip_bad: bool = False, dataset: Sources | None = None, only: int | None = None):
+                 skip_bad: bool = False, dataset: Sources | None = None, only: int | None = None,
+                 normalize: bool = True, decode: str = "cpu"):
         """``shard_dir``: a local folder or a URL (`pipeline.storage`); ``cache_dir``/``cache_max_bytes``:
         a local cache of whole shards (`train.data.stream.SampleReader`); ``accum``: batches per
         optimizer step (epochs are cut in whole global batches). ``skip_bad``: a sample that cannot
@@ -88,7 +92,14 @@ class ShardReader(SampleReader, IterableDataset):
         ``mean``/``std``: the normalisation the model was trained with (`train.models.norm`);
         None: the index's. ``tokenize``: texts -> a dict of [B, L] tensors (the model's
         tokenizer, e.g. ``input_ids`` and ``attention_mask``) put into the batch instead of byte
-        ids; it runs here, in the dataloader workers."""
+        ids; it runs here, in the dataloader workers. ``normalize``: False ships ``image`` as uint8
+        [B,3,S,S] (a channels-last view of [B,S,S,3]: 4x fewer bytes to move and pin, no float per
+        pixel in the worker) for `normalize_batch` to normalise a whole batch at once where it is
+        cheapest (`train.data.device`: on the GPU). ``decode``: "gpu" leaves JPEGs undecoded
+        (``jpeg``, ``jpeg_offsets``; headers checked here) for the device to decode
+        (`train.data.device.decode_batch`, the CPU decoder its fallback); implies ``normalize=False``."""
+        if decode not in DECODES:
+            raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
         unknown = set(fields) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}; choose from {FIELDS}")
@@ -112,6 +123,8 @@ class ShardReader(SampleReader, IterableDataset):
         self.mean = torch.tensor(list(mean), dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(list(std), dtype=torch.float32).clamp_min(1e-6).view(1, 3, 1, 1)
         self.tokenize = tokenize
+        self.decode = decode
+        self.normalize = normalize and decode == "cpu"
         # (x / 255 - mean) / std per image [3,S,S], folded into one multiply and one add per pixel
         self._scale, self._shift = (1.0 / (255.0 * self.std))[0], (-self.mean / self.std)[0]
         # the epoch's length in this layout: the sample count, world, batch and accumulation
@@ -123,6 +136,26 @@ class ShardReader(SampleReader, IterableDataset):
         self._position[2] = -1
         self._generations = torch.zeros((MAX_GENERATIONS, 5), dtype=torch.int64).share_memory_()
         self.num_workers = 0  # set by make_loader; the plan gives each worker a piece
+        self.ring: Ring | None = None  # uint8 batch slots the workers and the training process share (`share_ring`)
+
+    def share_ring(self, slots: int) -> Ring | None:
+        """Give each dataloader worker ``slots`` batch-sized uint8 slots in shared memory, made now,
+        before the workers fork, so the training process has them mapped too: a worker decodes into
+        a free slot and ships only its number (``image_slot``); the consumer (`train.data.device.DeviceFeed`)
+        reads the images from its own mapping and frees the slot. Without it every batch is new
+        shared memory, which both processes fault in page by page (measured: ~0.5 ms of CPU a
+        sample, as much as a third of a decode). A worker that finds no free slot (or a consumer
+        that never frees one) gets new memory, as before. Only for uint8 images read by workers."""
+        if self.normalize or "image" not in self.fields or self.num_workers < 1 or not _ORDERED_STORES:
+            return None
+        if self.ring is None:
+            self.ring = Ring(self.num_workers, slots, (self.batch_size, self.image_size, self.image_size, 3))
+        return self.ring
+
+    def normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, shift) [1,3,1,1]: a uint8 image ``x`` is normalised as ``x * scale + shift``,
+        i.e. ``(x / 255 - mean) / std`` in the very float operations the workers use."""
+        return self._scale[None], self._shift[None]
 
     # -- position ------------------------------------------------------------------------------
 
@@ -266,10 +299,8 @@ class ShardReader(SampleReader, IterableDataset):
                        "label": torch.tensor([y if i not in bad else labels[d] if (d := fill[i]) is not None else 0
                                               for i, y in enumerate(labels)], dtype=torch.int64)}
         if images is not None:
-            for i, d in fill.items():
-                images[0][i] = images[0][d] if d is not None else 0
-                images[1][i] = bool(images[1][d]) if d is not None else False
-            batch["image"], batch["has_image"] = images
+            images.fill(fill)
+            batch.update(images.fields())
         if "text" in self.fields and self.tokenize is not None:
             batch.update(self.tokenize([_text(s) for s in fed]))
         elif "text" in self.fields:
@@ -315,30 +346,57 @@ class ShardReader(SampleReader, IterableDataset):
             raise _error(s, f"class {label} is outside the index's {classes} classes")
         return table[label] if table is not None else label
 
-    def _images(self, samples: list[RawSample], bad: dict[int, str]) -> tuple[torch.Tensor, torch.Tensor]:
-        size = self.image_size
-        out = _batch_tensor((len(samples), 3, size, size))
-        has = torch.zeros(len(samples), dtype=torch.bool)
-        # decoded into, one image at a time (at the stored size; smaller ones are resized into it)
-        pixels = np.empty((size, size, 3), dtype=np.uint8)
+    def _images(self, samples: list[RawSample], bad: dict[int, str]) -> _Images:
+        """The batch's images: decoded here, one at a time straight into the batch tensor (float
+        normalised, or uint8 for the device to normalise), or with ``decode="gpu"`` a JPEG's bytes
+        passed on for the device to decode (its header checked here, so a bad one is skipped here)."""
+        size, n = self.image_size, len(samples)
+        ring_slot = None
+        if self.normalize:  # float [B,3,S,S], normalised per image while it is in cache
+            out = _batch_tensor((n, 3, size, size))
+            pixels = np.empty((size, size, 3), dtype=np.uint8)
+        elif (ring_slot := self._ring_slot(n)) is not None:  # uint8 into a slot of the shared ring
+            out = self.ring.pixels[ring_slot]  # type: ignore[union-attr]
+        else:  # uint8 [B,S,S,3]: each image decoded straight into its slot; [B,3,S,S] channels-last view
+            out = _batch_tensor((n, size, size, 3), torch.uint8)
+        images = _Images(out if self.normalize else out.permute(0, 3, 1, 2), torch.zeros(n, dtype=torch.bool),
+                         [None] * n if self.decode == "gpu" else None, ring_slot)
         for i, s in enumerate(samples):
             ext = s.image_ext
             if ext is None or i in bad:
-                out[i].zero_()  # no image: the mean colour, i.e. zeros after normalization
+                out[i].zero_()  # no image: the mean colour, i.e. zeros after normalization (the device's too)
                 continue
             try:
-                arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=pixels)
+                if images.encoded is not None and ext == "jpg":
+                    images.encoded[i] = _checked_jpeg(s.fields[ext], self.stored_size)
+                    images.has[i] = True
+                    continue
+                if self.normalize:
+                    arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=pixels)
+                else:
+                    slot = out[i].numpy()
+                    arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=slot)
+                    if not np.shares_memory(arr, slot):  # e.g. a PNG: decoded into a new array
+                        slot[...] = arr
             except DecodeError as e:
                 self._bad(bad, i, s, _error(s, str(e)))
                 out[i].zero_()
                 continue
-            # HWC uint8 -> CHW float in one strided copy, then normalize in place: the image stays
-            # in cache (a whole-batch permute + normalize is several times slower)
-            x = out[i]
-            x.copy_(torch.from_numpy(arr).permute(2, 0, 1))
-            x.mul_(self._scale).add_(self._shift)
-            has[i] = True
-        return out, has
+            if self.normalize:
+                # HWC uint8 -> CHW float in one strided copy, then normalize in place: the image stays
+                # in cache (a whole-batch permute + normalize on the CPU is several times slower)
+                x = out[i]
+                x.copy_(torch.from_numpy(arr).permute(2, 0, 1))
+                x.mul_(self._scale).add_(self._shift)
+            images.has[i] = True
+        return images
+
+    def _ring_slot(self, n: int) -> tuple[int, int] | None:
+        """A free ring slot of this worker for a batch of ``n`` (None: no ring here, or none free)."""
+        info = get_worker_info()
+        if self.ring is None or info is None or n != self.batch_size or info.id >= self.ring.busy.shape[0]:
+            return None
+        return self.ring.take(info.id)
 
     def _texts(self, samples: list[RawSample]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = np.zeros((len(samples), self.max_text_len), dtype=np.int64)
@@ -402,18 +460,105 @@ def _check_stored(w: int, h: int, stored: int) -> None:
         raise DecodeError(f"image is {w}x{h}, the index says {stored}x{stored}")
 
 
-def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialized float32 tensor; in a dataloader worker, allocated in shared memory.
+def _checked_jpeg(data: bytes | memoryview, stored: int) -> memoryview:
+    """A JPEG's bytes for the device to decode, after the checks `decode_at` makes of its header
+    (it parses, and has the index's size): a sample that fails them is skipped here, in the worker."""
+    import simplejpeg
+
+    try:
+        h, w = simplejpeg.decode_jpeg_header(data)[:2]
+    except Exception as e:  # noqa: BLE001 - as decode_at
+        raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
+    _check_stored(w, h, stored)
+    return memoryview(data)
+
+
+@dataclass
+class _Images:
+    """A batch's images while it is assembled: pixels, which slots hold one, and (``decode="gpu"``)
+    each slot's JPEG bytes still to decode (None: decoded here, or no image)."""
+
+    pixels: torch.Tensor
+    has: torch.Tensor
+    encoded: list[memoryview | None] | None = None
+    slot: tuple[int, int] | None = None
+    """(worker, slot) of the `Ring` the pixels are in: shipped instead of the pixels."""
+
+    def fill(self, fill: dict[int, int | None]) -> None:
+        """Bad slots take a good sample's image (`train.data.skips.donors`), or none."""
+        for i, d in fill.items():
+            self.pixels[i] = self.pixels[d] if d is not None else 0
+            self.has[i] = bool(self.has[d]) if d is not None else False
+            if self.encoded is not None:
+                self.encoded[i] = self.encoded[d] if d is not None else None
+
+    def fields(self) -> dict[str, torch.Tensor]:
+        """The batch's entries: ``image`` and ``has_image``; with JPEGs left to the device, also
+        ``jpeg`` (their bytes, one uint8 tensor) and ``jpeg_offsets`` ([B+1]: slot i's are
+        ``jpeg[off[i]:off[i+1]]``, empty where ``image`` already holds it)."""
+        out: dict = {"image": self.pixels, "has_image": self.has} if self.slot is None else \
+            {"image_slot": self.slot, "has_image": self.has}
+        if self.encoded is not None:
+            sizes = [len(e) if e is not None else 0 for e in self.encoded]
+            offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+            np.cumsum(sizes, out=offsets[1:])
+            total = int(offsets[-1])
+            data = _batch_tensor((total,), torch.uint8) if total else torch.empty(0, dtype=torch.uint8)
+            view = data.numpy()
+            for e, a, b in zip(self.encoded, offsets[:-1], offsets[1:]):
+                if e is not None:
+                    view[a:b] = np.frombuffer(e, dtype=np.uint8)
+            out.update(jpeg=data, jpeg_offsets=torch.from_numpy(offsets))
+        return out
+
+
+_ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+"""The ring's slot flags are plain shared ints, no barrier: safe where stores are not reordered
+before earlier loads (x86's total store order); elsewhere (ARM: Grace, Graviton) every batch is
+new memory, as without the ring, rather than a slot freed before its reads are done."""
+
+
+class Ring:
+    """``slots`` uint8 batches [B,S,S,3] per dataloader worker in shared memory, and whether each is
+    taken (see `ShardReader.share_ring`). A slot's flag is set only by its worker (free -> taken)
+    and cleared only by the consumer (taken -> free), so neither needs a lock."""
+
+    def __init__(self, workers: int, slots: int, batch: tuple[int, ...]):
+        self.pixels = _shared((workers, slots, *batch), torch.uint8)
+        self.busy = torch.zeros((workers, slots), dtype=torch.int32).share_memory_()
+
+    def take(self, worker: int) -> tuple[int, int] | None:
+        for j, taken in enumerate(self.busy[worker].tolist()):
+            if not taken:
+                self.busy[worker, j] = 1
+                return worker, j
+        return None
+
+    def images(self, slot: tuple[int, int]) -> torch.Tensor:
+        """The slot's images as uint8 [B,3,S,S] (a channels-last view); valid until `free`."""
+        return self.pixels[slot].permute(0, 3, 1, 2)
+
+    def free(self, slot: tuple[int, int]) -> None:
+        self.busy[slot] = 0
+
+
+def _shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized tensor in shared memory (no pages touched: `share_memory_` would copy)."""
+    proto = torch.empty(0, dtype=dtype)
+    storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
+    return proto.new(storage).resize_(shape)
+
+
+def _batch_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialized tensor (float32 unless told); in a dataloader worker, allocated in shared memory.
 
     A worker's batch travels to the main process through shared memory: a tensor made there
     from the start is not copied on the way (a batch of 64 512x512 images is 200 MB). These
     are the calls torch's own default_collate makes for the same reason.
     """
-    proto = torch.empty(0, dtype=torch.float32)
     if get_worker_info() is None:
-        return proto.new_empty(shape)
-    storage = proto._typed_storage()._new_shared(math.prod(shape), device=proto.device)
-    return proto.new(storage).resize_(shape)
+        return torch.empty(shape, dtype=dtype)
+    return _shared(shape, dtype)
 
 
 def make_loader(reader: ShardReader, num_workers: int, persistent_workers: bool = False,
