@@ -471,6 +471,8 @@ class Trainer:
         reads_images = "image" in reader_fields(self.model)
         if reads_images:
             self.out.say(f"input: {self.input_norm.describe(self.data.train.image_size, self.random_weights)}")
+        if reads_images and self.cfg.decode == "gpu" and self.d.device.type != "cuda":
+            self.out.say("note: --decode gpu on a rank without a GPU: its dataloader workers decode the JPEGs, as with cpu")
         tokenize = getattr(self.model, "tokenize", None)
         if tokenize is not None and hasattr(tokenize, "describe"):
             self.out.say(f"input: {tokenize.describe()}")

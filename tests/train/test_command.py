@@ -182,3 +182,13 @@ def test_verify_stops_on_a_shard_that_differs_from_the_index(cli, two_datasets, 
     (shards / name).write_bytes(bytes(data))
     r = cli("train", shards, "-o", tmp_path / "run", "--verify", "--epochs", "1", "--max-steps", "1", "--workers", "0")
     assert r.exit_code == 0, r.stderr
+
+
+def test_decode_gpu_on_a_machine_without_one_says_the_workers_decode(cli, two_datasets, tmp_path):
+    """--decode gpu where no rank has a GPU: the run trains as with cpu and says so, never silently."""
+    r = cli("train", two_datasets[0], "-o", tmp_path / "run", "--epochs", "1", "--workers", "0", "--batch-size", "2",
+            "--decode", "gpu")
+    assert r.exit_code == 0, r.stderr
+    assert "--decode gpu on a rank without a GPU: its dataloader workers decode the JPEGs" in r.stdout + r.stderr
+    plain = cli("train", two_datasets[0], "-o", tmp_path / "plain", "--epochs", "1", "--workers", "0", "--batch-size", "2")
+    assert "--decode gpu" not in plain.stdout + plain.stderr
