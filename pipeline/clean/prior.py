@@ -11,7 +11,9 @@ changed fields over the file's row (`columns.Rows.patch`; its hashes into the dr
 
 The parts stay what each file said on its own: the prior is a deterministic function of them and
 the input bytes, so a rerun (resumed or not, local, Ray or S3) decides the same and writes the
-same bytes.
+same bytes. The outputs it wrote are listed in `output.PRIOR` (with the earlier run's, before it
+writes any): a rerun reuses their files' results whatever their outputs' sizes, and writes back
+the file's own reading where the prior no longer decides it (its folder changed).
 """
 
 from __future__ import annotations
@@ -40,21 +42,34 @@ def apply(results: Columns, listing, place, settings) -> dict:
     `Listing`, where each file's bytes are; ``place``: its `CleanDir`; ``settings``: its
     `TextSettings`). Returns the report's note: how many
     files the prior decided, in how many folders (empty when none)."""
-    decided, folders = 0, 0
-    for rows, facts in _folders(results):
-        n = _decide_folder(results, listing, place, settings, rows, facts)
-        decided += n
-        folders += n > 0
-    return {"files": decided, "folders": folders} if decided else {}
+    earlier = place.prior_wrote()
+    facts = _texts(results)
+    chosen = {}
+    for members in _folders(facts):
+        chosen.update(_decide_folder(listing, place, settings, members))
+    if not chosen and not earlier:
+        return {}
+    written = {_output(f): len(o.text.encode("utf-8")) for f, o in chosen.values()}
+    _record(place, {**earlier, **written})  # first: a run killed while writing knows what to write back
+    for row, (f, o) in chosen.items():
+        _patch(results, place, row, f, o)
+    _write_back(listing, place, settings, [f for f in facts if f[6] in earlier and f[0] not in chosen])
+    _record(place, written)
+    folders = {f[1].rpartition("/")[0] for f, _o in chosen.values()}
+    return {"files": len(chosen), "folders": len(folders)} if chosen else {}
 
 
-def _folders(results: Columns):
-    """(rows, their `FIELDS`) of each folder where the prior can matter, in path order."""
+def _texts(results: Columns) -> list[tuple]:
+    """(row, its `FIELDS`...) of every text."""
     texts = np.flatnonzero(results.kind == TEXT)
     if not len(texts):
-        return
+        return []
     t = results.fetch(texts, FIELDS)
-    facts = list(zip(texts.tolist(), *(t.column(name).to_pylist() for name in FIELDS), strict=True))
+    return list(zip(texts.tolist(), *(t.column(name).to_pylist() for name in FIELDS), strict=True))
+
+
+def _folders(facts: list[tuple]):
+    """The texts of each folder where the prior can matter (its legacy and refused ones), in path order."""
     groups: dict[str, list[tuple]] = defaultdict(list)
     for f in facts:
         groups[f[1].rpartition("/")[0]].append(f)
@@ -63,41 +78,35 @@ def _folders(results: Columns):
         legacy = {_name(f[3]) for f in members if _legacy(f[3])}
         refused = any(f[4] in REFUSED for f in members)
         if sum(_legacy(f[3]) for f in members) >= MIN_LEGACY and (len(legacy) > 1 or refused):
-            yield [f[0] for f in members], members
+            yield members
 
 
-def _decide_folder(results: Columns, listing, place, settings, rows: list[int], facts: list[tuple]) -> int:
-    """by_folder over the folder's legacy and refused texts; each file it decides patched in. The
-    number decided."""
+def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tuple]:
+    """by_folder over one folder's legacy and refused texts: {row: (its facts, the text stage's
+    outcome on the prior's reading)} of each file it decides."""
     from pipeline.media.text.clean import clean_text
     from pipeline.media.text.prior import FolderFile, by_folder
 
     data, files = [], []
-    for row, _source, _key, _enc, _reason, size, _out in facts:
-        b = _read(place, listing[row].path) if size <= settings.max_bytes else b""
+    for f in facts:
+        b = _read(place, listing[f[0]].path) if f[5] <= settings.max_bytes else b""
         o = clean_text(b, settings)  # the per-file reading again (deterministic): its text is not kept
         data.append(b)
         files.append(FolderFile(b, o.text if o.reason is None else None, o.encoding, o.confidence))
-    n = 0
-    for row, fact, b, chosen in zip(rows, facts, data, by_folder(files), strict=True):
+    out = {}
+    for f, b, chosen in zip(facts, data, by_folder(files), strict=True):
         if chosen.by_prior and b:
             o = clean_text(b, settings, reading=chosen.decoded())
             if o.reason is None and o.text is not None:
-                _patch(results, place, row, fact, o)
-                n += 1
-    return n
+                out[f[0]] = (f, o)
+    return out
 
 
 def _patch(results: Columns, place, row: int, fact: tuple, o) -> None:
     """The prior's reading of ``row`` written to its output and laid over its result."""
-    from pipeline.clean.output import PARKED
-
-    _row, source, key, _enc, _reason, _size, old_output = fact
     payload = o.text.encode("utf-8")
-    output = old_output or output_path(source, key, "txt")
-    place.write_if_changed(output, payload)
-    if place.sizes().get(f"{PARKED}/{output}") is not None:  # an earlier run parked it: finalize moves that copy back
-        place.write_if_changed(f"{PARKED}/{output}", payload)
+    output = _output(fact)
+    _write(place, output, payload)
     results.rows.patch(row, {"encoding": o.encoding, "encoding_confidence": o.confidence, "reason": None,
                              "detail": "", "notes": list(o.notes), "content_hash": o.content_hash,
                              "minhash": o.minhash, "output": output, "output_bytes": len(payload)})
@@ -105,6 +114,47 @@ def _patch(results: Columns, place, row: int, fact: tuple, o) -> None:
     results.flags[row] |= HAS_CHASH | HAS_MINHASH
     results.disk.write("chash", row, digest([o.content_hash]))
     results.bands.add(np.asarray([row]), [base64.b64decode(o.minhash)])
+
+
+def _write_back(listing, place, settings, facts: list[tuple]) -> None:
+    """The file's own reading into each output the prior wrote in an earlier run and no longer
+    decides (its result, reused, names that output)."""
+    from pipeline.media.text.clean import clean_text
+
+    for f in facts:
+        b = _read(place, listing[f[0]].path)
+        o = clean_text(b, settings) if b else None
+        if o is not None and o.text is not None:
+            _write(place, f[6], o.text.encode("utf-8"))
+
+
+def _write(place, output: str, payload: bytes) -> None:
+    """``payload`` as ``output`` (unless it is that already), and as its parked copy where an
+    earlier run parked one: finalize moves that copy back when the file ends kept."""
+    from pipeline.clean.output import PARKED
+
+    place.write_if_changed(output, payload)
+    if place.sizes().get(f"{PARKED}/{output}") is not None:
+        place.write_if_changed(f"{PARKED}/{output}", payload)
+
+
+def _record(place, outputs: dict[str, int]) -> None:
+    """`output.PRIOR`: the outputs the prior wrote (or may have), with their sizes; none: no file."""
+    import json
+
+    from pipeline.clean.output import PRIOR
+
+    if outputs:
+        place.out.write(PRIOR, json.dumps({"outputs": dict(sorted(outputs.items()))}, indent=1).encode())
+    else:
+        place.out.delete(PRIOR)
+    place.forget_prior()
+
+
+def _output(fact: tuple) -> str:
+    """Where the prior's reading of a text goes: its own output, or where a kept text's goes."""
+    _row, source, key, _enc, _reason, _size, output = fact
+    return output or output_path(source, key, "txt")
 
 
 def _read(place, path: str) -> bytes:

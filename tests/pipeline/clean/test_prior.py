@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 
 from pipeline.clean import stage as clean
 from pipeline.clean.stage import CleanConfig
-from pipeline.media.text.clean import clean_text
+from pipeline.media.text.clean import clean_text, text_hash
 from tests.factories import write
 from tests.text_samples import LANGUAGES
 
@@ -64,9 +64,31 @@ def test_a_folder_of_short_captions_is_read_in_its_code_page_and_says_so(tmp_pat
     manifest = (out / "manifest.parquet").read_bytes()
     outputs = {p: p.read_bytes() for p in (out / "data").rglob("*") if p.is_file()}
     again = clean.run(CleanConfig(src, out, workers=1), show_progress=False)
-    # every file but those the prior decided is reused (their outputs are not the size their parts
-    # recorded, so their parts redo them, and the prior decides them again, the same way)
-    assert again["reused"] >= len(rows) - len(misread)
+    assert again["reused"] == len(rows)  # (outputs the prior wrote are not the size their parts recorded)
     assert again["folder_prior"] == report["folder_prior"]
     assert (out / "manifest.parquet").read_bytes() == manifest
     assert {p: p.read_bytes() for p in (out / "data").rglob("*") if p.is_file()} == outputs
+
+
+def test_where_the_prior_no_longer_decides_a_rerun_writes_back_the_files_own_reading(tmp_path):
+    src, out = tmp_path / "raw", tmp_path / "clean"
+    truth = _captions(src, "ar", _sentences("ar") + _words("ar"), "cp1256")
+    first = clean.run(CleanConfig(src, out, workers=1), show_progress=False)
+    decided = [s for s, r in _manifest(out).items() if "other files of its folder" in r["detail"]]
+    assert first["folder_prior"]["files"] == len(decided) > 0
+    for s in truth:  # the folder loses its evidence: only the files the prior decided are left
+        if s not in decided:
+            (src / s).unlink()
+    report = clean.run(CleanConfig(src, out, workers=1), show_progress=False)
+    assert report["reused"] == len(decided)
+    rows = _manifest(out)
+    assert sorted(rows) == sorted(decided)
+    still = [s for s, r in rows.items() if "other files of its folder" in r["detail"]]
+    assert len(still) < len(decided)  # some have lost the folder that decided them...
+    for s, r in rows.items():
+        own = clean_text((src / s).read_bytes())
+        if s not in still:  # ...and are what they are on their own, output included
+            assert (r["encoding"], r["content_hash"]) == (own.encoding, own.content_hash)
+        if r["status"] == "kept":
+            assert text_hash((out / r["output"]).read_text(encoding="utf-8")) == r["content_hash"]
+    assert report.get("folder_prior", {}).get("files", 0) == len(still)
