@@ -1,14 +1,21 @@
 """The folder prior in `pipe clean`: a folder of short captions in one legacy code page is read in
 it, the manifest says where the prior decided, a rerun is byte-identical, intruders keep theirs."""
 
+import io
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.clean import stage as clean
 from pipeline.clean.stage import CleanConfig
 from pipeline.media.text.clean import clean_text, text_hash
+from tests.conftest import pipe_env
 from tests.factories import write
+from tests.s3server import s3_server  # noqa: F401 - the fixture
 from tests.text_samples import LANGUAGES
 
 
@@ -92,3 +99,31 @@ def test_where_the_prior_no_longer_decides_a_rerun_writes_back_the_files_own_rea
         if r["status"] == "kept":
             assert text_hash((out / r["output"]).read_text(encoding="utf-8")) == r["content_hash"]
     assert report.get("folder_prior", {}).get("files", 0) == len(still)
+
+
+@pytest.mark.slow
+def test_an_s3_input_and_output_get_the_local_runs_readings(s3_server, tmp_path, monkeypatch):  # noqa: F811
+    """The prior re-reads the files through the input folder and writes through the output one:
+    s3:// to s3:// gives the local run's manifest rows and outputs."""
+    from pipeline.storage import open_folder
+
+    src, out = tmp_path / "raw", tmp_path / "clean"
+    _captions(src, "ar", _sentences("ar") + _words("ar"), "cp1256")
+    local = clean.run(CleanConfig(src, out, workers=1), show_progress=False)
+    assert local["folder_prior"]["files"] > 0
+    s3_server.setenv(monkeypatch)
+    bucket = s3_server.make_bucket("prior")
+    raw = open_folder(f"{bucket}/raw")
+    for p in sorted(src.rglob("*.txt")):
+        raw.write(p.relative_to(src).as_posix(), p.read_bytes())
+    env = {**pipe_env(), **s3_server.env}
+    p = subprocess.run([sys.executable, "-m", "pipeline", "clean", f"{bucket}/raw", "-o", f"{bucket}/clean", "--workers", "1",
+                        "--json"], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["folder_prior"] == local["folder_prior"]
+    done = open_folder(f"{bucket}/clean")
+    rows = pq.read_table(io.BytesIO(done.read("manifest.parquet"))).to_pylist()
+    assert rows == pq.read_table(out / "manifest.parquet").to_pylist()
+    for r in rows:
+        assert done.read(r["output"]) == (out / r["output"]).read_bytes()
+    assert done.read(".pipe/prior.json") == (out / ".pipe" / "prior.json").read_bytes()
