@@ -4,10 +4,11 @@ Twenty bytes of a caption cannot tell neighbouring code pages apart, but the cap
 folder usually share their language and encoding (`pipeline.media.text.prior.by_folder`). This
 step runs on the driver between processing and deciding, once every part is in: it picks, from
 the parts' results, the folders where the prior can matter (at least `MIN_LEGACY` texts read in
-a legacy code page, and either more than one such code page or a refused text), reads those
-files' bytes again through the input `Folder` (local or object storage, whatever the executor),
-and for each file the folder decides, writes the output the prior's reading gives and lays the
-changed fields over the file's row (`columns.Rows.patch`; its hashes into the driver's columns).
+a legacy code page or UTF-16 without a byte-order mark, and either more than one encoding or a
+refused text), reads those files' bytes again through the input `Folder` (local or object
+storage, whatever the executor), and for each file the folder decides, writes the output the
+prior's reading gives and lays the changed fields over the file's row (`columns.Rows.patch`;
+its hashes into the driver's columns).
 
 The parts stay what each file said on its own: the prior is a deterministic function of them and
 the input bytes, so a rerun (resumed or not, local, Ray or S3) decides the same and writes the
@@ -28,11 +29,14 @@ from pipeline.clean.columns import HAS_CHASH, HAS_MINHASH, TEXT, Columns, digest
 from pipeline.clean.process import output_path
 from pipeline.formats.vocabulary import Reason
 
-# a folder needs this many texts read in a legacy code page before its prior says anything
+# a folder needs this many texts read in a legacy code page (or UTF-16 without a byte-order mark)
+# before its prior says anything
 MIN_LEGACY = 4
 # per-file verdicts the prior may overturn: the bytes were read, no encoding fitted them well
 REFUSED = frozenset(r.value for r in (Reason.UNDECODABLE_TEXT, Reason.BINARY_CONTENT, Reason.GARBLED_TEXT))
-_UNICODE = ("utf-8", "ascii", "utf-16", "utf-32")
+# readings settled per file, which say nothing about a neighbour (as `by_folder` weighs them);
+# UTF-16 without a byte-order mark is a guess from the byte pattern, and its folder's evidence
+_SETTLED = ("utf-8", "ascii")
 # the fields of a text's result the prior's reading sets
 FIELDS = ("source", "key", "encoding", "reason", "bytes", "output")
 
@@ -69,20 +73,22 @@ def _texts(results: Columns) -> list[tuple]:
 
 
 def _folders(facts: list[tuple]):
-    """The texts of each folder where the prior can matter (its legacy and refused ones), in path order."""
+    """The texts of each folder where the prior can matter, in path order: those read or refused
+    on their own (a text read as ASCII reads the same in any code page it could be given)."""
     groups: dict[str, list[tuple]] = defaultdict(list)
     for f in facts:
-        groups[f[1].rpartition("/")[0]].append(f)
+        if f[4] in REFUSED or (f[4] is None and f[3] is not None and _name(f[3]) != "ascii"):
+            groups[f[1].rpartition("/")[0]].append(f)
     for folder in sorted(groups):
-        members = [f for f in groups[folder] if _legacy(f[3]) or f[4] in REFUSED]
-        legacy = {_name(f[3]) for f in members if _legacy(f[3])}
+        members = groups[folder]
+        read = {_name(f[3]) for f in members if f[4] is None}  # (a short Chinese caption may read as UTF-8)
         refused = any(f[4] in REFUSED for f in members)
-        if sum(_legacy(f[3]) for f in members) >= MIN_LEGACY and (len(legacy) > 1 or refused):
+        if sum(f[4] is None and _legacy(f[3]) for f in members) >= MIN_LEGACY and (len(read) > 1 or refused):
             yield members
 
 
 def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tuple]:
-    """by_folder over one folder's legacy and refused texts: {row: (its facts, the text stage's
+    """by_folder over one folder's texts: {row: (its facts, the text stage's
     outcome on the prior's reading)} of each file it decides."""
     from pipeline.media.text.clean import clean_text
     from pipeline.media.text.prior import FolderFile, by_folder
@@ -167,7 +173,7 @@ def _read(place, path: str) -> bytes:
 
 def _legacy(encoding: str | None) -> bool:
     name = _name(encoding)
-    return name is not None and not name.startswith(_UNICODE)
+    return name is not None and not name.startswith(_SETTLED)
 
 
 def _name(encoding: str | None) -> str | None:

@@ -127,3 +127,20 @@ def test_an_s3_input_and_output_get_the_local_runs_readings(s3_server, tmp_path,
     for r in rows:
         assert done.read(r["output"]) == (out / r["output"]).read_bytes()
     assert done.read(".pipe/prior.json") == (out / ".pipe" / "prior.json").read_bytes()
+
+
+def test_utf16_captions_without_a_byte_order_mark_misread_or_refused_alone_are_read_in_their_folder(tmp_path):
+    src, out = tmp_path / "raw", tmp_path / "clean"
+    truth = _captions(src, "ko", _sentences("ko") + _words("ko"), "utf-16-le")
+    alone = {s: clean_text((src / s).read_bytes()) for s in truth}
+    refused = {s for s, o in alone.items() if o.reason is not None}
+    assert refused  # four Hangul syllables in UTF-16 read as something else, or as nothing, on their own
+    clean.run(CleanConfig(src, out, workers=1), show_progress=False)
+    rows = _manifest(out)
+    right = {s for s, t in truth.items() if rows[s]["status"] == "kept"
+             and (out / rows[s]["output"]).read_text(encoding="utf-8") == t}
+    assert refused <= right
+    assert right >= {s for s, o in alone.items() if o.text == truth[s]}  # never worse than each file alone
+    assert len(right) > len(truth) - len(refused)
+    for s in refused:
+        assert rows[s]["encoding"] == "utf-16-le" and "other files of its folder" in rows[s]["detail"]
