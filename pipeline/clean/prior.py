@@ -44,47 +44,80 @@ FIELDS = ("source", "key", "encoding", "reason", "bytes", "output")
 def apply(results: Columns, listing, place, settings) -> dict:
     """Decide the ambiguous texts of every folder whose others agree (``listing``: the run's
     `Listing`, where each file's bytes are; ``place``: its `CleanDir`; ``settings``: its
-    `TextSettings`). Returns the report's note: how many
-    files the prior decided, in how many folders (empty when none)."""
+    `TextSettings`). Returns the report's note: how many files the prior decided, in how many
+    folders (empty when none).
+
+    Two passes over the texts' results, a part at a time (a run of millions of texts holds a few
+    numbers per folder, never a row per file): which folders qualify, then their files; the
+    files' bytes one folder at a time."""
     earlier = place.prior_wrote()
-    facts = _texts(results)
-    chosen = {}
-    for members in _folders(facts):
-        chosen.update(_decide_folder(listing, place, settings, members))
-    if not chosen and not earlier:
+    wanted = {folder for folder, (legacy, read, refused) in _folder_stats(results).items()
+              if legacy >= MIN_LEGACY and (len(read) > 1 or refused)}
+    if not wanted and not earlier:
         return {}
-    written = {_output(f): len(o.text.encode("utf-8")) for f, o in chosen.values()}
-    _record(place, {**earlier, **written})  # first: a run killed while writing knows what to write back
-    for row, (f, o) in chosen.items():
-        _patch(results, place, row, f, o)
-    _write_back(listing, place, settings, [f for f in facts if f[6] in earlier and f[0] not in chosen])
+    members, back = _members(results, wanted, set(earlier))
+    # first: a run killed while writing knows what to write back (-1: a size no output has)
+    _record(place, {**earlier, **{_output(f): -1 for facts in members.values() for f in facts}})
+    written: dict[str, int] = {}
+    decided: set[int] = set()
+    folders = 0
+    for folder in sorted(members):
+        chosen = _decide_folder(listing, place, settings, members[folder])
+        for row, (f, o) in chosen.items():
+            written[_output(f)] = _patch(results, place, row, f, o)
+        decided.update(chosen)
+        folders += bool(chosen)
+    _write_back(listing, place, settings, [f for f in back if f[0] not in decided])
     _record(place, written)
-    folders = {f[1].rpartition("/")[0] for f, _o in chosen.values()}
-    return {"files": len(chosen), "folders": len(folders)} if chosen else {}
+    return {"files": len(decided), "folders": folders} if decided else {}
 
 
-def _texts(results: Columns) -> list[tuple]:
-    """(row, its `FIELDS`...) of every text."""
+def _by_part(results: Columns, columns: tuple[str, ...]):
+    """(rows, ``columns`` of them) of the texts of each part in turn."""
     texts = np.flatnonzero(results.kind == TEXT)
-    if not len(texts):
-        return []
-    t = results.fetch(texts, FIELDS)
-    return list(zip(texts.tolist(), *(t.column(name).to_pylist() for name in FIELDS), strict=True))
+    starts = results.rows.starts
+    for k in range(len(starts) - 1):
+        rows = texts[(texts >= starts[k]) & (texts < starts[k + 1])]
+        if len(rows):
+            t = results.fetch(rows, columns)
+            yield rows.tolist(), [t.column(name).to_pylist() for name in columns]
 
 
-def _folders(facts: list[tuple]):
-    """The texts of each folder where the prior can matter, in path order: those read or refused
-    on their own (a text read as ASCII reads the same in any code page it could be given)."""
-    groups: dict[str, list[tuple]] = defaultdict(list)
-    for f in facts:
-        if f[4] in REFUSED or (f[4] is None and f[3] is not None and _name(f[3]) != "ascii"):
-            groups[f[1].rpartition("/")[0]].append(f)
-    for folder in sorted(groups):
-        members = groups[folder]
-        read = {_name(f[3]) for f in members if f[4] is None}  # (a short Chinese caption may read as UTF-8)
-        refused = any(f[4] in REFUSED for f in members)
-        if sum(f[4] is None and _legacy(f[3]) for f in members) >= MIN_LEGACY and (len(read) > 1 or refused):
-            yield members
+def _takes_part(encoding: str | None, reason: str | None) -> bool:
+    """Whether a text is one its folder's prior weighs: read or refused on its own (a text read
+    as ASCII reads the same in any code page it could be given)."""
+    return reason in REFUSED or (reason is None and encoding is not None and _name(encoding) != "ascii")
+
+
+def _folder_stats(results: Columns) -> dict[str, tuple[int, set, bool]]:
+    """Each folder's texts read in a legacy code page (or UTF-16), the encodings its texts read
+    in, and whether one was refused."""
+    stats: dict[str, tuple[int, set, bool]] = {}
+    for _rows, (sources, encodings, reasons) in _by_part(results, ("source", "encoding", "reason")):
+        for source, enc, reason in zip(sources, encodings, reasons, strict=True):
+            if not _takes_part(enc, reason):
+                continue
+            folder = source.rpartition("/")[0]
+            legacy, read, refused = stats.get(folder, (0, set(), False))
+            if reason is None:
+                read.add(_name(enc))
+            stats[folder] = (legacy + (reason is None and _legacy(enc)), read, refused or reason in REFUSED)
+    return stats
+
+
+def _members(results: Columns, wanted: set[str], earlier: set[str]) -> tuple[dict[str, list[tuple]], list[tuple]]:
+    """The (row, `FIELDS`...) of the texts of each ``wanted`` folder the prior weighs, and of the
+    texts whose outputs are ``earlier`` ones."""
+    members: dict[str, list[tuple]] = defaultdict(list)
+    back = []
+    for rows, columns in _by_part(results, FIELDS):
+        for f in zip(rows, *columns, strict=True):
+            folder = f[1].rpartition("/")[0]
+            if folder in wanted and _takes_part(f[3], f[4]):
+                members[folder].append(f)
+            if f[6] and f[6] in earlier:
+                back.append(f)
+    return members, back
 
 
 def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tuple]:
@@ -108,8 +141,8 @@ def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tu
     return out
 
 
-def _patch(results: Columns, place, row: int, fact: tuple, o) -> None:
-    """The prior's reading of ``row`` written to its output and laid over its result."""
+def _patch(results: Columns, place, row: int, fact: tuple, o) -> int:
+    """The prior's reading of ``row`` written to its output and laid over its result; its size."""
     payload = o.text.encode("utf-8")
     output = _output(fact)
     _write(place, output, payload)
@@ -120,6 +153,7 @@ def _patch(results: Columns, place, row: int, fact: tuple, o) -> None:
     results.flags[row] |= HAS_CHASH | HAS_MINHASH
     results.disk.write("chash", row, digest([o.content_hash]))
     results.bands.add(np.asarray([row]), [base64.b64decode(o.minhash)])
+    return len(payload)
 
 
 def _write_back(listing, place, settings, facts: list[tuple]) -> None:

@@ -73,6 +73,10 @@ def test_a_folder_of_short_captions_is_read_in_its_code_page_and_says_so(tmp_pat
     again = clean.run(CleanConfig(src, out, workers=1), show_progress=False)
     assert again["reused"] == len(rows)  # (outputs the prior wrote are not the size their parts recorded)
     assert again["folder_prior"] == report["folder_prior"]
+
+    parts = tmp_path / "in-parts"  # folders cut across parts read the same
+    clean.run(CleanConfig(src, parts, workers=1, part_files=7), show_progress=False)
+    assert pq.read_table(parts / "manifest.parquet").to_pylist() == pq.read_table(out / "manifest.parquet").to_pylist()
     assert (out / "manifest.parquet").read_bytes() == manifest
     assert {p: p.read_bytes() for p in (out / "data").rglob("*") if p.is_file()} == outputs
 
