@@ -11,7 +11,7 @@ prior's reading gives and lays the changed fields over the file's row (`columns.
 its hashes into the driver's columns).
 
 The parts stay what each file said on its own: the prior is a deterministic function of them and
-the input bytes, so a rerun (resumed or not, local, Ray or S3) decides the same and writes the
+the input bytes, so a rerun (resumed or not, on any storage and executor) decides the same and writes the
 same bytes. The outputs it wrote are listed in `output.PRIOR` (with the earlier run's, before it
 writes any): a rerun reuses their files' results whatever their outputs' sizes, and writes back
 the file's own reading where the prior no longer decides it (its folder changed).
