@@ -12,13 +12,16 @@ Three ways run on every file in the same run:
 * chardet: `chardet.detect` on the whole file, then a strict decode with its answer (the naive way);
 * pipe: `pipeline.media.text.clean.clean_text` per file, as `pipe clean` reads one file;
 * pipe + folder: the same readings, then the folder prior (`pipeline.media.text.prior`) over each
-  folder's files.
+  folder's files;
+* pipe clean: the folders written to a temporary INPUT and cleaned by `pipe clean` (one label,
+  --no-near-dedup: an exact copy is read as its kept copy), each file's reading taken from its
+  output and the manifest's encoding (`--no-clean`: not run).
 
 Each file is right (exactly the true text after pipe's normalisation), a variant (a superset's
 reading differing in a few symbols: cp932 for Shift_JIS, ...), refused (no text: honest), or
 WRONG (other text, silently: the failure that costs days).
 
-    python bench/text_captions.py [--seed 0] [--per-folder 12] [--list]
+    python bench/text_captions.py [--seed 0] [--per-folder 12] [--list] [--no-clean]
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ def main() -> None:
     ap.add_argument("--per-folder", type=int, default=12)
     ap.add_argument("--single", action="store_true", help="every folder in one encoding (no intruders)")
     ap.add_argument("--list", action="store_true", help="print every file a way got wrong")
+    ap.add_argument("--no-clean", action="store_true", help="leave out the run through pipe clean")
     args = ap.parse_args()
     from naive import chardet_decode
 
@@ -101,7 +105,9 @@ def main() -> None:
     tree = folders(args.catalogs, args.seed, args.per_folder, not args.single)
     if not tree:
         sys.exit(f"no gettext catalogs with legacy-encodable translations under {args.catalogs}")
-    score: dict[str, Counter[str]] = {w: Counter() for w in ("chardet", "pipe", "pipe + folder")}
+    ways = ("chardet", "pipe", "pipe + folder") + (() if args.no_clean else ("pipe clean",))
+    score: dict[str, Counter[str]] = {w: Counter() for w in ways}
+    cleaned = {} if args.no_clean else through_clean(tree)
     listed: list[str] = []
     decided = 0
     sizes = [len(data) for files in tree.values() for _e, _t, data in files]
@@ -116,8 +122,11 @@ def main() -> None:
             o = clean_text(data, TextSettings())
             per_file.append(FolderFile(data, o.text if o.reason is None else None, o.encoding, o.confidence))
         chosen = by_folder(per_file)
-        for (enc, text, data), f, c in zip(files, per_file, chosen, strict=True):
-            for way, (t, e) in (("pipe", (f.text, f.encoding)), ("pipe + folder", (c.text, c.encoding))):
+        for i, ((enc, text, data), f, c) in enumerate(zip(files, per_file, chosen, strict=True)):
+            readings = [("pipe", (f.text, f.encoding)), ("pipe + folder", (c.text, c.encoding))]
+            if cleaned:
+                readings.append(("pipe clean", cleaned[_rel(name, i)]))
+            for way, (t, e) in readings:
                 v = verdict(text, t, enc, e)
                 score[way][v] += 1
                 if args.list and v in ("WRONG", "refused"):
@@ -133,9 +142,41 @@ def main() -> None:
         ok = s["right"] + s["variant"]
         print(f"{way:16}{s['right']:>8}{s['variant']:>9}{s['refused']:>9}{s['WRONG']:>8}"
               f"{ok / n:>14.1%}{s['WRONG'] / n:>8.1%}")
-    print(f"the folder prior decided {decided} files")
+    print(f"the folder prior decided {decided} files" + (f" ({cleaned_by_prior[0]} in pipe clean)" if cleaned else ""))
     for line in listed:
         print(line)
+
+
+cleaned_by_prior = [0]
+
+
+def _rel(folder: str, i: int) -> str:
+    return f"captions/{folder}/{i:03d}.txt"
+
+
+def through_clean(tree: dict[str, list[tuple[str, str, bytes]]]) -> dict[str, tuple[str | None, str | None]]:
+    """Each file's (text, encoding) as `pipe clean` leaves it: its kept output (or its exact copy's),
+    None where it was quarantined."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    from pipeline.clean import stage
+    from pipeline.clean.stage import CleanConfig
+
+    with tempfile.TemporaryDirectory(prefix="captions-") as tmp:
+        raw, out = Path(tmp) / "raw", Path(tmp) / "clean"
+        for name, files in tree.items():
+            for i, (_enc, _text, data) in enumerate(files):
+                p = raw / _rel(name, i)
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
+        report = stage.run(CleanConfig(raw, out, near_dedup=False), show_progress=False)
+        cleaned_by_prior[0] = report.get("folder_prior", {}).get("files", 0)
+        rows = pq.read_table(out / "manifest.parquet").to_pylist()
+        kept = {r["content_hash"]: (out / r["output"]).read_text(encoding="utf-8") for r in rows if r["status"] == "kept"}
+        return {r["source"]: (kept.get(r["content_hash"]) if r["status"] != "quarantined" else None, r["encoding"])
+                for r in rows}
 
 
 if __name__ == "__main__":

@@ -144,7 +144,28 @@ class Rows:
 
     def __init__(self, starts: Sequence[int], read: Callable[[int, Sequence[str] | None], pa.Table]):
         self.starts = np.asarray(starts, dtype=np.int64)
-        self._read = read
+        self._read_part = read
+        # rows the stage changed after their parts were written (the folder prior, `pipeline.clean.prior`):
+        # {row: {field: value}}, laid over every read, so the parts stay what the workers found
+        self.overlay: dict[int, dict[str, Any]] = {}
+
+    def patch(self, row: int, values: dict[str, Any]) -> None:
+        """Read ``row``'s fields ``values`` (`FileResult` fields, as its Python values) from now on."""
+        self.overlay.setdefault(int(row), {}).update(values)
+
+    def _read(self, k: int, columns: Sequence[str] | None) -> pa.Table:
+        table = self._read_part(k, columns)
+        if not self.overlay:
+            return table
+        begin, end = int(self.starts[k]), int(self.starts[k + 1])
+        mine = {r - begin: v for r, v in self.overlay.items() if begin <= r < end}
+        for name in sorted({f for v in mine.values() for f in v} & set(table.column_names)):
+            values = table.column(name).to_pylist()
+            for at, v in mine.items():
+                if name in v:
+                    values[at] = v[name]
+            table = table.set_column(table.column_names.index(name), name, pa.array(values, table.schema.field(name).type))
+        return table
 
     def __len__(self) -> int:
         return int(self.starts[-1]) if len(self.starts) else 0
@@ -210,7 +231,8 @@ class Bands:
         self.count = 0
 
     def add(self, rows: np.ndarray, keys: Sequence[bytes]) -> None:
-        """The band keys (``keys``: `minhash.encode_keys`' bytes, BANDS x uint32) of files ``rows``."""
+        """The band keys (``keys``: `minhash.encode_keys`' bytes, BANDS x uint32) of files ``rows``
+        (a row given again, as the folder prior does: its later keys replace its earlier ones)."""
         from pipeline.similarity.minhash import BANDS
 
         if not len(rows):
@@ -231,7 +253,7 @@ class Bands:
             return BandKeys(self._spill, {}, np.zeros(0, dtype=np.int64))
         have = self._mapped["rows"]
         order = np.argsort(have, kind="stable")
-        at = order[np.searchsorted(have, rows, sorter=order)]
+        at = order[np.searchsorted(have, rows, side="right", sorter=order) - 1]  # a row added again: its last keys
         self._spill.release("rows")
         return BandKeys(self._spill, self._mapped, at)
 

@@ -29,6 +29,8 @@ OWNED = ("data", "quarantine", COMMIT, "report.json", STATE_DIR)
 # Outputs of files that did not end kept (duplicates) wait here, so a re-run where they become
 # kept (their better copy was removed) need not decode them again.
 PARKED = f"{STATE_DIR}/parked"
+# the outputs the folder prior wrote in the last run, with their sizes (`pipeline.clean.prior`)
+PRIOR = f"{STATE_DIR}/prior.json"
 
 
 def marker(cfg: CleanConfig) -> dict:
@@ -66,6 +68,7 @@ class CleanDir:
         self.cfg, self.out, self.inp, self.staging = cfg, out, inp, staging
         self._sizes: Sizes | None = None
         self._stamps: Callable[[str], tuple[int, int, int] | None] | None = None
+        self._prior: dict[str, int] | None = None
 
     def __str__(self) -> str:
         return self.out.url
@@ -102,8 +105,25 @@ class CleanDir:
             return False
         if old.output:
             sizes = self.sizes()
-            return old.output_bytes in (sizes.get(old.output), sizes.get(f"{PARKED}/{old.output}"))
+            here = (sizes.get(old.output), sizes.get(f"{PARKED}/{old.output}"))
+            # an output the folder prior wrote is its reading's size: the prior writes it again either way
+            return old.output_bytes in here or self.prior_wrote().get(old.output) in here
         return True
+
+    def forget_prior(self) -> None:
+        self._prior = None
+
+    def prior_wrote(self) -> dict[str, int]:
+        """The outputs the folder prior wrote in the last run, with their sizes (`PRIOR`; {}: none)."""
+        if self._prior is None:
+            import json
+
+            try:
+                got = json.loads(self.out.read(PRIOR))
+                self._prior = {k: v for k, v in got["outputs"].items() if isinstance(k, str) and isinstance(v, int)}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                self._prior = {}
+        return self._prior
 
     def sizes(self) -> Sizes:
         if self._sizes is None:

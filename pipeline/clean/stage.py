@@ -99,9 +99,18 @@ def _run(cfg: CleanConfig, place: CleanDir, executor: Executor, show_progress: b
     results, reused, parts_report = process_in_parts(cfg, listing, executor, place, items(cfg, start_part, finish_part),
                                                      show_progress, _warm_up_manifest_writer)
     _attach_captions(cfg, lab, results, label_notes, listing)
+    prior = _folder_prior(cfg, results, listing, place)
     listing.close()  # the listing is not needed any more (its file on the staging disk goes)
     timings["process_s"] = time.perf_counter() - t
-    return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, place)
+    return _decide_and_finalize(cfg, results, lab, label_notes, reused, parts_report, timings, place, prior)
+
+
+def _folder_prior(cfg: CleanConfig, results, listing, place: CleanDir) -> dict:
+    """Texts whose folder's others say which code page they are in (`pipeline.clean.prior`): the
+    report's "folder_prior" (files and folders it decided)."""
+    from pipeline.clean.prior import apply
+
+    return apply(results, listing, place, TextSettings(max_bytes=cfg.text_limit()))
 
 
 def _candidates(cfg: CleanConfig, place: CleanDir):
@@ -125,7 +134,7 @@ def _attach_captions(cfg: CleanConfig, lab, results, label_notes: dict, listing)
 
 
 def _decide_and_finalize(cfg: CleanConfig, results, lab, label_notes: dict, reused: int,
-                         parts_report: dict | None, timings: dict, place: CleanDir) -> dict:
+                         parts_report: dict | None, timings: dict, place: CleanDir, prior: dict | None = None) -> dict:
     from pipeline.clean.finalize import finalize
 
     t = time.perf_counter()
@@ -139,6 +148,7 @@ def _decide_and_finalize(cfg: CleanConfig, results, lab, label_notes: dict, reus
 
     t = time.perf_counter()
     extra = {"reused": reused, "kept_samples": outcome.kept_samples, **({"labels": label_notes} if label_notes else {}),
+             **({"folder_prior": prior} if prior else {}),
              "label_conflicts": outcome.label_conflicts, "near_duplicate_search": outcome.near,
              **({"parts": parts_report} if parts_report is not None else {})}
     report = finalize(cfg, results, outcome.decisions, place, extra, timings)

@@ -57,6 +57,22 @@ def test_fetch_is_take_on_the_whole_and_reads_each_part_at_most_once(parts, data
     assert [c.num_rows for c in source.chunks()] == parts
 
 
+@settings(deadline=None)
+@given(sizes, st.data())
+def test_patched_rows_read_back_patched_everywhere_and_the_rest_as_the_parts_have_them(parts, data):
+    source, table, _ = _rows_over(parts)
+    n = table.num_rows
+    patched = data.draw(st.dictionaries(st.integers(0, n - 1), st.text(max_size=5), max_size=5)) if n else {}
+    for r, v in patched.items():
+        source.patch(r, {"detail": v})
+    want = [patched.get(i, d) for i, d in enumerate(table.column("detail").to_pylist())]
+    assert [v for c in source.chunks() for v in c.column("detail").to_pylist()] == want
+    rows = data.draw(st.lists(st.integers(0, n - 1), max_size=20)) if n else []
+    got = source.fetch(rows, ["source", "detail"])
+    assert got.column("detail").to_pylist() == [want[r] for r in rows]
+    assert got.column("source").to_pylist() == [f"f{r}" for r in rows]
+
+
 @given(sizes, st.data())
 def test_strings_of_a_few_rows_answer_for_those_rows_and_null_for_none(parts, data):
     source, table, _ = _rows_over(parts)
@@ -97,6 +113,15 @@ def test_band_keys_wait_on_disk_and_are_read_a_band_at_a_time(tmp_path):
         assert got[:, b].tolist() == [int(keys[want[r], b]) for r in members.tolist()]
     with pytest.raises(IndexError):
         got[0, 1]
+
+
+def test_a_row_whose_band_keys_are_added_again_reads_its_later_ones(tmp_path):
+    keys = np.arange(3 * BANDS, dtype="<u4").reshape(3, BANDS)
+    bands = Bands(tmp_path)
+    bands.add(np.array([0, 5]), [keys[0].tobytes(), keys[1].tobytes()])
+    bands.add(np.array([5]), [keys[2].tobytes()])  # the folder prior read row 5 again
+    got = bands.of(np.array([5, 0]))
+    assert [got[:, b].tolist() for b in range(BANDS)] == [[int(keys[2, b]), int(keys[0, b])] for b in range(BANDS)]
 
 
 def test_compact_keeps_what_deciding_needs_of_each_file():
