@@ -96,7 +96,9 @@ def test_two_cleans_into_one_prefix_on_a_server_that_ignores_conditional_writes(
     the second has made its claim and a renewal of the first's is due, so they surely meet."""
     s3_server.setenv(monkeypatch)
     raw = tmp_path / "raw"
-    for i in range(40):
+    # enough work that the first is still running well after it resumes (it renews its lease at once,
+    # and the second looks every POLL_S): 40 photos took 1.1 s on a quiet machine, within one look
+    for i in range(240):
         photo(raw / "cats" / f"{i}.jpg", 640, 480, seed=i)
     url = s3_server.make_bucket("lease") + "/race"
     env = {**pipe_env(), **s3_server.env}

@@ -78,7 +78,10 @@ def test_a_stalled_dataloader_worker_ends_the_run_naming_it_and_a_restart_resume
     assert stalled.returncode == 1, stalled.stderr[-3000:]
     line = next(ln for ln in stalled.stderr.splitlines() if ln.startswith("pipe: failed: rank 1 on "))
     assert "waited 5 s for its next batch (epoch 1, from shard train-0000" in line and "--stall-timeout 5" in line
-    assert "pipe: rank 0 failed: rank 0 stopped with the others: rank 1 on " in stalled.stderr
+    # rank 0 names rank 1 when its collective fails first; when the launcher, seeing rank 1 gone, ends
+    # rank 0 before that, rank 0 says nothing: either way no other cause is given
+    zero = [ln for ln in stalled.stderr.splitlines() if ln.startswith("pipe: rank 0 failed:")]
+    assert all("rank 0 stopped with the others: rank 1 on " in ln for ln in zero), stalled.stderr[-3000:]
     assert "internal error" not in stalled.stderr and "Traceback" not in stalled.stderr
     assert subprocess.run(["pgrep", "-f", str(tmp_path / "stalled")], capture_output=True).stdout == b""
 
