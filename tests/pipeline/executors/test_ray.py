@@ -260,13 +260,26 @@ def test_a_local_output_no_node_can_see_stops_the_run_in_one_line(cluster, raw, 
     assert os.listdir(out) == []  # nothing landed where the driver cannot see it
 
 
-def test_a_worker_process_killed_during_a_part_is_retried(cluster, raw, local, tmp_path):
-    driver = cluster.driver(_clean_args(raw, tmp_path / "clean", cluster), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    victim = _wait(lambda: cluster.task_pids("clean_part"))[0]
+@pytest.fixture(scope="module")
+def slow_raw(tmp_path_factory) -> Path:
+    """Parts that surely take a while (large PNGs: no decoding at a fraction of the size, as a
+    JPEG's), so a part is still running when a test looks for one: on warm workers the small
+    photos of `raw` are done before a 50 ms look finds any."""
+    root = tmp_path_factory.mktemp("slow_raw")
+    for i in range(3 * PART):
+        photo(root / ("cats" if i % 2 else "dogs") / f"big{i:02d}.png", 2000, 1500, seed=100 + i, fmt="PNG")
+    return root
+
+
+def test_a_worker_process_killed_during_a_part_is_retried(cluster, slow_raw, tmp_path):
+    driver = cluster.driver(_clean_args(slow_raw, tmp_path / "clean", cluster), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    victim = _wait(lambda: cluster.task_pids("clean_part"), every=0.01)[0]
     os.kill(victim, signal.SIGKILL)
     _, err = driver.communicate(timeout=300)
     assert driver.returncode == 0, err
-    _same_clean(tmp_path / "clean", local / "clean")
+    _run_local(["clean", slow_raw, "-o", tmp_path / "local", "--size", "64", "--workers", "2", "--json"])
+    _same_clean(tmp_path / "clean", tmp_path / "local")
 
 
 def test_a_killed_driver_leaves_no_manifest_and_the_rerun_redoes_only_unfinished_parts(cluster, raw, local, tmp_path):
