@@ -53,6 +53,7 @@ from train.data.skips import parse_limit
 from train.distributed import group as distributed
 from train.distributed import preflight
 from train.distributed.group import Dist, unwrap
+from train.distributed.launch import EveryRankStopped
 from train.models import norm as input_norm
 from train.models.builtin import build_model, reader_fields, reader_image_size
 from train.models.finetune import Freezer, FreezeSchedule, load_init, lock_image, sync_batch_norm
@@ -283,7 +284,7 @@ class Trainer:
                                                                   self.monitor, self.margins)
                 verdict = self.stops.exchange(loss_sum)  # every rank learns every rank's SIGTERM and NaN
                 if verdict.nonfinite:  # before anything is saved: the last checkpoint stays the last good one
-                    raise StageFailed(self._nonfinite(verdict, loss_sum, epoch))
+                    raise EveryRankStopped(self._nonfinite(verdict, loss_sum, epoch))
                 state.step += 1
                 state.step_in_epoch += 1
                 self.skips.exchange(count=True)  # every rank learns every skip; past --max-skipped all stop

@@ -13,7 +13,7 @@ The reader (with ``skip_bad``, `train.data.skips`) hands on a batch whose bad sl
   the ranks add up how many they met (one small all-reduce), and only when there were any they
   gather the entries, so every rank knows every skipped sample: rank 0 appends them to
   ``RUN_DIR/skipped.jsonl`` (shard, key, rank, epoch, step, reason, split, offset), and every
-  rank reaches the same verdict on ``--max-skipped`` at the same step (StageFailed on all of
+  rank reaches the same verdict on ``--max-skipped`` at the same step (EveryRankStopped on all of
   them, exit 1, naming the samples: no rank left waiting in a collective).
 
 ``--max-skipped`` counts distinct train samples (a bad image met in every epoch is one bad
@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from pipeline.core.errors import StageFailed
 from train.distributed import group as distributed
 from train.distributed.group import Dist
+from train.distributed.launch import EveryRankStopped
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -93,7 +93,7 @@ class SkipTracker:
     def exchange(self, count: bool) -> None:
         """Every rank calls this at the same point: the new skips of all ranks become every rank's
         (rank 0 appends them to skipped.jsonl); with ``count`` (train), past ``--max-skipped``
-        every rank stops (StageFailed, exit 1)."""
+        every rank stops (EveryRankStopped, exit 1; not restarted)."""
         n = torch.tensor([len(self._new)], dtype=torch.int64, device=self.d.device)
         if int(distributed.all_reduce_sum(n, self.d).item()) == 0:
             return
@@ -106,7 +106,7 @@ class SkipTracker:
                 if row["split"] == "train":
                     self.counted.setdefault((row["shard"], row["key"]), row)
             if len(self.counted) > self.limit:
-                raise StageFailed(self._exceeded())
+                raise EveryRankStopped(self._exceeded())
 
     def _append(self, rows: list[dict]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

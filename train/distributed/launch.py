@@ -65,6 +65,13 @@ def quiet_cpp_logs() -> None:
         os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
 
 
+class EveryRankStopped(StageFailed):
+    """A failure every rank reached at the same step, knowing the others did too (a non-finite
+    loss, more skipped samples than --max-skipped). A restart from the last checkpoint would meet
+    it again on the same data, so under --max-restarts our launcher's ranks end normally with the
+    message and the launcher raises it once, instead of the agent restarting them into it."""
+
+
 def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[int, Any]:
     """Run ``entry(arg)`` on every rank; return {global rank: return value} of this node's ranks.
 
@@ -77,7 +84,15 @@ def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[
     if config.nproc_per_node == 1 and config.nnodes == 1:
         return {0: _single_rank(entry, arg)}
     before_rendezvous(config)
-    return _elastic(config, entry, arg)
+    results = _elastic(config, entry, arg)
+    stopped = [r[STOPPED] for _, r in sorted(results.items()) if isinstance(r, dict) and STOPPED in r]
+    if stopped:
+        raise StageFailed(stopped[0])
+    return results
+
+
+STOPPED = "every_rank_stopped"
+"""The key of a rank's result that carries an `EveryRankStopped` message to the launcher."""
 
 
 def before_rendezvous(config: LaunchConfig) -> None:
@@ -245,6 +260,8 @@ def _rank_entry(entry: Callable[[Any], Any], arg: Any) -> Any:
         if isinstance(result, dict) and result.get("interrupted"):
             _exit_after_handing_back()
         return result
+    except EveryRankStopped as e:  # not a failure to restart from: handed back, said once by the launcher
+        return {STOPPED: str(e)}
     except KeyboardInterrupt:
         _end_interrupted_rank()
     except BaseException as e:

@@ -190,6 +190,22 @@ def test_under_torchrun_a_sigterm_checkpoints_and_every_rank_says_interrupted(di
     assert ckpt.load(run / ckpt.LAST)["step"] == _stopped_at(p.stderr)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_under_max_restarts_a_non_finite_loss_stops_once_instead_of_restarting_into_it(digits, tmp_path):
+    """Both ranks see the NaN at the same step: a restart from last.pt would train into it again on
+    the same data. With --max-restarts 2 the run still ends at once, exit 1, the line said once,
+    no rank restarted (no "resumed from"), and last.pt is the step before the NaN."""
+    run = tmp_path / "run"
+    p = _pipe_train(str(digits), "-o", str(run), *DRILL, "--nproc-per-node", "2", "--max-restarts", "2",
+                    "--lr", "1e30", "--checkpoint-every", "1")
+    assert p.returncode == 1, p.stderr[-3000:]
+    said = re.findall(r"the loss became \w+ at step (\d+)", p.stderr)
+    assert len(said) == 1, p.stderr[-3000:]
+    assert "resumed from" not in p.stderr + p.stdout and "Traceback" not in p.stderr
+    assert ckpt.load(run / ckpt.LAST)["step"] == int(said[0]) - 1
+
+
 # -- a full disk mid-run: one line, and the last checkpoint stays loadable ---------------------------
 
 
