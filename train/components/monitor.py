@@ -200,9 +200,12 @@ class Monitor:
         if image is None:
             return
         with torch.no_grad():
-            x = image.detach().float().transpose(0, 1).reshape(image.shape[1], -1)[:3]
-            self.window[_MEAN] += x.mean(dim=1).double()
-            self.window[_STD] += x.std(dim=1).double()
+            # reduced in place over (batch, height, width): a channel-first copy of the whole batch
+            # (transpose + reshape) cost a full pass over it in memory every step
+            x = image.detach()[:, :3]
+            std, mean = torch.std_mean(x if x.dtype == torch.float32 else x.float(), dim=(0, 2, 3))
+            self.window[_MEAN] += mean.double()
+            self.window[_STD] += std.double()
             self.window[_BATCHES] += 1
 
     def step_done(self, loss_sum: torch.Tensor, samples: int, data_wait: float, step_time: float) -> None:
