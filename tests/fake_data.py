@@ -108,3 +108,15 @@ def open_fake(cfg, d, plan, fields, index, image_size=None, *, n_train: int = 96
 
 def fake_source(**kw):
     return functools.partial(open_fake, **kw)
+
+
+def train_config(tmp: Path, name: str = "run", **values):
+    """A TrainConfig over the fake shards in ``tmp/shards`` (written on first use), the run in
+    ``tmp/name``: in-process, no dataloader workers, a tiny model; ``values`` set the rest."""
+    from train.config import TrainConfig
+
+    shards = tmp / "shards"
+    if not (shards / "index.json").exists():
+        write_index(shards)
+    return TrainConfig(**{"shard_dir": shards, "output": tmp / name, "batch_size": 8, "workers": 0, "width": 8,
+                          **values})

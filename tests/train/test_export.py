@@ -19,7 +19,7 @@ from rich.console import Console
 
 from pipeline.core import schemas
 from pipeline.core.errors import UsageError
-from tests.fake_data import CLASSES, fake_source, write_index
+from tests.fake_data import CLASSES, fake_source, train_config
 from train import export, loop
 from train.components import checkpoint as ckpt
 from train.components import start
@@ -32,12 +32,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _train(tmp: Path, name: str = "run", **over) -> Path:
-    shards = tmp / "shards"
-    if not (shards / "index.json").exists():
-        write_index(shards)
-    values = dict(shard_dir=shards, output=tmp / name, epochs=1, max_steps=4, batch_size=8, workers=0, width=8,
-                  model="image-text", lr=5e-3, seed=3, checkpoint_every=0)
-    loop.run(TrainConfig(**{**values, **over}), open_data=fake_source(), console=Console(file=io.StringIO()))
+    values = dict(epochs=1, max_steps=4, model="image-text", lr=5e-3, seed=3, checkpoint_every=0)
+    loop.run(train_config(tmp, name, **{**values, **over}), open_data=fake_source(), console=Console(file=io.StringIO()))
     return tmp / name
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from pipeline.core.errors import StageFailed, UsageError
 from tests.conftest import REPO, pipe_env
-from tests.fake_data import fake_source, write_index
+from tests.fake_data import fake_source, train_config, write_index
 from tests.gloo import scenario_results
 from train import loop
 from train.components import checkpoint as ckpt
@@ -26,12 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(tmp: Path, name: str = "run", **over) -> TrainConfig:
-    shards = tmp / "shards"
-    if not (shards / "index.json").exists():
-        write_index(shards)
-    values = dict(shard_dir=shards, output=tmp / name, epochs=2, batch_size=8, workers=0, width=8, log_every=3,
-                  model="image-text", lr=5e-3)
-    return TrainConfig(**{**values, **over})
+    return train_config(tmp, name, **{**dict(epochs=2, log_every=3, model="image-text", lr=5e-3), **over})
 
 
 def _run(cfg: TrainConfig, **data) -> tuple[dict, str]:

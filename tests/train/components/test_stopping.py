@@ -18,7 +18,7 @@ from rich.console import Console
 
 from pipeline.core.errors import StageFailed
 from tests.conftest import REPO, pipe_env
-from tests.fake_data import fake_source, write_index
+from tests.fake_data import fake_source, train_config
 from train import loop
 from train.components import checkpoint as ckpt
 from train.config import TrainConfig
@@ -27,12 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(tmp: Path, name: str, **over) -> TrainConfig:
-    shards = tmp / "shards"
-    if not (shards / "index.json").exists():
-        write_index(shards)
-    values = dict(shard_dir=shards, output=tmp / name, epochs=2, batch_size=8, workers=0, width=8, model="image",
-                  checkpoint_every=5, log_every=50)
-    return TrainConfig(**{**values, **over})
+    return train_config(tmp, name, **{**dict(epochs=2, model="image", checkpoint_every=5, log_every=50), **over})
 
 
 def _run(cfg: TrainConfig) -> tuple[dict, str]:
