@@ -65,3 +65,19 @@ def test_summary_reads_nvidia_smis_own_timestamps_within_the_steady_windows(tmp_
     line = next(x for x in done.stdout.splitlines() if "resnet50-decode-cpu" in x)
     assert " 95% " in line and "2.0%" in line and "meets" in line, done.stdout
     assert "runs missing a goal: none" in done.stdout
+
+
+def test_summary_leaves_out_the_windows_across_an_epochs_end(tmp_path):
+    """The window that holds the wait for a new epoch's first batches is not the steady state."""
+    run = tmp_path / "run-vit_b_16-decode-gpu"
+    run.mkdir()
+    rows = [{"kind": "train", "step": s, "epoch": e, "time": 1_800_000_000.0 + s, "samples_per_s": sps,
+             "data_wait_share": w, "memory_mb": 1000}
+            for s, e, sps, w in [(10, 1, 50.0, 0.5), (20, 1, 100.0, 0.01), (30, 1, 100.0, 0.03),
+                                 (40, 2, 20.0, 0.6), (50, 2, 100.0, 0.02)]]
+    run.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = _run("--summary", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if "vit_b_16-decode-gpu" in x)
+    assert " 100.0 " in line and " 2.0%" in line, done.stdout  # rows 20, 30 and 50
+    assert "n/a" in line and "MISSES" in line  # no utilisation samples: busy unknown, the goal not shown met
