@@ -150,6 +150,12 @@ class Reused:
         return buf.view(shape)
 
 
+def _all_encoded(batch: dict) -> bool:
+    """Whether every slot of ``batch`` holds a JPEG left to decode (none decoded by a worker, none empty)."""
+    offsets = batch.get("jpeg_offsets")
+    return offsets is not None and len(offsets) > 1 and bool((offsets[1:] > offsets[:-1]).all())
+
+
 def ahead(items: Iterator[T], place: Callable[[T], U], join_s: float = JOIN_S) -> Iterator[U]:
     """``place(item)`` of each of ``items``, in order, done on a thread of its own one item ahead:
     item k+1 is taken and placed while the caller uses item k, and no further (one placed item
@@ -267,9 +273,12 @@ class DeviceFeed:
         slot = (int(slot[0]), int(slot[1]))
         try:
             images = self.ring.images(slot)
-            # to a GPU through pinned memory (torch's caching host allocator: no new pages, and a
-            # block is not reused before its copy is done); on a CPU read where it is
-            out["image"] = images.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else images
+            if self.device.type != "cuda":  # on a CPU read where it is
+                out["image"] = images
+            elif _all_encoded(batch):  # --decode gpu, every slot a JPEG decoded on the device: nothing to copy
+                out["image"] = torch.empty_strided(images.shape, images.stride(), dtype=torch.uint8, device=self.device)
+            else:  # through pinned memory (torch's caching host allocator: no new pages, and a block is
+                out["image"] = images.pin_memory().to(self.device, non_blocking=True)  # not reused before its copy)
             return self._images(batch, out)
         finally:
             self.ring.free(slot)

@@ -309,3 +309,11 @@ def test_the_gpu_feed_waits_for_each_batchs_own_event_before_it_is_used(monkeypa
         assert log.index(("place", n)) < log.index(("record", n)) < log.index(("wait", n)) < log.index(("use", n))
     assert log.index(("use", 0)) < log.index(("place", 2))  # one batch ahead, no more
     assert not _feed_threads()
+
+
+def test_a_batch_is_all_encoded_only_when_every_slot_has_a_jpeg_to_decode():
+    from train.data.device import _all_encoded
+
+    assert _all_encoded({"jpeg_offsets": torch.tensor([0, 5, 9, 20])})
+    assert not _all_encoded({"jpeg_offsets": torch.tensor([0, 5, 5, 20])})  # slot 1 decoded by its worker (a PNG)
+    assert not _all_encoded({"jpeg_offsets": torch.tensor([0])}) and not _all_encoded({"image": None})
