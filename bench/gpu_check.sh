@@ -269,6 +269,13 @@ if [ "$rc" = 3 ]; then  # skipped: no GPU (said above)
   exit 0
 fi
 if [ "$rc" != 0 ]; then echo "gpu_check: the GPU or NCCL check failed (exit $rc)"; exit 1; fi
+# the dataloader workers' batch slots live in /dev/shm: 3 per worker, BATCH x 224 x 224 x 3 bytes each
+need=$(( WORKERS * 3 * BATCH * 224 * 224 * 3 / 1048576 ))
+shm=$(df -Pm /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
+echo "/dev/shm: ${shm:-?} MB free; the training runs' batch slots take ~$need MB"
+if [ -n "$shm" ] && [ "$shm" -lt $(( need * 2 )) ]; then
+  echo "gpu_check: /dev/shm may be too small for $WORKERS workers (set WORKERS lower, or BATCH)"
+fi
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 else
@@ -339,12 +346,17 @@ sampler=""
 start_sampler() {  # nvidia-smi's utilisation every 200 ms, each line "YYYY/MM/DD HH:MM:SS.mmm, percent", into $1
   sampler=""
   command -v nvidia-smi >/dev/null || return 0
-  # nvidia-smi's own timestamp: a stamp taken by a reader of its pipe would be the buffer's flush time
-  nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 200 >"$1" 2>/dev/null &
+  # nvidia-smi's own timestamp: a stamp taken by a reader of its pipe would be the buffer's flush time;
+  # line-buffered where stdbuf is there, so that stopping it loses no block of samples still unwritten
+  local line=()
+  if command -v stdbuf >/dev/null; then line=(stdbuf -oL); fi
+  ${line[@]+"${line[@]}"} nvidia-smi --query-gpu=timestamp,utilization.gpu --format=csv,noheader,nounits -lms 200 >"$1" 2>/dev/null &
   sampler=$!
 }
 stop_sampler() {
   [ -n "$sampler" ] || return 0
+  kill -INT "$sampler" 2>/dev/null || true  # as Ctrl-C: nvidia-smi's loop ends as it is meant to
+  sleep 0.5
   kill "$sampler" 2>/dev/null || true
   wait "$sampler" 2>/dev/null || true
   sampler=""
