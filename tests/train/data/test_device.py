@@ -1,7 +1,8 @@
 """Batches onto the device: uint8 batches normalised a whole batch at once give the float tensors the
 workers give today; JPEGs left for the device to decode (--decode gpu) come back, through the CPU
-fallback, as the same samples in the same order with the same pixels. (The GPU side itself, nvJPEG
-and the prefetch stream, runs in bench/gpu_check.sh.)"""
+fallback, as the same samples in the same order with the same pixels; the GPU feed's prefetch
+thread (`ahead`) and its event order, over stand-ins for torch.cuda. (The GPU side itself, nvJPEG,
+the side stream and record_stream, runs only in bench/gpu_check.sh.)"""
 
 import threading
 import time
