@@ -6,6 +6,8 @@
 #   FULL=1 bench/gpu_check.sh              # also the built-in model's bf16/fp16 x checkpointing runs
 #                                          # and ViT-B/16 under --strategy fsdp (~4 min more: raise BUDGET)
 #   bench/gpu_check.sh --summary DIR       # print the tables again from a finished check's folder
+#   bench/gpu_check.sh --preflight         # only check that pipe's dependencies import (a CPU will do)
+#   IMAGES=64 bench/gpu_check.sh --data    # only that, and build the data (a CPU will do: flags, timeouts)
 #
 # Without a GPU it says "gpu_check: skipped: no GPU" and exits 0: nothing here can be judged on a CPU.
 #
@@ -139,10 +141,12 @@ preflight() {  # pipe's dependencies (from $WHEELS when it holds any) importable
   local wheels=${GPU_CHECK_WHEELS:-.whl}
   if compgen -G "$wheels/*.whl" >/dev/null; then
     echo "== pipe's dependencies: the wheels in $wheels/ -> $WORK/site =="
-    PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$WORK/site" "$wheels"/*.whl \
-      || { echo "gpu_check: installing $wheels/*.whl failed (wheels for another Python? see bench/gpu_wheels.sh)"; return 1; }
-    export PYTHONPATH="$PYTHONPATH:$WORK/site"
+    if PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$WORK/site" "$wheels"/*.whl 2>&1 | tail -3; then
+      export PYTHONPATH="$PYTHONPATH:$WORK/site"
+    else  # the imports below say whether this Python has what it needs anyway
+      echo "gpu_check: installing $wheels/*.whl failed (wheels for another Python? see bench/gpu_wheels.sh)"
+    fi
   fi
   "$PY" - <<'EOF'
 """Every runtime dependency pyproject.toml names (and torchvision, for torchvision:NAME and nvJPEG):
@@ -239,6 +243,7 @@ if [ "${1:-}" = "--preflight" ]; then  # the dependency check alone: runs on a C
   exit $?
 fi
 
+if [ "${1:-}" != "--data" ]; then  # --data: the dependencies and the data alone, on a CPU too (flags, timeouts)
 echo "== the machine =="
 rc=0
 within "the GPU and NCCL check" 90 "$PY" - <<'EOF' || rc=$?
@@ -281,6 +286,7 @@ if command -v nvidia-smi >/dev/null; then
 else
   echo "gpu_check: nvidia-smi is missing: utilisation is not measured (busy n/a)"
 fi
+fi
 preflight || exit 1
 
 echo "== data: $IMAGES images of 512 px -> pipe clean -> pipe shard; a captioned set (in $WORK) =="
@@ -302,6 +308,8 @@ within "pipe clean (captioned)" 60 "$PY" -m pipeline clean "$WORK/captioned-raw"
   --workers "$CORES" >/dev/null  # its 48 px pictures
 within "pipe shard (captioned)" 60 "$PY" -m pipeline shard "$WORK/captioned-clean" -o "$WORK/captioned" --val-fraction 0.1 \
   --workers "$CORES" >/dev/null
+
+if [ "${1:-}" = "--data" ]; then echo "gpu_check: data built in $WORK (--data: no GPU steps)"; exit 0; fi
 
 echo "== the device path alone: DeviceFeed on the GPU, --decode cpu vs --decode gpu =="
 # a failure here is reported and the training runs still run: they are most of what this check is for

@@ -81,3 +81,26 @@ def test_summary_leaves_out_the_windows_across_an_epochs_end(tmp_path):
     line = next(x for x in done.stdout.splitlines() if "vit_b_16-decode-gpu" in x)
     assert " 100.0 " in line and " 2.0%" in line, done.stdout  # rows 20, 30 and 50
     assert "n/a" in line and "MISSES" in line  # no utilisation samples: busy unknown, the goal not shown met
+
+
+@pytest.mark.slow
+def test_data_mode_builds_both_sets_on_a_cpu(tmp_path):
+    """--data: the steps before the GPU ones (pipe clean and shard with the script's flags, under
+    its timeouts), so a flag they no longer take fails here, not in the one GPU session."""
+    done = _run("--data", env={"GPU_CHECK_DIR": str(tmp_path), "GPU_CHECK_WHEELS": str(tmp_path / "none"),
+                               "IMAGES": "24"}, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "data built" in done.stdout
+    for shards in (tmp_path / "data" / "shards", tmp_path / "captioned"):
+        assert json.loads((shards / "index.json").read_text())["shards"]
+
+
+def test_every_pipe_train_flag_the_script_passes_is_one_pipe_train_takes(cli):
+    import re
+
+    text = SCRIPT.read_text()
+    runs = text[text.index("train() {"):]
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", runs)) - {"--query-gpu", "--format"}  # not nvidia-smi's
+    assert {"--decode", "--backend", "--precision", "--max-steps", "--objective", "--strategy"} <= flags
+    usage = cli("train", "--help").stdout
+    assert flags and not {f for f in flags if f not in usage}, sorted(f for f in flags if f not in usage)
