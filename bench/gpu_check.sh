@@ -137,7 +137,7 @@ print(f"runs missing a goal: {', '.join(m[4:] for m in missed) if missed else 'n
 EOF
 }
 
-preflight() {  # pipe's dependencies (from $WHEELS when it holds any) importable? Says what is missing; 1 if any
+preflight() {  # pipe's dependencies (from $GPU_CHECK_WHEELS, default .whl/, when it holds any) importable? Says what is missing; 1 if any
   local wheels=${GPU_CHECK_WHEELS:-.whl}
   if compgen -G "$wheels/*.whl" >/dev/null; then
     echo "== pipe's dependencies: the wheels in $wheels/ -> $WORK/site =="
