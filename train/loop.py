@@ -317,21 +317,26 @@ class Trainer:
             shards = watchdog.batch_shards(reader, got)
             return f"its next batch ({where}" + (f", from shard {', '.join(shards)}" if shards else "") + ")"
 
-        while True:
-            try:
-                with self.watchdog.waiting(awaited):
-                    batch = next(it)
-            except StopIteration:
-                return
-            except self.data.errors as e:
-                raise StageFailed(f"rank {self.d.rank}, {where}: {e}") from None
-            except RuntimeError as e:
-                if "DataLoader worker" not in str(e):
-                    raise
-                raise StageFailed(f"rank {self.d.rank} on {self.d.host}, {where}: {str(e).strip()} (killed from outside "
-                                  "or out of memory: see the kernel log, dmesg)") from None
-            got += 1
-            yield batch
+        try:
+            while True:
+                try:
+                    with self.watchdog.waiting(awaited):
+                        batch = next(it)
+                except StopIteration:
+                    return
+                except self.data.errors as e:
+                    raise StageFailed(f"rank {self.d.rank}, {where}: {e}") from None
+                except RuntimeError as e:
+                    if "DataLoader worker" not in str(e):
+                        raise
+                    raise StageFailed(f"rank {self.d.rank} on {self.d.host}, {where}: {str(e).strip()} (killed from "
+                                      "outside or out of memory: see the kernel log, dmesg)") from None
+                got += 1
+                yield batch
+        finally:  # the feed's prefetch thread stops here, not at garbage collection: before another
+            close = getattr(it, "close", None)  # loader's workers fork, and before this one's iterator is reset
+            if close is not None:
+                close()
 
     def _recorded(self, batches: Generator[dict, None, None], epoch: int) -> Generator[dict, None, None]:
         """The train batches, each one's keys recorded as the step takes it (--record-keys)."""

@@ -3,11 +3,17 @@ batch at once, and (``--decode gpu``) their JPEGs decoded there.
 
 The dataloader workers ship images as uint8 (`train.data.reader.ShardReader` with
 ``normalize=False``): a quarter of float32's bytes to move through shared memory, pin and copy,
-and no float per pixel in the worker. `DeviceFeed` wraps the loader: on a GPU it copies batch k+1
-(from the pinned memory the DataLoader put it in) on a side stream while the model computes on
-batch k, decodes its JPEGs there when the workers left them undecoded, and normalises the whole
-batch in one pass: ``x * scale + shift`` in float32, the very operations the workers apply to one
-image on the CPU path, so the model is fed the same tensors. On a CPU rank there is nothing to
+and no float per pixel in the worker. `DeviceFeed` wraps the loader: on a GPU, a thread of its own
+takes batch k+1 from the loader, pins it and copies it on a side stream, decodes its JPEGs there
+when the workers left them undecoded, and normalises the whole batch in one pass (``x * scale +
+shift`` in float32, the very operations the workers apply to one image on the CPU path, so the
+model is fed the same tensors), all while the model computes on batch k. The thread matters: the
+training step waits for the GPU at its end (every rank's loss is checked), so host work done
+between steps (fetching from the loader, the pinning copy, nvJPEG's host-side Huffman decoding)
+would leave the GPU idle; on the thread it overlaps the step, and the GIL is released in all of it
+that takes time. The step's stream waits for an event recorded after each batch's work, and each
+of the batch's tensors is marked in use by that stream (``record_stream``), so the side stream's
+memory is not handed out again while the model still reads it. On a CPU rank there is nothing to
 overlap: it decodes (the fallback) and normalises there, in the training process, into float
 batches whose memory is used again (`Reused`): with the workers' uint8 that costs less CPU per
 sample than float batches made fresh in the workers (bench/loader.py).
@@ -21,7 +27,11 @@ samples in the same order either way (tests/train/data/test_device.py checks the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import torch
 
@@ -30,6 +40,10 @@ from train.data.reader import ShardReader, decode_at
 from train.data.stream import SampleDecodeError
 
 ENCODED = ("jpeg", "jpeg_offsets")  # a batch's undecoded JPEGs (`train.data.reader._Images.fields`)
+JOIN_S = 120.0  # how long closing the feed waits for its thread's batch in progress (a loader's next batch)
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 def normalize_batch(image: torch.Tensor, has: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor,
@@ -60,14 +74,15 @@ def normalize_batch(image: torch.Tensor, has: torch.Tensor | None, scale: torch.
 
 
 def decode_batch(image: torch.Tensor, data: torch.Tensor, offsets: torch.Tensor, stored: int, keys: list[str],
-                 gpu: bool) -> None:
+                 gpu: bool) -> bool:
     """Decode the JPEGs in ``data`` (slot i's bytes ``data[offsets[i]:offsets[i+1]]``, empty where
     the slot is done) into the uint8 [B,3,S,S] ``image`` (on the device), resized from ``stored``
-    px. ``gpu``: nvJPEG first; what it refuses, and everything without it, through the CPU decoder."""
+    px. ``gpu``: nvJPEG first; what it refuses, and everything without it, through the CPU decoder.
+    False when nvJPEG refused every JPEG of the batch (a torchvision without it, say)."""
     bounds = offsets.tolist()
     slots = [i for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
     if not slots:
-        return
+        return True
     left = _decode_gpu(image, data, bounds, slots) if gpu else slots
     size = image.shape[-1]
     raw = data.numpy()
@@ -77,6 +92,7 @@ def decode_batch(image: torch.Tensor, data: torch.Tensor, offsets: torch.Tensor,
         except DecodeError as e:  # its header passed the worker's checks; the rest of it is damaged
             raise SampleDecodeError(f"sample {keys[i]}: {e}") from None
         image[i].copy_(torch.from_numpy(arr).permute(2, 0, 1), non_blocking=False)
+    return not gpu or len(left) < len(slots)
 
 
 def _decode_gpu(image: torch.Tensor, data: torch.Tensor, bounds: list[int], slots: list[int]) -> list[int]:
@@ -134,6 +150,58 @@ class Reused:
         return buf.view(shape)
 
 
+def _all_encoded(batch: dict) -> bool:
+    """Whether every slot of ``batch`` holds a JPEG left to decode (none decoded by a worker, none empty)."""
+    offsets = batch.get("jpeg_offsets")
+    return offsets is not None and len(offsets) > 1 and bool((offsets[1:] > offsets[:-1]).all())
+
+
+def ahead(items: Iterator[T], place: Callable[[T], U], join_s: float = JOIN_S) -> Iterator[U]:
+    """``place(item)`` of each of ``items``, in order, done on a thread of its own one item ahead:
+    item k+1 is taken and placed while the caller uses item k, and no further (one placed item
+    waits at most). An error, of ``items`` or of ``place``, is raised where it came, after the
+    items before it. Closing this generator stops the thread and waits (``join_s`` at most) for
+    the item it was at, so nobody else touches ``items`` once it returns."""
+    ready: queue.Queue = queue.Queue()
+    room = threading.Semaphore(1)  # the one item that may be placed before the caller takes it
+    stop = threading.Event()
+
+    def fill() -> None:
+        try:
+            while True:
+                while not room.acquire(timeout=0.05):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
+                    return
+                try:
+                    item = next(items)
+                except StopIteration:
+                    ready.put(("end", None))
+                    return
+                ready.put(("item", place(item)))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, raised there in order
+            ready.put(("error", e))
+
+    thread = threading.Thread(target=fill, name="pipe-device-feed", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, value = ready.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            room.release()  # the next item, placed while the caller uses this one
+            yield value
+    finally:
+        stop.set()
+        thread.join(join_s)
+        if thread.is_alive():
+            raise RuntimeError(f"the device feed's thread did not finish its batch within {join_s:.0f} s of the "
+                               "feed's end: its loader is stuck")
+
+
 class DeviceFeed:
     """The loader's batches on ``device``, images decoded and normalised there (see the module).
 
@@ -143,9 +211,19 @@ class DeviceFeed:
     iterates the loader once.
     """
 
+    REFUSED = 2  # batches in a row of which nvJPEG decoded nothing, after which the CPU decodes them all
+
     def __init__(self, loader: Iterable[dict], device: torch.device, reader: ShardReader):
+        if device.type == "cuda" and device.index is None:  # the feed's thread must not fall back to GPU 0
+            device = torch.device("cuda", torch.cuda.current_device())
         self.loader, self.device, self.stored = loader, device, reader.stored_size
+        self.refused = 0
         self.gpu_decode = reader.decode == "gpu" and device.type == "cuda"
+        if self.gpu_decode:
+            try:
+                from torchvision.io import decode_jpeg  # noqa: F401 - here, not at the first batch
+            except ImportError as e:
+                raise RuntimeError(f"--decode gpu needs torchvision (nvJPEG), and it does not import: {e}") from None
         scale, shift = reader.normalization()
         self.normalization = None if reader.normalize else (scale.to(device), shift.to(device))
         self.reused = Reused() if device.type == "cpu" else None  # the GPU's caching allocator does this there
@@ -160,34 +238,26 @@ class DeviceFeed:
         yield from self._ahead()
 
     def _ahead(self) -> Iterator[dict]:
-        """One batch in flight on a side stream while the current one is used; a loader error is
-        raised where the unprefetched loop would raise it, after the batches before it."""
+        """Batch k+1 fetched, copied, decoded and normalised on a thread and a side stream while
+        batch k is used (`ahead`); an error is raised where the unprefetched loop would raise it,
+        after the batches before it."""
         stream = torch.cuda.Stream(self.device)
-        it = iter(self.loader)
-        nxt, error = self._send(it, stream)
-        while nxt is not None:
-            current = nxt
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            for v in current.values():
-                if isinstance(v, torch.Tensor) and v.device.type == "cuda":
-                    v.record_stream(torch.cuda.current_stream(self.device))  # not reused while in use
-            if error is None:
-                nxt, error = self._send(it, stream)
-            else:
-                nxt = None
-            yield current
-        if error is not None:
-            raise error
+        it = iter(self.loader)  # here: a DataLoader's iterator sets its signal handlers in the main thread
 
-    def _send(self, it: Iterator[dict], stream: torch.cuda.Stream) -> tuple[dict | None, BaseException | None]:
-        try:
-            batch = next(it)
-        except StopIteration:
-            return None, None
-        except Exception as e:  # noqa: BLE001 - raised in order, after the batch in flight (see _ahead)
-            return None, e
-        with torch.cuda.stream(stream):
-            return self.place(batch), None
+        def place(batch: dict) -> tuple[dict, torch.cuda.Event]:
+            with torch.cuda.device(self.device), torch.cuda.stream(stream):  # the thread's own current stream
+                out = self.place(batch)
+                done = torch.cuda.Event()
+                done.record(stream)  # this batch's work, not the next one's that the thread starts later
+            return out, done
+
+        for out, done in ahead(it, place):
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(done)
+            for v in out.values():
+                if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+                    v.record_stream(current)  # made on the side stream: not reused while the step reads it
+            yield out
 
     def place(self, batch: dict) -> dict:
         """One batch: tensors onto the device (``non_blocking``: from pinned memory the copy is
@@ -203,17 +273,28 @@ class DeviceFeed:
         slot = (int(slot[0]), int(slot[1]))
         try:
             images = self.ring.images(slot)
-            # to a GPU through pinned memory (torch's caching host allocator: no new pages, and a
-            # block is not reused before its copy is done); on a CPU read where it is
-            out["image"] = images.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else images
+            if self.device.type != "cuda":  # on a CPU read where it is
+                out["image"] = images
+            elif _all_encoded(batch):  # --decode gpu, every slot a JPEG decoded on the device: nothing to copy
+                out["image"] = torch.empty_strided(images.shape, images.stride(), dtype=torch.uint8, device=self.device)
+            else:  # through pinned memory (torch's caching host allocator: no new pages, and a block is
+                out["image"] = images.pin_memory().to(self.device, non_blocking=True)  # not reused before its copy)
             return self._images(batch, out)
         finally:
             self.ring.free(slot)
 
     def _images(self, batch: dict, out: dict) -> dict:
         if "jpeg" in batch:
-            decode_batch(out["image"], batch["jpeg"], batch["jpeg_offsets"], int(self.stored or 0),
-                         list(batch.get("key") or []), self.gpu_decode)
+            if decode_batch(out["image"], batch["jpeg"], batch["jpeg_offsets"], int(self.stored or 0),
+                            list(batch.get("key") or []), self.gpu_decode):
+                self.refused = 0
+            else:  # nvJPEG took none of them: a batch call and one call per image failed, on the host
+                self.refused += 1
+                if self.refused == self.REFUSED:
+                    self.gpu_decode = False
+                    warnings.warn(f"--decode gpu: nvJPEG refused every JPEG of {self.REFUSED} batches in a row; the "
+                                  "CPU decoder decodes them from now on, in the training process", RuntimeWarning,
+                                  stacklevel=2)
         image = out.get("image")
         if self.normalization is not None and isinstance(image, torch.Tensor) and image.dtype == torch.uint8:
             into = self.reused.get(image.shape) if self.reused is not None else None

@@ -1,13 +1,17 @@
 """Batches onto the device: uint8 batches normalised a whole batch at once give the float tensors the
 workers give today; JPEGs left for the device to decode (--decode gpu) come back, through the CPU
-fallback, as the same samples in the same order with the same pixels. (The GPU side itself, nvJPEG
-and the prefetch stream, runs in bench/gpu_check.sh.)"""
+fallback, as the same samples in the same order with the same pixels; the GPU feed's prefetch
+thread (`ahead`) and its event order, over stand-ins for torch.cuda. (The GPU side itself, nvJPEG,
+the side stream and record_stream, runs only in bench/gpu_check.sh.)"""
+
+import threading
+import time
 
 import pytest
 import torch
 
 from tests.train.data.test_reader import _damaged_copy, big_shards, shards  # noqa: F401 - fixtures
-from train.data.device import DeviceFeed, Reused, normalize_batch
+from train.data.device import DeviceFeed, Reused, ahead, normalize_batch
 from train.data.reader import ShardReader, close_loader, make_loader
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -90,6 +94,50 @@ def test_gpu_decode_falls_back_to_the_cpu_decoder_with_the_same_samples_in_order
     _same_tensors(_fed(reader(decode="gpu"), workers), _batches(reader(), workers))
 
 
+@pytest.mark.parametrize("refuse", ["some", "all"])
+def test_jpegs_nvjpeg_refuses_go_to_the_cpu_decoder_in_their_own_slots(big_shards, monkeypatch, refuse):  # noqa: F811
+    """nvJPEG stood in for by the CPU decoder on the first JPEG of each batch and refusing the rest
+    (or all of them): the batches are today's; refusing all of two batches in a row stops asking it."""
+    from train.data import device as feed_module
+    from train.data.reader import decode_at
+
+    asked = []
+
+    def fake_gpu(image, data, bounds, slots):
+        asked.append(len(slots))
+        if refuse == "all":
+            return slots
+        raw = data.numpy()
+        i = slots[0]
+        arr = decode_at(raw[bounds[i]:bounds[i + 1]].tobytes(), "jpg", stored, image.shape[-1])
+        image[i].copy_(torch.from_numpy(arr).permute(2, 0, 1))
+        return slots[1:]
+
+    monkeypatch.setattr(feed_module, "_decode_gpu", fake_gpu)
+
+    def reader(**kw):
+        return ShardReader(big_shards, "train", batch_size=4, seed=7, fields=("image",), image_size=24, **kw)
+
+    r = reader(decode="gpu")
+    stored = r.stored_size
+    r.set_epoch(0)
+    loader = make_loader(r, 0)
+    try:
+        feed = DeviceFeed(loader, CPU, r)
+        feed.gpu_decode = True  # as on a GPU
+        if refuse == "all":
+            with pytest.warns(RuntimeWarning, match="refused every JPEG of 2 batches"):
+                ours = list(feed)
+        else:
+            ours = list(feed)
+    finally:
+        close_loader(loader)
+    _same_tensors(ours, _batches(reader(), 0))
+    with_jpegs = sum(int(b["jpeg_offsets"][-1]) > 0 for b in _batches(reader(decode="gpu"), 0))
+    assert with_jpegs > 2 and len(asked) == (2 if refuse == "all" else with_jpegs)
+    assert feed.gpu_decode == (refuse != "all")
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_gpu_decode_skips_a_damaged_jpeg_in_the_worker_as_the_cpu_path_does(shards, tmp_path, workers):  # noqa: F811
     from tests.train.data.test_reader import _zero_image
@@ -134,3 +182,139 @@ def test_workers_decode_into_ring_slots_and_take_new_memory_when_none_is_free(bi
     assert [tuple(b["image_slot"]) for b in slotted] == [(0, 0), (1, 0)]  # each worker's one slot, once
     assert all(b["image"].dtype == torch.uint8 for b in batches if "image_slot" not in b) and len(batches) > 2
     assert ShardReader(big_shards, batch_size=4).share_ring(2) is None  # float batches, or no workers: no ring
+
+
+# -- the GPU feed's thread (`ahead`), and `DeviceFeed._ahead` over stand-ins for CUDA's streams ----
+
+
+def _feed_threads():
+    return [t for t in threading.enumerate() if t.name == "pipe-device-feed"]
+
+
+def test_ahead_places_in_order_one_item_ahead_of_the_caller():
+    placed = []
+
+    def place(i):
+        placed.append(i)
+        return i * 10
+
+    got = ahead(iter(range(5)), place)
+    assert next(got) == 0
+    time.sleep(0.3)  # the caller computes on item 0: item 1 is placed meanwhile, item 2 is not
+    assert placed == [0, 1]
+    assert list(got) == [10, 20, 30, 40] and placed == [0, 1, 2, 3, 4]
+    assert not _feed_threads()
+
+
+@pytest.mark.parametrize("where", ["items", "place"])
+def test_ahead_raises_an_error_after_the_items_before_it(where):
+    def items():
+        yield from (0, 1)
+        if where == "items":
+            raise ValueError("bad shard")
+        yield 2
+        yield 3
+
+    def place(i):
+        if where == "place" and i == 2:
+            raise ValueError("bad jpeg")
+        return i
+
+    got = []
+    with pytest.raises(ValueError, match="bad"):
+        for x in ahead(items(), place):
+            got.append(x)
+    assert got == [0, 1] and not _feed_threads()
+
+
+def test_closing_ahead_stops_its_thread_and_leaves_the_rest_of_the_items():
+
+
+    items = iter(range(10))
+    got = ahead(items, lambda i: i)
+    assert next(got) == 0
+    time.sleep(0.3)  # the thread places item 1 meanwhile
+    got.close()  # as the loop does at --max-steps: nobody touches the loader's iterator after this
+    assert not _feed_threads()
+    assert next(items) == 2  # item 1 was placed ahead (and dropped), nothing further was taken
+
+
+def test_closing_ahead_on_a_stuck_loader_says_so():
+    release = threading.Event()
+
+    def items():
+        yield 0
+        release.wait(30)  # a read that does not return
+        yield 1
+
+    got = ahead(items(), lambda i: i, join_s=0.2)
+    assert next(got) == 0
+    time.sleep(0.3)  # the thread is in the read by now
+    with pytest.raises(RuntimeError, match="stuck"):
+        got.close()
+    release.set()
+    for t in _feed_threads():  # it ends once its read returns
+        t.join(5)
+    assert not _feed_threads()
+
+
+def test_the_gpu_feed_waits_for_each_batchs_own_event_before_it_is_used(monkeypatch):
+    """`DeviceFeed._ahead` with stand-ins for torch.cuda's stream, event and device: each batch is
+    placed under the side stream on the feed's thread, and the step's stream waits for the event
+    recorded after that batch's work before the batch reaches the caller."""
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_event(self, event):
+            log.append(("wait", event.batch))
+
+    side, step = Stream("side"), Stream("step")
+
+    class Event:
+        def record(self, stream):
+            assert stream is side
+            self.batch = placing[-1]
+            log.append(("record", self.batch))
+
+    class Context:
+        def __init__(self, *a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: side)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "device", Context)
+    monkeypatch.setattr(torch.cuda, "stream", Context)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: step)
+    placing = []
+
+    def place(batch):
+        assert threading.current_thread().name == "pipe-device-feed"
+        placing.append(batch["n"])
+        log.append(("place", batch["n"]))
+        return {"n": batch["n"], "label": torch.tensor([batch["n"]])}  # CPU tensors: no record_stream
+
+    feed = DeviceFeed.__new__(DeviceFeed)
+    feed.loader, feed.device, feed.place = [{"n": i} for i in range(3)], torch.device("cuda", 0), place
+    for b in feed._ahead():
+        log.append(("use", b["n"]))
+    for n in range(3):
+        assert log.index(("place", n)) < log.index(("record", n)) < log.index(("wait", n)) < log.index(("use", n))
+    assert log.index(("use", 0)) < log.index(("place", 2))  # one batch ahead, no more
+    assert not _feed_threads()
+
+
+def test_a_batch_is_all_encoded_only_when_every_slot_has_a_jpeg_to_decode():
+    from train.data.device import _all_encoded
+
+    assert _all_encoded({"jpeg_offsets": torch.tensor([0, 5, 9, 20])})
+    assert not _all_encoded({"jpeg_offsets": torch.tensor([0, 5, 5, 20])})  # slot 1 decoded by its worker (a PNG)
+    assert not _all_encoded({"jpeg_offsets": torch.tensor([0])}) and not _all_encoded({"image": None})
