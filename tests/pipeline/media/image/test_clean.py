@@ -123,3 +123,24 @@ def test_measuring_a_damaged_jpeg_fails_as_a_reader_does():
         measure(cut, "jpg")
     with pytest.raises(DecodeError):
         measure_jpeg(cut)
+
+
+@pytest.mark.parametrize("mode", ["pad", "stretch", "crop"])
+@pytest.mark.parametrize("size, background", [((160, 120), (255, 255, 255)), ((61, 200), (0, 0, 0)),
+                                              ((64, 64), (128, 128, 128)), ((300, 37), (10, 200, 90))])
+@pytest.mark.parametrize("fmt", ["jpg", "webp", "png"])
+def test_the_output_pixels_are_those_of_the_image_encoded(mode, size, background, fmt):
+    """The numbers pipe shard adds up are taken from the pixels in hand before the encode (the
+    picture's histogram of the blank test, plus the padding's pixels), not by decoding the output
+    again (issue 26): the same as counting every pixel of the output image before it is encoded."""
+    from pipeline.formats.pixels import channel_sums
+    from pipeline.media.image.decode import Target, decode
+    from pipeline.media.image.resize import fit
+
+    data = saved("PNG", noise_rgb(*size, seed=size[0]))
+    s = ImageSettings(size=48, resize_mode=mode, background=background, format=fmt)
+    o = clean_image(data, s)
+    encoded = np.asarray(fit(decode(data, Target(size=48, mode=mode, background=background)).image, 48, mode, background))
+    sums, squares = channel_sums(encoded)
+    assert o.reason is None and (o.output_pixels.width, o.output_pixels.height) == (48, 48)
+    assert (o.output_pixels.sums, o.output_pixels.squares) == (sums, squares)
