@@ -16,7 +16,6 @@ detection.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 from pipeline.formats.pixels import ImagePixels
@@ -48,8 +47,8 @@ class ImageOutcome:
     phash: int | None = None
     data: bytes | None = None  # the encoded output image
     ext: str = ""
-    # the output's size and pixel sums as a reader decodes it, when known without decoding it
-    # (a lossless format: the pixels encoded are the pixels decoded); None: decode to measure
+    # the output's size and pixel sums, of the pixels encoded (for PNG those a reader decodes;
+    # for JPEG and WebP those before the lossy encode: `_measure`)
     output_pixels: ImagePixels | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -103,11 +102,6 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     return out
 
 
-# formats whose decoded pixels are exactly the RGB pixels encoded (RGB in, RGB out); for the
-# others (JPEG, WebP) `ImageOutcome.output_pixels` are those of the pixels before the lossy encode
-LOSSLESS = ("png",)
-
-
 def _measure(final, shown=None, hist: list[int] | None = None, background=(0, 0, 0)) -> ImagePixels:
     """Size and exact pixel sums of the RGB output image in hand, before it is encoded.
 
@@ -131,45 +125,6 @@ def _measure(final, shown=None, hist: list[int] | None = None, background=(0, 0,
             hist[256 * c + background[c]] += bars
     sums, squares = histogram_sums(hist)
     return ImagePixels(final.width, final.height, sums, squares)
-
-
-# the buffer `measure_jpeg` decodes into, reused from image to image (one per thread: a caller
-# that measured from two threads at once must not have them decode into the same memory)
-_BUFFERS = threading.local()
-
-
-def measure_jpeg(data: bytes) -> ImagePixels:
-    """`pipeline.formats.pixels.measure` of a JPEG: the same numbers, without a new array and a
-    new Pillow image per call (a 512x512 output is decoded into a buffer of size x size x 4).
-
-    The same decoder with the same settings (libjpeg-turbo through simplejpeg, strict), asked
-    for RGBX instead of RGB: libjpeg-turbo's extended pixel formats run the same colour
-    conversion and upsampling code, only the layout differs (a fourth padding byte), so the
-    R, G and B values are those an RGB decode gives. That layout is Pillow's own, so its
-    histogram is taken straight from the decoded buffer (an RGB array is copied and unpacked
-    into a new Pillow image first), and the buffer is reused from image to image. Fresh arrays
-    were the worker's page faults: ~540 an image at 512x512 (163,000 for 300 96x96 JPEGs in a
-    whole `pipe clean --workers 1`, 24,000 with this), ~16% of its CPU time.
-    Raises `pipeline.formats.sample.DecodeError` as `measure` does."""
-    import numpy as np
-    import simplejpeg
-    from PIL import Image
-
-    from pipeline.formats.pixels import histogram_sums
-    from pipeline.formats.sample import DecodeError
-
-    try:
-        width, height = simplejpeg.decode_jpeg_header(data)[1::-1]
-        buffer = getattr(_BUFFERS, "jpeg", None)
-        if buffer is None or buffer.size < width * height * 4:
-            buffer = _BUFFERS.jpeg = np.empty(width * height * 4, np.uint8)
-        out = buffer[: width * height * 4].reshape(height, width, 4)
-        simplejpeg.decode_jpeg(data, colorspace="RGBX", strict=True, buffer=out)
-    except Exception as e:  # noqa: BLE001 - as decode_image: every decoder failure is one kind of error
-        raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
-    hist = Image.frombuffer("RGBX", (width, height), out, "raw", "RGBX", 0, 1).histogram()
-    sums, squares = histogram_sums(hist[:768])  # R, G, B; the padding byte's bins are dropped
-    return ImagePixels(width, height, sums, squares)
 
 
 def _blank(picture, depth=None, hist: list[int] | None = None) -> str:

@@ -96,33 +96,13 @@ def test_mutated_files_always_end_with_a_verdict(seed, edits, cut):
         assert Image.open(io.BytesIO(o.data)).size == (32, 32)
 
 
-@pytest.mark.parametrize("size, kw", [((512, 512), {"quality": 90}), ((97, 61), {"quality": 75, "subsampling": 0}),
-                                      ((300, 17), {"quality": 95, "subsampling": 1}), ((40, 40), {"quality": 50}),
-                                      ((1024, 1024), {"quality": 90}), ((33, 29), {"quality": 85, "optimize": True})])
-def test_measuring_a_jpeg_output_gives_what_a_reader_decodes(size, kw):
-    """pipe shard sums the numbers pipe clean records instead of decoding: they must be those of
-    `measure` (what a reader decodes) to the last unit, whatever the size and subsampling, and
-    in any order of sizes (the decoding buffer is reused from image to image)."""
-    from pipeline.formats.pixels import measure
-    from pipeline.media.image.clean import measure_jpeg
-
-    w, h = size
-    smooth = Image.fromarray(noise_rgb(max(1, w // 8), max(1, h // 8), seed=w)).resize((w, h), Image.Resampling.BILINEAR)
-    for data in (saved("JPEG", np.asarray(smooth), **kw), saved("JPEG", noise_rgb(w, h, seed=h), **kw),
-                 saved("JPEG", np.asarray(smooth.convert("L")), **kw)):
-        assert measure_jpeg(data) == measure(data, "jpg")
-
-
 def test_measuring_a_damaged_jpeg_fails_as_a_reader_does():
     from pipeline.formats.pixels import measure
     from pipeline.formats.sample import DecodeError
-    from pipeline.media.image.clean import measure_jpeg
 
     cut = saved("JPEG", quality=90)[:-200]
     with pytest.raises(DecodeError):
         measure(cut, "jpg")
-    with pytest.raises(DecodeError):
-        measure_jpeg(cut)
 
 
 @pytest.mark.parametrize("mode", ["pad", "stretch", "crop"])
