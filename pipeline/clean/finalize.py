@@ -31,7 +31,9 @@ def finalize(cfg, results, decisions, place, extra: dict, timings: dict) -> dict
     keep_quarantine: set[str] = set()
     keep_parked: set[str] = set()
     report = ReportBuilder()
-    writer = ManifestWriter(place.manifest_path())
+    from pipeline.formats.pixels import BEFORE_ENCODING, MANIFEST_KEY
+
+    writer = ManifestWriter(place.manifest_path(), {MANIFEST_KEY: BEFORE_ENCODING.encode()})  # `process._measure_output`
     twins = decisions.twins()  # the sources duplicates name, read from their parts once
     try:
         offset = 0

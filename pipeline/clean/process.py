@@ -93,18 +93,18 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
 
 
 def _measure_output(r: FileResult, payload: bytes, ext: str, px: ImagePixels | None = None) -> None:
-    """Record the written image's size and pixel sums as a reader decodes it, so pipe shard
-    need not decode it. ``px``: those numbers already taken from the pixels in hand (a lossless
-    output); a lossy format is decoded again, since its pixels are not those it was encoded
-    from and the sums must be exactly what a reader gets. Our own output failing to decode
-    leaves them None: pipe shard then decodes the file itself and says what is wrong with it."""
+    """Record the written image's size and pixel sums, so pipe shard need not decode it. ``px``:
+    those numbers taken from the pixels in hand before they were encoded (`clean_image` gives
+    them for every output: exact for a lossless format; for a lossy one they differ from a
+    reader's decode by what the encode changed, which the manifest says: `pipeline.formats.pixels.MANIFEST_KEY`).
+    Without them the written file is decoded; our own output failing to decode leaves them
+    None: pipe shard then decodes the file itself and says what is wrong with it."""
     from pipeline.formats.pixels import measure
     from pipeline.formats.sample import DecodeError
-    from pipeline.media.image.clean import measure_jpeg
 
     if px is None:
         try:
-            px = measure_jpeg(payload) if ext == "jpg" else measure(payload, ext)
+            px = measure(payload, ext)
         except DecodeError:
             return
     r.output_width, r.output_height = px.width, px.height

@@ -52,10 +52,13 @@ ROW_GROUP = 10_000
 class ManifestWriter:
     """Collects rows and flushes them as row groups to a temporary file; `close` renames it."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, metadata: dict[bytes, bytes] | None = None):
+        """``metadata``: the file's key-value metadata (what pipe clean says of its rows, such as
+        `pipeline.formats.pixels.MANIFEST_KEY`)."""
         self.path = path
         self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        self._writer = pq.ParquetWriter(self.tmp, COLUMNS, compression="zstd")
+        schema = COLUMNS.with_metadata(metadata) if metadata else COLUMNS
+        self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
         self._rows: list[dict] = []
         self._tables: list[pa.Table] = []  # rows given as tables (`add_table`), not yet a whole row group
         self.count = 0

@@ -1,16 +1,26 @@
 """What the train split's mean and std are made of: one image's size and exact per-channel pixel
 sums, taken from the pixels a reader decodes from the image file.
 
-`pipe clean` measures each output image it writes (the bytes it just encoded, decoded again, so
-a lossy JPEG or WebP is measured as a reader sees it, not as it was before encoding) and records
-the numbers in the manifest; `pipe shard` adds up the train images' numbers instead of decoding
-every image again. Both go through `measure` (the same decoder, the same sums), which is what
-makes the recorded numbers equal to those `pipe shard` would compute.
+`pipe clean` measures each output image it writes from the pixels it encodes (a lossy JPEG or
+WebP as it was before encoding: within 2e-4 of a reader's mean and 1.5% of its std on the 0-1
+scale, measured; the manifest says so, `MANIFEST_KEY`) and records the numbers in the manifest;
+`pipe shard` adds up the train images' numbers instead of decoding every image again, and
+decodes (`measure`) only the images a manifest has no numbers for.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# What a manifest's pixel sums are of, in its Parquet key-value metadata (issue 26): a manifest
+# pipe clean writes says BEFORE_ENCODING (JPEG and WebP outputs are measured from the pixels it
+# encoded, not decoded again: one decode less an image; PNG's are the same either way); one
+# without the key (an older pipe clean, a hand-made file) holds the decoded outputs' sums.
+# pipe shard's index.json says which its mean and std come from (`INDEX_FIELD`).
+MANIFEST_KEY = b"pipe.pixel_sums"
+BEFORE_ENCODING = "before_encoding"
+INDEX_FIELD = "pixel_stats"  # index.json: BEFORE_ENCODING, or absent (the decoded images', exact)
+LOSSY_EXTS = ("jpg", "webp")  # outputs whose decoded pixels are not those encoded
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ from pipeline.core.ui import progress
 from pipeline.executors import Executor, Later, require
 from pipeline.formats import index as shard_index
 from pipeline.formats.labels import similar_names_warning
-from pipeline.formats.pixels import ImagePixels
+from pipeline.formats.pixels import BEFORE_ENCODING, INDEX_FIELD, LOSSY_EXTS, MANIFEST_KEY, ImagePixels
+from pipeline.formats.sample import IMAGE_EXTS
 from pipeline.shard.config import DEFAULT_RANKS, DEFAULT_WORKERS, TOOL, ShardConfig
 from pipeline.shard.plan import SPLITS, ShardPlan, Span, entry, make_plan
 from pipeline.shard.samples import IMAGE_EXT, Samples, give_back_freed, load
@@ -148,18 +149,25 @@ def _measure_crashed(path: str, exc: BaseException) -> tuple:
     return ("error", f"the decoder crashed ({type(exc).__name__})")
 
 
-def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray, show_progress: bool) -> tuple[shard_index.PixelStats, int | None, int]:
-    """Exact train pixel stats, the one image size (errors are UsageError) and how many images
-    were decoded: the numbers come from what pipe clean recorded in the manifest, added up as
-    arrays; only images it recorded none for (an older pipe's manifest) are decoded."""
+def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray,
+            show_progress: bool) -> tuple[shard_index.PixelStats, int | None, int, bool]:
+    """Exact train pixel stats, the one image size (errors are UsageError), how many images
+    were decoded, and whether the stats hold numbers pipe clean took before a lossy encode (its
+    manifest says so, `pipeline.formats.pixels.MANIFEST_KEY`, and a train JPEG or WebP has
+    them): the numbers come from what pipe clean recorded in the manifest, added up as arrays;
+    only images it recorded none for (an older pipe's manifest) are decoded."""
     px = samples.pixels
     is_image = samples.image_ext >= 0
     recorded = is_image & (px[:, 0] >= 0)
+    lossy = np.isin(samples.image_ext, [IMAGE_EXTS.index(e) for e in LOSSY_EXTS])
+    before_encoding = _before_encoding(Path(cfg.input))
     stats, sizes = shard_index.PixelStats(), Counter[tuple[int, int]]()
+    lossy_recorded = False
     for lo in range(0, len(px), MEASURE_ROWS):  # a part at a time: no copy of every image's numbers
         part = slice(lo, lo + MEASURE_ROWS)
         rows = px[part]
         sizes.update(_size_counts(rows[recorded[part], :2]))  # (a size first seen in an earlier part keeps its place)
+        lossy_recorded = lossy_recorded or bool(np.any(recorded[part] & ~is_val[part] & lossy[part]))
         train = rows[recorded[part] & ~is_val[part]]
         stats.add(_exact_sum(train[:, 0], train[:, 1]), [_exact_sum(train[:, 2 + c]) for c in range(3)],
                   [_exact_sum(train[:, 5 + c]) for c in range(3)])
@@ -170,7 +178,15 @@ def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray, show_progres
         seen = ", ".join(f"{w}x{h} ({n} images)" for (w, h), n in sizes.most_common(3))
         raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
     size = next(iter(sizes))[0] if sizes else None
-    return stats, size, len(todo)
+    return stats, size, len(todo), before_encoding and lossy_recorded
+
+
+def _before_encoding(clean_dir: Path) -> bool:
+    """Whether pipe clean's manifest says its lossy outputs' numbers are of the pixels before encoding."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_schema(clean_dir / "manifest.parquet").metadata or {}
+    return metadata.get(MANIFEST_KEY) == BEFORE_ENCODING.encode()
 
 
 def _size_counts(wh: np.ndarray) -> Counter:
@@ -325,7 +341,7 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
     timings["split_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    stats, image_size, decoded = measure(local, samples, is_val, show_progress)
+    stats, image_size, decoded, before_encoding = measure(local, samples, is_val, show_progress)
     mean, std = stats.mean_std()
     timings["measure_s"] = time.perf_counter() - t
 
@@ -363,6 +379,8 @@ def _run(cfg: ShardConfig, local: ShardConfig, clean: Folder, out: Folder, execu
         "image_size": image_size,
         "mean": mean,
         "std": std,
+        # absent: the decoded images' numbers, exact (an older pipe clean's manifest, PNG outputs)
+        **({INDEX_FIELD: BEFORE_ENCODING} if before_encoding else {}),
         "counts": counts,
         "excluded": {"unlabelled": samples.unlabelled, **({"not_pairs": samples.not_pairs} if cfg.pairs_only else {})},
         "near_duplicate_groups": {"groups": res.groups, "samples": res.grouped_samples,

@@ -16,7 +16,6 @@ detection.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 from pipeline.formats.pixels import ImagePixels
@@ -48,8 +47,8 @@ class ImageOutcome:
     phash: int | None = None
     data: bytes | None = None  # the encoded output image
     ext: str = ""
-    # the output's size and pixel sums as a reader decodes it, when known without decoding it
-    # (a lossless format: the pixels encoded are the pixels decoded); None: decode to measure
+    # the output's size and pixel sums, of the pixels encoded (for PNG those a reader decodes;
+    # for JPEG and WebP those before the lossy encode: `_measure`)
     output_pixels: ImagePixels | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -57,11 +56,38 @@ class ImageOutcome:
 def preload() -> None:
     """Import the decoders and the resizer (numpy, Pillow, libjpeg-turbo, fast_image_resize):
     done once per worker at start-up. The main process never needs them, so `pipe clean`
-    itself starts fast."""
+    itself starts fast. And keep the memory the worker frees (`keep_freed_memory`)."""
     import cykooz_resizer  # noqa: F401
 
     import pipeline.media.image.decode  # noqa: F401
     import pipeline.similarity.perceptual  # noqa: F401
+
+    keep_freed_memory()
+
+
+# an image's buffers up to this size come from the heap and go back to it (glibc's defaults
+# start at 128 KiB and move; the heap's top is handed back to the system past twice as much)
+HEAP_BLOCKS = 16 << 20
+
+
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep the memory an image's buffers are freed to, for the next image.
+
+    Each image allocates and frees the same few large buffers (the decoded picture, its array,
+    the resized and padded copies, the input's bytes: ~8 MiB for a 2048x1536 JPEG). With glibc's
+    moving thresholds they went back to the system and came again as fresh pages: ~2,000 page
+    faults an image, each a zeroed page, ~4 ms of a worker's ~17 ms of CPU per camera JPEG
+    (measured in one process, load ~8; none with the fixed thresholds). Elsewhere (another C
+    library): nothing. A worker then holds up to twice `HEAP_BLOCKS` it is not using."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>
+        libc.mallopt(m_mmap_threshold, HEAP_BLOCKS)
+        libc.mallopt(m_trim_threshold, 2 * HEAP_BLOCKS)
+    except (OSError, AttributeError):
+        pass
 
 
 def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
@@ -89,7 +115,9 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
         raise AssertionError("the decoder returned without an image or a reason")
     out.content_hash = pixel_hash(rgb, d.pixels)
     final, picture = fit_and_picture(rgb, s.size, s.resize_mode, s.background)
-    blank = _blank(picture if picture is not None else final, d.depth)
+    shown = picture if picture is not None else final  # the picture as output, without padding
+    hist = shown.histogram()  # one pass, for the blank test and the output's pixel sums
+    blank = _blank(shown, d.depth, hist)
     if blank:
         out.reason, out.detail = Reason.BLANK_IMAGE, blank
         return out
@@ -97,65 +125,36 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     # third of the cost of hashing the decoded one
     out.phash = phash(picture if picture is not None else rgb)
     out.data, out.ext = encode(final, s.format, s.quality), s.format
-    if s.format in LOSSLESS:
-        out.output_pixels = _measure(final)
+    out.output_pixels = _measure(final, shown, hist, s.background)
     return out
 
 
-# formats whose decoded pixels are exactly the RGB pixels encoded (RGB in, RGB out)
-LOSSLESS = ("png",)
+def _measure(final, shown=None, hist: list[int] | None = None, background=(0, 0, 0)) -> ImagePixels:
+    """Size and exact pixel sums of the RGB output image in hand, before it is encoded.
 
-
-def _measure(im) -> ImagePixels:
-    """Size and exact pixel sums of an RGB image in hand (Pillow's histogram: one pass, in C)."""
+    ``shown``, ``hist``: the part of ``final`` that shows the picture (`fit_and_picture`'s
+    picture: all of it, or the scaled picture that padding put on a canvas of ``background``)
+    and its histogram, already taken for the blank test; the padding's pixels are added to it
+    rather than counting every output pixel again. Measured before the encode, not from the
+    file decoded again (issue 26): for a lossy output the numbers differ from a reader's by
+    what the encode changed (pipe shard's mean by under 2e-4, its std by under 1.5%, on the
+    0-1 scale; README), for a decode less per image (~1.5 ms at 512 px, 2 ms of a small image's ~7)."""
     from pipeline.formats.pixels import histogram_sums
 
-    if im.mode != "RGB":
-        raise AssertionError(f"the output image is {im.mode}, not RGB")
-    sums, squares = histogram_sums(im.histogram())
-    return ImagePixels(im.width, im.height, sums, squares)
+    if final.mode != "RGB" or (shown is not None and shown.mode != "RGB"):
+        raise AssertionError(f"the output image is {final.mode}, not RGB")
+    if shown is None or hist is None:
+        shown, hist = final, final.histogram()
+    if shown is not final:  # padding: a canvas of the background colour around the picture
+        bars = final.width * final.height - shown.width * shown.height
+        hist = list(hist)
+        for c in range(3):
+            hist[256 * c + background[c]] += bars
+    sums, squares = histogram_sums(hist)
+    return ImagePixels(final.width, final.height, sums, squares)
 
 
-# the buffer `measure_jpeg` decodes into, reused from image to image (one per thread: a caller
-# that measured from two threads at once must not have them decode into the same memory)
-_BUFFERS = threading.local()
-
-
-def measure_jpeg(data: bytes) -> ImagePixels:
-    """`pipeline.formats.pixels.measure` of a JPEG: the same numbers, without a new array and a
-    new Pillow image per call (a 512x512 output is decoded into a buffer of size x size x 4).
-
-    The same decoder with the same settings (libjpeg-turbo through simplejpeg, strict), asked
-    for RGBX instead of RGB: libjpeg-turbo's extended pixel formats run the same colour
-    conversion and upsampling code, only the layout differs (a fourth padding byte), so the
-    R, G and B values are those an RGB decode gives. That layout is Pillow's own, so its
-    histogram is taken straight from the decoded buffer (an RGB array is copied and unpacked
-    into a new Pillow image first), and the buffer is reused from image to image. Fresh arrays
-    were the worker's page faults: ~540 an image at 512x512 (163,000 for 300 96x96 JPEGs in a
-    whole `pipe clean --workers 1`, 24,000 with this), ~16% of its CPU time.
-    Raises `pipeline.formats.sample.DecodeError` as `measure` does."""
-    import numpy as np
-    import simplejpeg
-    from PIL import Image
-
-    from pipeline.formats.pixels import histogram_sums
-    from pipeline.formats.sample import DecodeError
-
-    try:
-        width, height = simplejpeg.decode_jpeg_header(data)[1::-1]
-        buffer = getattr(_BUFFERS, "jpeg", None)
-        if buffer is None or buffer.size < width * height * 4:
-            buffer = _BUFFERS.jpeg = np.empty(width * height * 4, np.uint8)
-        out = buffer[: width * height * 4].reshape(height, width, 4)
-        simplejpeg.decode_jpeg(data, colorspace="RGBX", strict=True, buffer=out)
-    except Exception as e:  # noqa: BLE001 - as decode_image: every decoder failure is one kind of error
-        raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
-    hist = Image.frombuffer("RGBX", (width, height), out, "raw", "RGBX", 0, 1).histogram()
-    sums, squares = histogram_sums(hist[:768])  # R, G, B; the padding byte's bins are dropped
-    return ImagePixels(width, height, sums, squares)
-
-
-def _blank(picture, depth=None) -> str:
+def _blank(picture, depth=None, hist: list[int] | None = None) -> str:
     """Why the picture as output (before padding) has (almost) no information, or "".
 
     A flat image teaches a model nothing, and every flat image of one colour is an exact
@@ -163,12 +162,12 @@ def _blank(picture, depth=None) -> str:
     its chance first (`colour.to_rgb` puts artwork the background would erase on a contrasting
     colour), so what is flat here is flat on any background. ``depth`` (`depth.Scaled`): how a
     source of more than 8 bits a sample was made 8-bit, so the detail says whether the source
-    itself is flat or only its scaled copy."""
+    itself is flat or only its scaled copy. ``hist``: the picture's histogram, when taken already."""
     from PIL import ImageStat
 
     from pipeline.media.image.colour import FLAT_STD, flat
 
-    if not flat(picture):
+    if not flat(picture, hist):
         return ""
     st = ImageStat.Stat(picture)
     colour = "#" + "".join(f"{round(v):02x}" for v in st.mean)

@@ -74,12 +74,13 @@ def _composite(im: Image.Image, background, icc: bytes | None, notes: list[str])
 FLAT_STD = 1.0
 
 
-def flat(im: Image.Image) -> bool:
+def flat(im: Image.Image, histogram: list[int] | None = None) -> bool:
     """Every channel of ``im`` within about one level of its mean: (almost) no information.
-    From Pillow's histogram: one pass in C, no copy of the pixels. The standard deviation is
-    ImageStat's, to the bit (the same exact integer sums, the same float formula), without its
-    Python loops over the 256 bins (~0.3 ms an image, as much as decoding a small JPEG)."""
-    hist = np.asarray(im.histogram(), dtype=np.int64).reshape(-1, 256)
+    From Pillow's histogram (``histogram``: ``im.histogram()``, when the caller has it): one
+    pass in C, no copy of the pixels. The standard deviation is ImageStat's, to the bit (the
+    same exact integer sums, the same float formula), without its Python loops over the 256 bins
+    (~0.3 ms an image, as much as decoding a small JPEG)."""
+    hist = np.asarray(im.histogram() if histogram is None else histogram, dtype=np.int64).reshape(-1, 256)
     values = np.arange(256, dtype=np.int64)
     for n, s, s2 in zip(hist.sum(axis=1).tolist(), (hist @ values).tolist(), (hist @ (values * values)).tolist()):
         if math.sqrt((s2 - s**2.0 / n) / n) >= FLAT_STD:  # ImageStat's var, then stddev
