@@ -113,9 +113,18 @@ class _Folder:
 
 
 def _letters(text: str) -> set[str]:
-    """The characters beyond ASCII of ``text`` that a code page chooses among few: letters and
-    signs of the alphabetic scripts (a CJK caption's ideographs are thousands, most seen once)."""
-    return {ch for ch in text.casefold() if 0x7F < ord(ch) < 0x3000 and not ch.isspace()}
+    """The characters beyond ASCII of ``text``, case folded, that a code page chooses among few:
+    letters and signs of the alphabetic scripts; of CJK text, its script alone (its ideographs are
+    thousands, most seen once, but an Arabic caption read as GB18030 ideographs is still odd in a
+    folder with none)."""
+    out = set()
+    for ch in text.casefold():
+        if ord(ch) < 0x3000:
+            if ord(ch) > 0x7F and not ch.isspace():
+                out.add(ch)
+        elif SCRIPT_TAGS[ord(ch)] != " ":
+            out.add(SCRIPT_TAGS[ord(ch)])
+    return out
 
 
 def _evidence(f: FolderFile) -> tuple[str | None, float]:

@@ -130,3 +130,14 @@ def test_misread_files_that_agree_with_each_other_do_not_make_their_signs_the_fo
     chosen = by_folder(files + misread)
     assert [(c.text, c.encoding) for c in chosen[-3:]] == [
         ("Сирийский язык", "mac-cyrillic"), ("Список файлов", "mac-cyrillic"), ("Сеть", "mac-cyrillic")]
+
+
+def test_a_reading_in_another_script_counts_as_unseen_even_in_ideographs():
+    # a Persian caption with "گ", a letter no Arabic caption of the folder has, read per file as
+    # GB18030 ideographs: the folder has no ideographs either, so its own reading is no less odd
+    folder = _sentences("ar")
+    files = _folder(folder, "cp1256")
+    misread = _read_as("گلستان", "cp1256", "gb18030", 0.487)
+    assert "گ" not in "".join(folder)
+    chosen = by_folder([*files, misread])
+    assert (chosen[-1].text, chosen[-1].encoding, chosen[-1].by_prior) == ("گلستان", "cp1256", True)
