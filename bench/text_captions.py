@@ -17,11 +17,17 @@ Three ways run on every file in the same run:
   --no-near-dedup: an exact copy is read as its kept copy), each file's reading taken from its
   output and the manifest's encoding (`--no-clean`: not run).
 
+The prior's cost in `pipe clean` (`--cost-rounds`, 0: not measured): the same folders cleaned by
+`python -m pipeline clean RAW -o OUT --no-near-dedup`, as a user runs it, with the folder prior and
+without it (the bench stubs out the step, `stage._folder_prior`, which no option turns off),
+rounds interleaved; CPU is user+sys of the whole process tree (the workers included), and the
+step's own CPU on the driver is timed around `pipeline.clean.prior.apply`.
+
 Each file is right (exactly the true text after pipe's normalisation), a variant (a superset's
 reading differing in a few symbols: cp932 for Shift_JIS, ...), refused (no text: honest), or
 WRONG (other text, silently: the failure that costs days).
 
-    python bench/text_captions.py [--seed 0] [--per-folder 12] [--list] [--no-clean]
+    python bench/text_captions.py [--seed 0] [--per-folder 12] [--list] [--no-clean] [--cost-rounds 2]
 """
 
 from __future__ import annotations
@@ -96,6 +102,8 @@ def main() -> None:
     ap.add_argument("--single", action="store_true", help="every folder in one encoding (no intruders)")
     ap.add_argument("--list", action="store_true", help="print every file a way got wrong")
     ap.add_argument("--no-clean", action="store_true", help="leave out the run through pipe clean")
+    ap.add_argument("--cost-rounds", type=int, default=2, help="pipe clean runs with and without the prior, each "
+                                                               "(0: leave the cost out)")
     args = ap.parse_args()
     from naive import chardet_decode
 
@@ -119,6 +127,7 @@ def main() -> None:
             score["chardet"][v] += 1
             if args.list and v in ("WRONG", "refused"):
                 listed.append(f"chardet {v:8}{name:22}{enc:12}as {got_enc} ({len(data)} B)")
+                listed.append(f"{'':8}true {text[:60]!r} read {(got or '')[:60]!r}")
             o = clean_text(data, TextSettings())
             per_file.append(FolderFile(data, o.text if o.reason is None else None, o.encoding, o.confidence))
         chosen = by_folder(per_file)
@@ -130,7 +139,10 @@ def main() -> None:
                 v = verdict(text, t, enc, e)
                 score[way][v] += 1
                 if args.list and v in ("WRONG", "refused"):
-                    listed.append(f"{way:8}{v:8}{name:22}{enc:12}as {e} ({len(data)} B)")
+                    why = (f"the prior's: {c.note}" if way != "pipe" and c.by_prior
+                           else f"its own, {f.encoding} at confidence {f.confidence}")
+                    listed.append(f"{way:14}{v:8}{name:22}{enc:12}as {e} ({len(data)} B): {why}")
+                    listed.append(f"{'':14}true {text[:60]!r} read {(t or '')[:60]!r}")
             decided += c.by_prior
     n = len(sizes)
     short = sum(1 for s in sizes if s <= SHORT_BYTES)
@@ -143,11 +155,85 @@ def main() -> None:
         print(f"{way:16}{s['right']:>8}{s['variant']:>9}{s['refused']:>9}{s['WRONG']:>8}"
               f"{ok / n:>14.1%}{s['WRONG'] / n:>8.1%}")
     print(f"the folder prior decided {decided} files" + (f" ({cleaned_by_prior[0]} in pipe clean)" if cleaned else ""))
+    if args.cost_rounds and not args.no_clean:
+        print(cost(tree, args.cost_rounds))
     for line in listed:
         print(line)
 
 
 cleaned_by_prior = [0]
+
+# `python -m pipeline clean` with the folder prior stubbed out ("without") or timed ("with"): the
+# step's CPU on the driver goes to the file named last
+_DRIVER = """
+import sys, time
+import pipeline.clean.prior as prior
+import pipeline.clean.stage as stage
+way, spent_file = sys.argv[1], sys.argv[-1]
+spent = [0.0]
+if way == "without":
+    stage._folder_prior = lambda *a, **k: {}
+else:
+    apply = prior.apply
+    def timed(*a, **k):
+        t = time.process_time()
+        try:
+            return apply(*a, **k)
+        finally:
+            spent[0] += time.process_time() - t
+    prior.apply = timed
+import atexit
+atexit.register(lambda: open(spent_file, "w").write(str(spent[0])))
+sys.argv = ["pipe", "clean", *sys.argv[2:-1]]
+from pipeline.cli.app import main
+main()
+"""
+
+
+def cost(tree: dict[str, list[tuple[str, str, bytes]]], rounds: int) -> str:
+    """CPU of `pipe clean` on the folders with the prior and without it, rounds interleaved, and the
+    prior step's own CPU: the line the bench prints."""
+    import os
+    import resource
+    import statistics
+    import subprocess
+    import tempfile
+
+    def children_cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    with tempfile.TemporaryDirectory(prefix="captions-cost-") as tmp:
+        raw = Path(tmp) / "raw"
+        _write_tree(tree, raw)
+        cpu: dict[str, list[float]] = {"with": [], "without": []}
+        step: list[float] = []
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        for _ in range(rounds):
+            for way in ("with", "without"):
+                out, spent = Path(tmp) / f"clean-{way}", Path(tmp) / "spent"
+                subprocess.run(["rm", "-rf", str(out)], check=True)
+                before = children_cpu()
+                subprocess.run([sys.executable, "-c", _DRIVER, way, str(raw), "-o", str(out), "--no-near-dedup",
+                                str(spent)],
+                               check=True, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                cpu[way].append(children_cpu() - before)
+                if way == "with":
+                    step.append(float(spent.read_text()))
+    n = sum(len(files) for files in tree.values())
+    w, wo, s = statistics.median(cpu["with"]), statistics.median(cpu["without"]), statistics.median(step)
+    load = os.getloadavg()[0]
+    return (f"pipe clean on the {n} captions ({len(tree)} folders), CPU of the process tree, median of {rounds} "
+            f"interleaved rounds: with the prior {w:.2f} s, without {wo:.2f} s ({w / wo:.2f}x); the prior step "
+            f"itself {s * 1000:.0f} ms on the driver ({s / n * 1e6:.0f} us a caption); load {load:.1f}")
+
+
+def _write_tree(tree: dict[str, list[tuple[str, str, bytes]]], raw: Path) -> None:
+    for name, files in tree.items():
+        for i, (_enc, _text, data) in enumerate(files):
+            p = raw / _rel(name, i)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
 
 
 def _rel(folder: str, i: int) -> str:
@@ -166,11 +252,7 @@ def through_clean(tree: dict[str, list[tuple[str, str, bytes]]]) -> dict[str, tu
 
     with tempfile.TemporaryDirectory(prefix="captions-") as tmp:
         raw, out = Path(tmp) / "raw", Path(tmp) / "clean"
-        for name, files in tree.items():
-            for i, (_enc, _text, data) in enumerate(files):
-                p = raw / _rel(name, i)
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_bytes(data)
+        _write_tree(tree, raw)
         report = stage.run(CleanConfig(raw, out, near_dedup=False), show_progress=False)
         cleaned_by_prior[0] = report.get("folder_prior", {}).get("files", 0)
         rows = pq.read_table(out / "manifest.parquet").to_pylist()

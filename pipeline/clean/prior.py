@@ -22,12 +22,16 @@ from __future__ import annotations
 import base64
 import codecs
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.clean.columns import HAS_CHASH, HAS_MINHASH, TEXT, Columns, digest
 from pipeline.clean.process import output_path
 from pipeline.formats.vocabulary import Reason
+
+if TYPE_CHECKING:
+    from pipeline.media.text.prior import FolderFile
 
 # a folder needs this many texts read in a legacy code page (or UTF-16 without a byte-order mark)
 # before its prior says anything
@@ -39,6 +43,8 @@ REFUSED = frozenset(r.value for r in (Reason.UNDECODABLE_TEXT, Reason.BINARY_CON
 _SETTLED = ("utf-8", "ascii")
 # the fields of a text's result the prior's reading sets
 FIELDS = ("source", "key", "encoding", "reason", "bytes", "output")
+# ...and what the prior reads besides: how sure the file's own reading was
+_FETCHED = (*FIELDS, "encoding_confidence")
 
 
 def apply(results: Columns, listing, place, settings) -> dict:
@@ -106,11 +112,11 @@ def _folder_stats(results: Columns) -> dict[str, tuple[int, set, bool]]:
 
 
 def _members(results: Columns, wanted: set[str], earlier: set[str]) -> tuple[dict[str, list[tuple]], list[tuple]]:
-    """The (row, `FIELDS`...) of the texts of each ``wanted`` folder the prior weighs, and of the
+    """The (row, `_FETCHED`...) of the texts of each ``wanted`` folder the prior weighs, and of the
     texts whose outputs are ``earlier`` ones."""
     members: dict[str, list[tuple]] = defaultdict(list)
     back = []
-    for rows, columns in _by_part(results, FIELDS):
+    for rows, columns in _by_part(results, _FETCHED):
         for f in zip(rows, *columns, strict=True):
             folder = f[1].rpartition("/")[0]
             if folder in wanted and _takes_part(f[3], f[4]):
@@ -124,14 +130,13 @@ def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tu
     """by_folder over one folder's texts: {row: (its facts, the text stage's
     outcome on the prior's reading)} of each file it decides."""
     from pipeline.media.text.clean import clean_text
-    from pipeline.media.text.prior import FolderFile, by_folder
+    from pipeline.media.text.prior import by_folder
 
     data, files = [], []
     for f in facts:
         b = _read(place, listing[f[0]].path) if f[5] <= settings.max_bytes else b""
-        o = clean_text(b, settings)  # the per-file reading again (deterministic): its text is not kept
         data.append(b)
-        files.append(FolderFile(b, o.text if o.reason is None else None, o.encoding, o.confidence))
+        files.append(_own(b, f, settings))
     out = {}
     for f, b, chosen in zip(facts, data, by_folder(files), strict=True):
         if chosen.by_prior and b:
@@ -139,6 +144,25 @@ def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tu
             if o.reason is None and o.text is not None:
                 out[f[0]] = (f, o)
     return out
+
+
+def _own(data: bytes, fact: tuple, settings) -> FolderFile:
+    """The file's own reading, as its worker made it: its row's encoding and confidence, and the
+    text stage's text of its bytes decoded strictly in that encoding (what the detection decoded:
+    detecting again would cost ten times as much; bytes that no longer decode so, changed since,
+    are detected again)."""
+    from pipeline.media.text.clean import clean_text
+    from pipeline.media.text.decoded import Decoded
+    from pipeline.media.text.prior import FolderFile
+
+    _row, _source, _key, encoding, reason, _size, _output, confidence = fact
+    if reason is not None or not data:
+        return FolderFile(data, None, encoding, confidence)
+    try:
+        o = clean_text(data, settings, reading=Decoded(data.decode(encoding), encoding, confidence), fingerprints=False)
+    except (UnicodeDecodeError, LookupError, TypeError):
+        o = clean_text(data, settings, fingerprints=False)
+    return FolderFile(data, o.text if o.reason is None else None, o.encoding, o.confidence)
 
 
 def _patch(results: Columns, place, row: int, fact: tuple, o) -> int:
@@ -193,7 +217,7 @@ def _record(place, outputs: dict[str, int]) -> None:
 
 def _output(fact: tuple) -> str:
     """Where the prior's reading of a text goes: its own output, or where a kept text's goes."""
-    _row, source, key, _enc, _reason, _size, output = fact
+    _row, source, key, _enc, _reason, _size, output = fact[:7]
     return output or output_path(source, key, "txt")
 
 

@@ -84,6 +84,24 @@ _OTHER_MAGIC = (
 )
 
 
+def _riff(head: bytes) -> bool:
+    """A RIFF container by its own structure, not its first four bytes alone (a Lithuanian caption
+    "RIFF garso įrašas" starts with them too): the form type and the first chunk's ID are four
+    characters, the chunk lies inside the RIFF's declared size, and the two sizes are binary
+    little-endian numbers: a text's are four printable characters each, which no header of a
+    chunk that starts within the first bytes has (0x20202020 is 539 MB)."""
+    if len(head) < 20 or not (_FOURCC.fullmatch(head[8:12]) and _FOURCC.fullmatch(head[12:16])):
+        return False
+    riff_size, chunk_size = int.from_bytes(head[4:8], "little"), int.from_bytes(head[16:20], "little")
+    if chunk_size + 8 > riff_size - 4:
+        return False
+    return not (_PRINTABLE.fullmatch(head[4:8]) and _PRINTABLE.fullmatch(head[16:20]))
+
+
+_FOURCC = re.compile(rb"[\x20-\x7e]{4}")
+_PRINTABLE = re.compile(rb"[\x20-\x7e\t\n\r\x80-\xff]{4}")
+
+
 def sniff(head: bytes, name: str) -> tuple[Kind, str]:
     """Return ``(kind, format_name)`` from the first bytes of a file and its name."""
     lower = name.lower()
@@ -104,7 +122,7 @@ def sniff(head: bytes, name: str) -> tuple[Kind, str]:
         if head[8:12] in _HEIF_BRANDS:
             return Kind.IMAGE, "HEIF/AVIF"
         return Kind.OTHER, "MP4/QuickTime video"
-    if head[:4] == b"RIFF":
+    if head[:4] == b"RIFF" and _riff(head):
         return Kind.OTHER, "RIFF media (WAV/AVI)"
     if _NETPBM.match(head) and (ext in IMAGE_EXTENSIONS or not ext):
         return Kind.IMAGE, "Netpbm"

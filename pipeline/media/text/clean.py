@@ -59,9 +59,11 @@ _BREAKS = re.compile("\r\n|[\r\x85\x0b\x0c\u2028\u2029]")
 _CONTROLS = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\ufeff]")
 
 
-def clean_text(data: bytes, s: TextSettings = TextSettings(), reading: Decoded | None = None) -> TextOutcome:
+def clean_text(data: bytes, s: TextSettings = TextSettings(), reading: Decoded | None = None,
+               fingerprints: bool = True) -> TextOutcome:
     """The text stage on one file's bytes; ``reading``: a decode made elsewhere (the folder prior's,
-    `prior.by_folder`) to judge instead of detecting the encoding again."""
+    `prior.by_folder`) to judge instead of detecting the encoding again; ``fingerprints=False``:
+    the text alone, without the hashes (the folder prior weighing a reading it may not take)."""
     if len(data) > s.max_bytes:  # callers check the size before reading; this keeps the bound for any other
         return TextOutcome(reason=Reason.TOO_LARGE, detail=f"{len(data)} bytes > --max-text-bytes {s.max_bytes}")
     if reading is None:
@@ -88,6 +90,8 @@ def clean_text(data: bytes, s: TextSettings = TextSettings(), reading: Decoded |
         out.reason, out.detail = Reason.EMPTY_TEXT, "nothing but whitespace after normalisation"
         return out
     out.text = text
+    if not fingerprints:
+        return out
     out.content_hash = text_hash(text)
     from pipeline.similarity.minhash import encode_keys, text_keys
 

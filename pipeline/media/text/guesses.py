@@ -251,8 +251,9 @@ _LESS_PLAUSIBLE = "gave less plausible text"
 # that text in those languages hardly ever has: Slovak "ŕ", "ĺ" (Western "à", "å"), "ď" ("ï"),
 # a capital "Ť" (the "«" of Western quotes; "»" is "ť"), a capital "Ē" ("Ç").
 _RARE_LETTER = re.compile("[ŕŔĺĹďĎŤĒ]"
-                          # a letter stuck to a number ("10Ł" for "10£")
-                          r"|(?<=[0-9])[^\W\d_](?![^\W\d_])"
+                          # a letter beyond ASCII stuck to a number ("10Ł" for "10£"; ASCII reads the same
+                          # in every code page, so "%.250s" says nothing)
+                          r"|(?<=[0-9])[^\W\d_\x00-\x7f](?![^\W\d_])"
                           # a lone Greek or Cyrillic letter among Latin words ("и" for Italian "è")
                           r"|(?<![^\W\d_])[\u0370-\u03ff\u0400-\u04ff](?![^\W\d_])")
 

@@ -58,9 +58,11 @@ _C1 = re.compile("[\x80-\x9f]")
 # a non-ASCII symbol, digit-like sign or currency between two letters: Latin-1 signs, spacing
 # accents, cp1252's daggers, bullets and per-mille, box drawing (DOS code pages), mathematical
 # operators (Mac code pages); not a no-break space, which Czech and Polish put after one-letter
-# words, nor the middle dot of Catalan "l·l" (the symbol first: the scan skips to candidates)
-_WEDGED = re.compile(r"[\u00a1-\u00bf\u00d7\u00f7\u02c6-\u02dd\u2020-\u2022\u2030\u2039\u203a\u20ac\u2122\u2200-\u22ff\u2500-\u259f]"
-                     r"(?<=[^\W\d_].)(?<![lL]\u00b7)(?=[^\W\d_])")
+# words, nor the middle dot, which separates letters in Catalan "l·l", Basque hyphenation
+# ("huts·egin·da") and inclusive French ("ami·e·s") (the symbol first: the scan skips to candidates)
+_WEDGED = re.compile(r"[\u00a1-\u00b6\u00b8-\u00bf\u00d7\u00f7\u02c6-\u02dd\u2020-\u2022\u2030\u2039\u203a\u20ac\u2122"
+                     r"\u2200-\u22ff\u2500-\u259f]"
+                     r"(?<=[^\W\d_].)(?=[^\W\d_])")
 # Symbols a wrong single-byte code page leaves where a letter should be, touching a letter
 # ("s±" for "są", "¶pi" for "śpi", "¦entjernej" for "Šentjernej"), and the currency sign "¤"
 # anywhere (ISO-8859-15's "€" read as cp1252). Real text has them beside letters about never.
@@ -166,7 +168,7 @@ def _rare_letters(text: str) -> int:
 # letter, a digit, a Greek or Cyrillic letter): the scan skips to those, where a look-behind
 # first, or a letter class first, is tried at every position (a third of the cost)
 _RARE_LETTER_FAST = re.compile("[ŕŔĺĹďĎŤĒ0-9\u0370-\u03ff\u0400-\u04ff]"
-                               "(?:(?<=[ŕŔĺĹďĎŤĒ])|(?<=[0-9])[^\\W\\d_](?![^\\W\\d_])"
+                               "(?:(?<=[ŕŔĺĹďĎŤĒ])|(?<=[0-9])[^\\W\\d_\\x00-\\x7f](?![^\\W\\d_])"
                                "|(?<=[\u0370-\u03ff\u0400-\u04ff])(?<![^\\W\\d_].)(?![^\\W\\d_]))")
 
 # Signs a wrong code page puts where a capital letter was, at the start of a word: MacCyrillic

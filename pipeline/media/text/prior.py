@@ -67,13 +67,64 @@ def by_folder(files: list[FolderFile]) -> list[Chosen]:
     own = [_evidence(f) for f in files]
     names = sorted({enc for enc, w in own if enc is not None and w > 0})
     votes = [_votes(f, enc, w, names) for f, (enc, w) in zip(files, own, strict=True)]
-    total: dict[str, float] = {}
-    support: dict[str, int] = {}
-    for v in votes:
-        for enc, w in v.items():
-            total[enc] = total.get(enc, 0.0) + w
-            support[enc] = support.get(enc, 0) + 1
-    return [_choose(f, enc, v, total, support) for f, (enc, _w), v in zip(files, own, votes, strict=True)]
+    folder = _Folder(names)
+    for f, v in zip(files, votes, strict=True):
+        folder.add(f, v, +1)
+    out = []
+    for f, (enc, _w), v in zip(files, own, votes, strict=True):
+        folder.add(f, v, -1)  # the others' evidence: the file's own left out
+        out.append(_choose(f, enc, folder))
+        folder.add(f, v, +1)
+    return out
+
+
+class _Folder:
+    """What a folder's files say, summed: each encoding's evidence and how many files read in it;
+    for each pair of encodings, the evidence of the files that read as their own text in the first
+    and not in the second (a Spanish caption reads the same in cp1252 and cp1250: it tells them
+    nothing; one with "ñ" does); and, for each encoding, how many of the files read in it show
+    each character beyond ASCII, case folded (its alphabet in this folder: a reading that gives a
+    caption characters no other file of the folder's leading encoding has is the odd one, and
+    the alphabet of the files read in it, not of the whole folder, because the misread files
+    agree with each other: MacCyrillic capitals read as cp1251 are quotes, "‘ирийский")."""
+
+    def __init__(self, names: list[str]):
+        self.total: dict[str, float] = dict.fromkeys(names, 0.0)
+        self.support: dict[str, int] = dict.fromkeys(names, 0)
+        self.over: dict[tuple[str, str], float] = {}
+        self.letters: dict[str, Counter[str]] = {name: Counter() for name in names}
+
+    def add(self, f: FolderFile, votes: dict[str, float], sign: int) -> None:
+        for enc, w in votes.items():
+            self.total[enc] += sign * w
+            self.support[enc] += sign
+            for other in self.total:
+                if other not in votes:
+                    self.over[enc, other] = self.over.get((enc, other), 0.0) + sign * w
+        if f.text is not None and votes:
+            shown = _letters(f.text)
+            for enc in votes:
+                self.letters[enc].update(dict.fromkeys(shown, sign))
+
+    def unseen(self, text: str, enc: str) -> int:
+        """How many of ``text``'s characters beyond ASCII no file read in ``enc`` shows."""
+        seen = self.letters[enc]
+        return sum(1 for ch in _letters(text) if seen[ch] <= 0)
+
+
+def _letters(text: str) -> set[str]:
+    """The characters beyond ASCII of ``text``, case folded, that a code page chooses among few:
+    letters and signs of the alphabetic scripts; of CJK text, its script alone (its ideographs are
+    thousands, most seen once, but an Arabic caption read as GB18030 ideographs is still odd in a
+    folder with none)."""
+    out = set()
+    for ch in text.casefold():
+        if ord(ch) < 0x3000:
+            if ord(ch) > 0x7F and not ch.isspace():
+                out.add(ch)
+        elif SCRIPT_TAGS[ord(ch)] != " ":
+            out.add(SCRIPT_TAGS[ord(ch)])
+    return out
 
 
 def _evidence(f: FolderFile) -> tuple[str | None, float]:
@@ -105,18 +156,18 @@ def _votes(f: FolderFile, enc: str | None, w: float, names: list[str]) -> dict[s
     return out
 
 
-def _choose(f: FolderFile, enc: str | None, votes: dict[str, float], total: dict[str, float],
-            support: dict[str, int]) -> Chosen:
-    """``f``'s reading: the folder's leader (the others' evidence, ``f``'s own left out) where it
-    leads clearly and reads ``f`` more plausibly, or as plausibly when ``f``'s own reading rests on
-    few bytes beyond ASCII (`FEW_BYTES`)."""
+def _choose(f: FolderFile, enc: str | None, folder: _Folder) -> Chosen:
+    """``f``'s reading: the folder's leader (``folder``: the others' evidence) where it leads
+    clearly over ``f``'s own encoding among the files that tell the two apart, and reads ``f``
+    with no more letters the folder never shows and more plausibly, or as plausibly when ``f``'s
+    own reading rests on few bytes beyond ASCII (`FEW_BYTES`) or shows letters the folder never
+    does where the leader's shows none."""
     kept = Chosen(f.text, f.encoding)
-    others = {e: t - votes.get(e, 0.0) for e, t in total.items()}
-    count = {e: n - (1 if e in votes else 0) for e, n in support.items()}
+    others, count = folder.total, folder.support
     leader = max(sorted(others), key=lambda e: others[e], default=None)
-    if leader is None or leader == enc or count[leader] < MIN_SUPPORT:
+    if leader is None or leader == enc or count[leader] < MIN_SUPPORT or others[leader] <= 0:
         return kept
-    if enc is not None and others.get(enc, 0.0) * LEAD > others[leader]:
+    if enc is not None and enc in others and folder.over.get((enc, leader), 0.0) * LEAD >= folder.over.get((leader, enc), 0.0):
         return kept
     text = _decode(f.data, leader)
     if text is None or text == f.text:
@@ -124,10 +175,13 @@ def _choose(f: FolderFile, enc: str | None, votes: dict[str, float], total: dict
     mine = penalty_of(text, f.data, leader)
     if f.text is not None and f.encoding is not None:
         theirs = penalty_of(f.text, f.data, f.encoding)
-        if mine > theirs or (mine == theirs and _beyond_ascii(f.data) > FEW_BYTES
+        strange, own_strange = folder.unseen(text, leader), folder.unseen(f.text, leader)
+        if strange > own_strange:
+            return kept  # the leader's reading gives it letters the folder never shows; its own does not
+        if mine > theirs or (mine == theirs and strange == own_strange and _beyond_ascii(f.data) > FEW_BYTES
                              and _script(text) in ("", _script(f.text))):
             return kept  # its own reading is more plausible, or as plausible, of the same script, and rests on enough
-    elif mine:
+    elif mine or folder.unseen(text, leader):
         return kept  # a refused file is read in the leader only when nothing in it looks out of place
     what = f"read as {f.encoding}" if f.text is not None else "refused"
     return Chosen(text, leader, True, f"decoded as {leader}, the encoding of {count[leader]} other files of its "

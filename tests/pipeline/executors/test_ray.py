@@ -182,6 +182,28 @@ def test_clean_and_shard_on_ray_equal_local_and_shard_resumes(cluster, raw, loca
     assert _files(tmp_path / "shards", skip=(".pipe",)) == shards
 
 
+def test_the_folder_prior_decides_the_same_on_ray_as_locally(cluster, tmp_path):
+    """A folder of short captions in one legacy code page, where per file some read in a neighbour
+    and the folder prior (on the driver, after the parts) decides them: through Ray the same
+    manifest and the same outputs, byte for byte, as a local run."""
+    from tests.text_samples import LANGUAGES
+
+    raw = tmp_path / "raw"
+    for lang, enc in (("ar", "cp1256"), ("tr", "cp1254")):
+        text = LANGUAGES[lang][1]
+        captions = [s.strip() + "." for s in text.split(".") if len(s.strip()) > 20]
+        captions += sorted({w.strip(".,:!") for w in text.split()} - {""})
+        for i, t in enumerate(c for c in captions if not c.isascii() and len(c) > 3):
+            write(raw / lang / f"{i:03d}.txt", t.encode(enc))
+    _run_local(["clean", raw, "-o", tmp_path / "local", "--workers", "2", "--json"])
+    p = cluster.pipe(["clean", raw, "-o", tmp_path / "ray", "--executor", "ray", "--ray-address", cluster.address,
+                      "--part-files", PART, "--json"])
+    assert p.returncode == 0, p.stderr
+    assert _report(tmp_path / "local")["folder_prior"]["files"] > 0  # the case: the prior decided some
+    assert _report(tmp_path / "ray")["folder_prior"] == _report(tmp_path / "local")["folder_prior"]
+    _same_clean(tmp_path / "ray", tmp_path / "local")
+
+
 def _wait(what, timeout: float = 120, every: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -26,3 +26,28 @@ from pipeline.media.sniff import sniff
 ])
 def test_sniff(head, name, kind):
     assert sniff(head, name)[0] == kind
+
+
+def _wav() -> bytes:
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"\0\0" * 100)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("head,kind", [
+    (_wav()[:64], "other"),
+    (b"RIFF\x24\x10\x00\x00AVI LIST\x10\x01\x00\x00hdrlavih" + bytes(40), "other"),
+    ("RIFF garso įrašas".encode("cp1257"), "text"),  # a caption shorter than a RIFF header
+    (b"RIFF (Resource Interchange File Format) is a container for chunks", "text"),
+    (b"RIFF AVI LIST and WAVE fmt are the chunk names of two RIFF forms", "text"),
+    (b"RIFFRIFFRIFFRIFFRIFFRIFFRIFFRIFF", "text"),
+])
+def test_a_file_is_riff_media_by_its_header_not_by_its_first_four_bytes(head, kind):
+    assert sniff(head, "x")[0] == kind

@@ -89,3 +89,55 @@ def test_the_priors_reading_goes_through_the_text_stage_with_its_note():
         assert (o.reason, o.text, o.encoding) == (None, t, "cp1256")
         assert o.content_hash and o.minhash and c.note in o.notes
         assert reading.text == c.text  # the caller's reading is left as it was
+
+
+def _read_as(text: str, enc: str, read_as: str, confidence: float = 0.95) -> FolderFile:
+    """A file of ``text`` in ``enc`` that per-file detection read in ``read_as``."""
+    data = text.encode(enc)
+    return FolderFile(data, data.decode(read_as), read_as, confidence)
+
+
+def test_the_folder_leads_by_the_files_that_tell_two_code_pages_apart():
+    # Spanish reads the same in cp1252 and cp1250 but for "ñ ¿ ¡": the captions without them say
+    # nothing between the two, and must not make a misread "Tamańo" look as supported as its truth
+    captions = ["¿Dónde está la estación?", "El niño juega en el jardín", "Mañana será otro día",
+                "La señora lee un periódico", "Canción de cuna", "Una película española", "¡Qué día más bonito!",
+                "Información del país", "Música clásica", "Un árbol en el campo", "Educación física"]
+    files = _folder(captions, "cp1252")
+    misread = _read_as("Tamaño inválido", "cp1252", "cp1250", 0.475)
+    chosen = by_folder([*files, misread])
+    assert (chosen[-1].text, chosen[-1].encoding, chosen[-1].by_prior) == ("Tamaño inválido", "cp1252", True)
+
+
+def test_a_reading_with_letters_the_folder_never_shows_is_not_taken_over_one_without():
+    # a Czech folder in cp1250 holding an ISO-8859-2 caption read right: cp1250 reads its "š" as "ą",
+    # a letter of Polish and Lithuanian that no Czech caption of the folder has
+    folder = [s for s in _sentences("cs") if not s.isascii()]
+    files = _folder(folder, "cp1250")
+    intruder = _read_as("greška pri čekanju na naredbu", "iso8859_2", "iso8859-2")
+    chosen = by_folder([*files, intruder])
+    assert "ą" in intruder.data.decode("cp1250")
+    assert (chosen[-1].text, chosen[-1].by_prior) == ("greška pri čekanju na naredbu", False)
+
+
+def test_misread_files_that_agree_with_each_other_do_not_make_their_signs_the_folders():
+    # MacCyrillic captions: per file, some read as cp1251, where the capital "С" is a quote ("‘писок");
+    # the alphabet that tells is that of the files read in the folder's leading encoding
+    folder = _sentences("ru")
+    files = _folder(folder, "mac_cyrillic")
+    assert all(f.encoding == "mac-cyrillic" for f in files if f.text is not None and not f.data.isascii())
+    misread = [_read_as(t, "mac_cyrillic", "cp1251", 0.98) for t in ("Сирийский язык", "Список файлов", "Сеть")]
+    chosen = by_folder(files + misread)
+    assert [(c.text, c.encoding) for c in chosen[-3:]] == [
+        ("Сирийский язык", "mac-cyrillic"), ("Список файлов", "mac-cyrillic"), ("Сеть", "mac-cyrillic")]
+
+
+def test_a_reading_in_another_script_counts_as_unseen_even_in_ideographs():
+    # a Persian caption with "گ", a letter no Arabic caption of the folder has, read per file as
+    # GB18030 ideographs: the folder has no ideographs either, so its own reading is no less odd
+    folder = _sentences("ar")
+    files = _folder(folder, "cp1256")
+    misread = _read_as("گلستان", "cp1256", "gb18030", 0.487)
+    assert "گ" not in "".join(folder)
+    chosen = by_folder([*files, misread])
+    assert (chosen[-1].text, chosen[-1].encoding, chosen[-1].by_prior) == ("گلستان", "cp1256", True)
