@@ -284,6 +284,19 @@ class OrderedPool(Generic[T, R]):
         pending.clear()
         pending.extend((group, self._submit(group)) for group in groups)
 
+    def ready(self) -> bool:
+        """Whether the workers `start` launches are launched: from then on `submit` does not wait
+        for a fork server still importing (a worker is forked only once it has)."""
+        return self._launcher is None or not self._launcher.is_alive()
+
+    def submit(self, item: T) -> Future:
+        """``fn(item)`` on one of the workers (started now if `start` was not called), its result
+        or exception left to the caller: no retry after a crash, no timeout (for calls whose
+        failure fails the caller's run, such as a stage's whole parts)."""
+        self.start()
+        self._launched()
+        return self._running().submit(self.fn, item)
+
     def close(self) -> None:
         self._launched()
         self._starting = []
