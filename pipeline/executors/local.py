@@ -26,9 +26,9 @@ from pipeline.core.executor import OrderedPool
 from pipeline.executors import Items, Later, OnPart
 
 PART_ITEMS = 256  # items in one part here: what a killed run does again at most (a second or two of a pool's work)
-# Whole parts: fewer than this many (as the calls' length hint says) are run here alone; a helper's start
-# (a fork server importing the part's module, ~0.5 s of CPU) would cost more than it takes over.
-SHARED_PARTS = 16
+# Whole parts: fewer than this many (as the calls' length hint says) are run here alone: a helper forked
+# from a warm fork server (`session`) starts in milliseconds, but one part or two give it nothing to share.
+SHARED_PARTS = 8
 HELPER_QUEUE = 2  # parts handed to each helper ahead: it never waits for this process to hand it the next
 
 
@@ -43,13 +43,20 @@ class LocalExecutor:
     def session(self, items: Items | None = None, part_fn: Callable | None = None,
                 warm: bool = True) -> contextlib.AbstractContextManager[None]:
         """With ``items`` and ``warm``: the worker processes started now, so that their start-up
-        overlaps the stage's listing and planning."""
-        return self._session(items if warm else None)
+        overlaps the stage's listing and planning. With ``part_fn``, ``warm`` and more than one
+        worker: the fork server `run_parts`'s helpers fork from, started now (importing the part
+        function's module, ~0.3 s of CPU beside the stage's loading), so that a helper takes
+        parts from the first one on."""
+        return self._session(items if warm else None, part_fn if warm else None)
 
     @contextlib.contextmanager
-    def _session(self, items: Items | None) -> Iterator[None]:
+    def _session(self, items: Items | None, part_fn: Callable | None) -> Iterator[None]:
         if items is not None:
             self._pool, self._pool_for = self._new_pool(items, worker_count(self.workers)).start(), items.pool_key()
+        elif part_fn is not None and worker_count(self.workers) > 1:
+            from pipeline.core.prestart import warm_up
+
+            warm_up(_helper_modules(part_fn))
         try:
             yield
         finally:
@@ -150,7 +157,7 @@ class _Helpers:
     the part function's module, started now: this process works on its own parts meanwhile."""
 
     def __init__(self, fn: Callable[..., Any], helpers: int, on_done: OnPart):
-        self.pool = OrderedPool(functools.partial(_whole_part, fn), helpers, preload=(fn.__module__,)).start()
+        self.pool = OrderedPool(functools.partial(_whole_part, fn), helpers, preload=_helper_modules(fn)).start()
         self.room = helpers * HELPER_QUEUE
         self.on_done = on_done
         self.away: dict[Future, int] = {}
@@ -192,6 +199,14 @@ class _Helpers:
             with contextlib.suppress(BaseException):
                 self.on_done(self.away[fut], fut.result(), None)
         self.away.clear()
+
+
+def _helper_modules(fn: Callable) -> tuple[str, ...]:
+    """What the helpers' fork server imports: the part function's module, and the modules it
+    names in ``PART_PRELOAD`` (those it imports only inside functions, that its parts need)."""
+    import sys
+
+    return (fn.__module__, *getattr(sys.modules.get(fn.__module__), "PART_PRELOAD", ()))
 
 
 def _whole_part(fn: Callable[..., Any], call: tuple) -> Any:

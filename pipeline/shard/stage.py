@@ -60,6 +60,7 @@ SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
 IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
 # settings index.json does not record: where and how the run ran, and those named only where given (`opted_in`)
 NOT_IN_INDEX = ("input", "output", "workers", "overwrite", "executor", "ray_address", "ray_keep_warm", "pairs_only")
+PART_PRELOAD = ("pyarrow.compute",)  # what `write_part` needs beside this module (imported early by local helpers)
 MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few hundred KiB of temporaries)
 
 
