@@ -28,7 +28,7 @@ from pipeline.executors import Items, Later, OnPart
 PART_ITEMS = 256  # items in one part here: what a killed run does again at most (a second or two of a pool's work)
 # Whole parts: fewer than this many (as the calls' length hint says) are run here alone: a helper forked
 # from a warm fork server (`session`) starts in milliseconds, but one part or two give it nothing to share.
-SHARED_PARTS = 8
+SHARED_PARTS = 4
 HELPER_QUEUE = 2  # parts handed to each helper ahead: it never waits for this process to hand it the next
 
 
