@@ -285,9 +285,12 @@ class OrderedPool(Generic[T, R]):
         pending.extend((group, self._submit(group)) for group in groups)
 
     def ready(self) -> bool:
-        """Whether the workers `start` launches are launched: from then on `submit` does not wait
-        for a fork server still importing (a worker is forked only once it has)."""
-        return self._launcher is None or not self._launcher.is_alive()
+        """Whether the workers `start` launched have started (their initializer run, the
+        function's module imported): an item submitted now runs at once, and `submit` does not
+        wait for a fork server still importing."""
+        if self._launcher is not None and self._launcher.is_alive():
+            return False
+        return all(f.done() for f in self._starting)
 
     def submit(self, item: T) -> Future:
         """``fn(item)`` on one of the workers (started now if `start` was not called), its result

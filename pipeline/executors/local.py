@@ -26,9 +26,10 @@ from pipeline.core.executor import OrderedPool
 from pipeline.executors import Items, Later, OnPart
 
 PART_ITEMS = 256  # items in one part here: what a killed run does again at most (a second or two of a pool's work)
-# Whole parts: fewer than this many (as the calls' length hint says) are run here alone: a helper forked
-# from a warm fork server (`session`) starts in milliseconds, but one part or two give it nothing to share.
-SHARED_PARTS = 4
+# Whole parts: fewer than this many (as the calls' length hint says) are run here alone: a helper's start
+# (importing the part's modules: ~0.4 s of CPU for pipe shard's) would cost more CPU than it saves time.
+SHARED_PARTS = 16
+HELPER_SERVER = (__name__,)  # what the helpers' fork server imports: little (the helpers import the rest)
 HELPER_QUEUE = 2  # parts handed to each helper ahead: it never waits for this process to hand it the next
 
 
@@ -56,7 +57,7 @@ class LocalExecutor:
         elif part_fn is not None and worker_count(self.workers) > 1:
             from pipeline.core.prestart import warm_up
 
-            warm_up(_helper_modules(part_fn))
+            warm_up(HELPER_SERVER)
         try:
             yield
         finally:
@@ -153,11 +154,14 @@ class LocalExecutor:
 class _Helpers:
     """Helper processes that run whole parts beside this one (`run_parts`): each is given up to
     `HELPER_QUEUE` parts ahead, the rest this process runs itself; their parts are reported as
-    they end (``on_done``, in this thread). The helpers fork from a fork server that imported
-    the part function's module, started now: this process works on its own parts meanwhile."""
+    they end (``on_done``, in this thread), and only once started: a helper forks from the fork
+    server (`session` started it) and imports the part function's modules (~0.4 s of its own CPU
+    for pipe shard) while this process works on its own parts; it is never handed a part before
+    (which this process would then wait for at the end)."""
 
     def __init__(self, fn: Callable[..., Any], helpers: int, on_done: OnPart):
-        self.pool = OrderedPool(functools.partial(_whole_part, fn), helpers, preload=_helper_modules(fn)).start()
+        self.pool = OrderedPool(functools.partial(_whole_part, fn), helpers, initializer=_import_all,
+                                initargs=(_helper_modules(fn),), preload=HELPER_SERVER).start()
         self.room = helpers * HELPER_QUEUE
         self.on_done = on_done
         self.away: dict[Future, int] = {}
@@ -207,6 +211,14 @@ def _helper_modules(fn: Callable) -> tuple[str, ...]:
     import sys
 
     return (fn.__module__, *getattr(sys.modules.get(fn.__module__), "PART_PRELOAD", ()))
+
+
+def _import_all(modules: tuple[str, ...]) -> None:
+    """A helper's start: the part's modules imported before it says it is ready."""
+    import importlib
+
+    for name in modules:
+        importlib.import_module(name)
 
 
 def _whole_part(fn: Callable[..., Any], call: tuple) -> Any:
