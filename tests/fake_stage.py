@@ -42,6 +42,17 @@ def slow(marker: str, seconds: float) -> str:
     return marker
 
 
+def shared_part(k: int, caller: int, folder: str) -> tuple[int, int]:
+    """A whole part that says which process ran it. Run by another process than ``caller`` it
+    leaves a file in ``folder``; run by the caller, it takes 10 ms until such a file is there, so
+    that helpers still starting find parts left to take."""
+    if os.getpid() != caller:
+        Path(folder, str(k)).write_text("")
+    elif not (Path(folder).is_dir() and any(Path(folder).iterdir())):
+        time.sleep(0.01)
+    return k, os.getpid()
+
+
 ITEMS = Items(square, crashed, finish=finish, name="fake_part")
 
 

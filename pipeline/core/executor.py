@@ -284,6 +284,22 @@ class OrderedPool(Generic[T, R]):
         pending.clear()
         pending.extend((group, self._submit(group)) for group in groups)
 
+    def ready(self) -> bool:
+        """Whether the workers `start` launched have started (their initializer run, the
+        function's module imported): an item submitted now runs at once, and `submit` does not
+        wait for a fork server still importing."""
+        if self._launcher is not None and self._launcher.is_alive():
+            return False
+        return all(f.done() for f in self._starting)
+
+    def submit(self, item: T) -> Future:
+        """``fn(item)`` on one of the workers (started now if `start` was not called), its result
+        or exception left to the caller: no retry after a crash, no timeout (for calls whose
+        failure fails the caller's run, such as a stage's whole parts)."""
+        self.start()
+        self._launched()
+        return self._running().submit(self.fn, item)
+
     def close(self) -> None:
         self._launched()
         self._starting = []

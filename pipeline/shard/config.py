@@ -41,7 +41,8 @@ class ShardConfig:
                                                  "which the defaults give only for a large train split).", minimum=1)
     expected_workers: int = setting(DEFAULT_WORKERS, "Dataloader workers per rank you expect to train with (for the "
                                                      "same warning).", minimum=0)
-    workers: int = setting(0, "Processes that decode images to measure them (0 = one per core).", minimum=0)
+    workers: int = setting(0, "Processes that write shards (from 16 shards on: this one and helpers) and "
+                                "decode images to measure them (0 = one per core).", minimum=0)
     overwrite: bool = setting(False, "Replace a SHARD_DIR that pipe shard made from other input or settings (its "
                                      ".pipe/state.json says so); a folder pipe shard did not write is refused regardless.")
     executor: str = setting(

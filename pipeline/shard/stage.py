@@ -32,7 +32,7 @@ import re
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ SHARD_NAME = re.compile(r"^(train|val)-\d{6}\.tar$")
 IN_PROCESS_BELOW = 256  # images; fewer are measured in-process (a pool costs more to start)
 # settings index.json does not record: where and how the run ran, and those named only where given (`opted_in`)
 NOT_IN_INDEX = ("input", "output", "workers", "overwrite", "executor", "ray_address", "ray_keep_warm", "pairs_only")
+PART_PRELOAD = ("pyarrow.compute",)  # what `write_part` needs beside this module (imported early by local helpers)
 MEASURE_ROWS = 8192  # images whose recorded numbers are added up at once (a few hundred KiB of temporaries)
 
 
@@ -426,18 +427,24 @@ def _write_all(cfg: ShardConfig, clean: Folder, out: Folder, executor: Executor,
     """Write every shard of the plan that an interrupted run of the same plan did not finish
     (`resume.py`), one part each on the executor (`write_part`); return their entries in plan
     order, how many were kept, and what the executor says of how the parts ran. A shard's plan
-    entry is made only as its part is handed out: the plan itself is a few arrays."""
+    entry is made only as its part is handed out: the plan itself is a few arrays. Its digest
+    (what the journal records) is taken from that same entry, and beforehand only for the
+    shards the journal names (made once, not twice)."""
     from pipeline.shard.resume import WrittenShards
 
     _prepare_output(cfg, out)
     journal = WrittenShards(out)
     slots: list[tuple[shard_index.ShardEntry, str] | None] = [None] * len(spans)
-    todo: list[tuple[int, str]] = []
+    todo: list[tuple[int, str | None]] = []  # (plan index, digest: None until its part is handed out)
     runs: list[dict] = []
+    identity = clean.identity()
     try:
         with progress("write shards", len(spans), show_progress, counts=False) as advance:
             for i, span in enumerate(spans):
-                digest = entry(samples, span).digest(clean.identity(), __version__)
+                if span.name not in journal.recorded:
+                    todo.append((i, None))
+                    continue
+                digest = entry(samples, span).digest(identity, __version__)
                 found = journal.reusable(span.name, digest)
                 if found is not None:
                     slots[i] = (found, digest)
@@ -445,8 +452,16 @@ def _write_all(cfg: ShardConfig, clean: Folder, out: Folder, executor: Executor,
                 else:
                     todo.append((i, digest))
 
+            def handed_out(k: int) -> tuple[ShardPlan, Folder, Folder]:
+                i, digest = todo[k]
+                plan = entry(samples, spans[i])
+                if digest is None:
+                    todo[k] = (i, plan.digest(identity, __version__))
+                return plan, clean, out
+
             def finished(k: int, written: shard_index.ShardEntry, run) -> None:
                 i, digest = todo[k]
+                assert digest is not None  # (set when its part was handed out)
                 journal.add(written, digest)
                 slots[i] = (written, digest)
                 if run is not None:
@@ -455,7 +470,7 @@ def _write_all(cfg: ShardConfig, clean: Folder, out: Folder, executor: Executor,
 
             t = time.perf_counter()
             if todo:
-                executor.run_parts(write_part, ((entry(samples, spans[i]), clean, out) for i, _ in todo), finished)
+                executor.run_parts(write_part, Calls(len(todo), handed_out), finished)
             seconds = time.perf_counter() - t
     finally:
         journal.close()
@@ -473,6 +488,21 @@ def _write_all(cfg: ShardConfig, clean: Folder, out: Folder, executor: Executor,
                                             else None),
                              runs=sorted(runs, key=lambda r: r["part"]))
     return [e for e, _ in done], len(spans) - len(todo), parts
+
+
+class Calls:
+    """``count`` calls made one at a time as they are taken (``make(k)``), their count the
+    length hint an executor may size its work by (the local one shares many parts among
+    processes) without the calls being made ahead."""
+
+    def __init__(self, count: int, make: Callable[[int], tuple]):
+        self.count, self.make = count, make
+
+    def __iter__(self) -> Iterator[tuple]:
+        return map(self.make, range(self.count))
+
+    def __length_hint__(self) -> int:
+        return self.count
 
 
 def write_part(plan: ShardPlan, clean: Folder, out: Folder) -> Later:

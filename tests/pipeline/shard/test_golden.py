@@ -156,3 +156,19 @@ def test_files_larger_than_the_write_window_give_the_same_bytes(tmp_path, monkey
     clean = golden_clean_dir(tmp_path / "clean")
     stage.run(stage.ShardConfig(clean, tmp_path / "out", workers=1, **SETTINGS["small shards"]), show_progress=False)
     assert digests(tmp_path / "out") == GOLDEN["small shards"]
+
+
+def test_shards_written_by_two_processes_are_the_bytes_one_writes(tmp_path, monkeypatch):
+    """Many shards on 2 workers: this process and a helper write them (`LocalExecutor.run_parts`);
+    shards, index.json and the journal are the bytes one process writes."""
+    from pipeline.core.prestart import warm_up
+    from pipeline.executors import local
+
+    clean = golden_clean_dir(tmp_path / "clean")
+    settings = {**SETTINGS["small shards"], "max_count": 1}  # a shard a sample: many parts
+    stage.run(stage.ShardConfig(clean, tmp_path / "one", workers=1, **settings), show_progress=False)
+    monkeypatch.setattr(local, "SHARED_PARTS", 0)
+    warm_up((stage.__name__,))  # the helper's fork server ready, so that it takes parts before they run out
+    stage.run(stage.ShardConfig(clean, tmp_path / "two", workers=2, **settings), show_progress=False)
+    assert digests(tmp_path / "two") == digests(tmp_path / "one")
+    assert (tmp_path / "two/.pipe/shards.jsonl").read_bytes() == (tmp_path / "one/.pipe/shards.jsonl").read_bytes()

@@ -82,7 +82,9 @@ def runs(s3_server, tmp_path_factory):
              ("clean", f"{bucket}/raw", f"{bucket}/clean", "--workers", "1"),
              ("clean", raw, f"{bucket}/clean-of-local", "--workers", "1"),
              ("shard", root / "clean", root / "shards", "--workers", "1", "--max-count", "3"),
-             ("shard", f"{bucket}/clean", f"{bucket}/shards", "--workers", "1", "--max-count", "3")]
+             ("shard", f"{bucket}/clean", f"{bucket}/shards", "--workers", "1", "--max-count", "3"),
+             # 2 workers, a shard a sample (helper processes share many parts: `LocalExecutor.run_parts`)
+             ("shard", f"{bucket}/clean", f"{bucket}/shards-two", "--workers", "2", "--max-count", "1")]
     for command, src, dst, *flags in steps:
         p = _pipe(s3_server, command, src, "-o", dst, *flags, "--json")
         assert p.returncode == 0, (command, src, dst, p.stderr)
@@ -121,6 +123,14 @@ def test_shard_on_s3_writes_the_same_shards_and_index(runs, aws_env):
     local = {k: v for k, v in _files(runs["root"] / "shards").items() if not k.startswith(".pipe/")}
     assert "index.json" in local and len(local) > 2
     assert {k: v for k, v in remote.items() if not k.startswith(".pipe/")} == local
+
+
+def test_shard_on_s3_with_helper_processes_writes_what_one_process_writes(runs, s3_server, aws_env, tmp_path):
+    p = _pipe(s3_server, "shard", runs["root"] / "clean", "-o", tmp_path / "one", "--workers", "1", "--max-count", "1")
+    assert p.returncode == 0, p.stderr
+    local = {k: v for k, v in _files(tmp_path / "one").items() if not k.startswith(".pipe/")}
+    remote = {k: v for k, v in _objects(f"{runs['bucket']}/shards-two").items() if not k.startswith(".pipe/")}
+    assert len([k for k in local if k.endswith(".tar")]) > 2 and remote == local
 
 
 @pytest.mark.slow
