@@ -571,7 +571,9 @@ def startup(run: dict) -> str:
         return f"one epoch: start-up not told apart (--epochs 2 or more); closing {run['close_cpu_s'] * 1e3:.0f} ms"
     later = sum(per_epoch[1:]) / (len(per_epoch) - 1)
     each = run["samples"] / len(per_epoch)
-    return (f"start-up {(per_epoch[0] - later) * 1e3:.0f} ms CPU once (epoch 1 {per_epoch[0] * 1e3:.0f} ms, later "
+    extra = per_epoch[0] - later
+    return (f"start-up {f'{extra * 1e3:.0f} ms CPU once' if extra > 0 else 'none seen (load noise is larger)'} "
+            f"(epoch 1 {per_epoch[0] * 1e3:.0f} ms, later "
             f"ones {later * 1e3:.0f} ms = {later / each * 1e3:.3f} ms a sample), closing {run['close_cpu_s'] * 1e3:.0f} ms")
 
 
