@@ -11,7 +11,12 @@
    (peers are skipped, said so, when they do not import: ``--install-peers`` puts them in
    ``--peers DIR`` with pip, outside the venv; LitData reads its own chunks, converted from the
    same bytes before timing). CPU seconds are each child's own accounting of its read loop (its
-   workers included: they are waited for), so interpreter start and imports are not counted.
+   workers included: read from /proc while they run, and once they are waited for), so interpreter
+   start and imports are not counted. Each run reads ``--epochs`` epochs (3) with persistent workers,
+   as `pipe train` reads (`train.data.loaders`), the peers' loaders alike: these 2000 images are an
+   unrealistically short epoch, over which forking the workers and first touching their memory would
+   weigh as they never do in training; that start-up is printed apart (the first epoch's CPU beyond a
+   later one's).
 1. Decoded batches: our `ShardReader` (shards, `make_loader`) against the way most training
    scripts load images: one JPEG file per sample, a map-style Dataset, `DistributedSampler`
    (shuffled) and a DataLoader. Both run 2 dataloader workers (forked), the same batch size and
@@ -234,9 +239,31 @@ LIMIT_SIZE = 224  # the model's side: 512 px shards decoded smaller, as pipe tra
 
 
 def _cpu() -> float:
-    """CPU seconds of this process and of its children that ended (dataloader workers, once joined)."""
+    """CPU seconds of this process and all its children: those that ended (dataloader workers, once
+    joined) and those still running (persistent workers, read from /proc where there is one)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + _live_children_cpu(os.getpid())
+
+
+def _live_children_cpu(pid: int) -> float:
+    """CPU seconds of the running descendants of ``pid`` (0 without /proc)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            try:  # utime and stime: fields 14 and 15, after the command's closing parenthesis
+                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # it ended meanwhile: RUSAGE_CHILDREN counts it once it is waited for
+            total += (int(fields[11]) + int(fields[12])) / tick + _live_children_cpu(child)
+    return total
 
 
 def _norm(shards: str) -> tuple:
@@ -248,8 +275,9 @@ def _norm(shards: str) -> tuple:
     return reader.stored_size, scale[0], shift[0]
 
 
-def child_limit(shards: str, batch: int, workers: int, seed: int) -> dict:
-    """The limit: the same JPEG bytes decoded and resized by `decode_at` in a tight loop, uint8 out."""
+def child_limit(shards: str, batch: int, workers: int, seed: int, epochs: int) -> dict:
+    """The limit: the same JPEG bytes decoded and resized by `decode_at` in a tight loop, uint8 out,
+    ``epochs`` times over."""
     import numpy as np
     import torch
 
@@ -261,29 +289,43 @@ def child_limit(shards: str, batch: int, workers: int, seed: int) -> dict:
     stored, _, _ = _norm(shards)
     out = np.empty((LIMIT_SIZE, LIMIT_SIZE, 3), dtype=np.uint8)
     decode_at(data[0], "jpg", stored, LIMIT_SIZE, out=out)  # decoder and resizer loaded before the clock starts
-    c, t = _cpu(), time.perf_counter()
-    for b in data:
-        decode_at(b, "jpg", stored, LIMIT_SIZE, out=out)
-    return {"samples": len(data), "cpu_s": _cpu() - c, "loop_s": time.perf_counter() - t}
+
+    def epoch(_: int):
+        for b in data:
+            decode_at(b, "jpg", stored, LIMIT_SIZE, out=out)
+            yield None
+
+    return _counted(epoch, epochs, count=lambda _: 1)
 
 
-def _counted(batches, close=None) -> dict:
-    """Iterate float [B,3,224,224] batches to the end: samples, CPU seconds (workers included), wall."""
+def _counted(epoch, epochs: int, close=None, count=None) -> dict:
+    """Read ``epochs`` epochs (``epoch(e)``: epoch e's float [B,3,224,224] batches) to the end:
+    samples, CPU seconds (workers included), wall, and each epoch's CPU seconds (the first one's
+    excess over the later ones is the start-up: forking workers, first touches of shared memory)."""
     import torch
 
-    c, t, n = _cpu(), time.perf_counter(), 0
-    for b in batches:
+    def images(b) -> int:
         x = b["image"] if isinstance(b, dict) else b[0]
         assert x.dtype == torch.float32 and x.shape[1:] == (3, LIMIT_SIZE, LIMIT_SIZE), (x.dtype, x.shape)
-        n += len(x)
+        return len(x)
+
+    count = count or images
+    c, t, n, ends = _cpu(), time.perf_counter(), 0, []
+    for e in range(epochs):
+        for b in epoch(e):
+            n += count(b)
+        ends.append(_cpu())
     if close is not None:
         close()  # joins the workers: their CPU time is counted from here on
-    return {"samples": n, "cpu_s": _cpu() - c, "loop_s": time.perf_counter() - t}
+    cpu = _cpu() - c
+    return {"samples": n, "cpu_s": cpu, "loop_s": time.perf_counter() - t,
+            "epoch_cpu_s": [b - a for a, b in zip([c, *ends], ends)], "close_cpu_s": cpu - (ends[-1] - c)}
 
 
-def child_reader(shards: str, mode: str, batch: int, workers: int, seed: int) -> dict:
-    """Ours. "feed": as pipe train reads (uint8 from the workers, `DeviceFeed` normalising a batch at
-    once on this CPU); "float": as it read before (float normalised per image in the workers)."""
+def child_reader(shards: str, mode: str, batch: int, workers: int, seed: int, epochs: int) -> dict:
+    """Ours, as pipe train reads: persistent workers (`train.data.loaders`). "feed": uint8 from the
+    workers, `DeviceFeed` normalising a batch at once on this CPU; "float": as it read before
+    (float normalised per image in the workers)."""
     import torch
 
     from train.data.device import DeviceFeed
@@ -293,10 +335,14 @@ def child_reader(shards: str, mode: str, batch: int, workers: int, seed: int) ->
     c0 = _cpu()
     reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",), image_size=LIMIT_SIZE,
                          normalize=mode == "float")
-    loader = make_loader(reader, workers)
-    reader.set_epoch(0)
+    loader = make_loader(reader, workers, persistent_workers=True)
     batches = DeviceFeed(loader, torch.device("cpu"), reader) if mode == "feed" else loader
-    return {**_counted(batches, lambda: close_loader(loader)), "setup_cpu_s": _cpu() - c0}
+
+    def epoch(e: int):
+        reader.set_epoch(e)
+        return batches
+
+    return {**_counted(epoch, epochs, lambda: close_loader(loader)), "setup_cpu_s": _cpu() - c0}
 
 
 def _per_sample(shards: str):
@@ -316,7 +362,7 @@ def _per_sample(shards: str):
     return decode
 
 
-def child_webloader(shards: str, _: str, batch: int, workers: int, seed: int) -> dict:
+def child_webloader(shards: str, _: str, batch: int, workers: int, seed: int, epochs: int) -> dict:
     """The stock webdataset `WebLoader`: shards split over the workers, a 512-sample shuffle
     buffer (as ours), per-sample decode, `batched` collation in the workers."""
     import torch
@@ -327,11 +373,12 @@ def child_webloader(shards: str, _: str, batch: int, workers: int, seed: int) ->
     urls = [str(p) for p in train_shards(Path(shards))]
     ds = (wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(512)
           .map(lambda s: (decode(s["jpg"]), int(s["cls"]))).batched(batch, partial=False))
-    loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
-    return _counted(loader)  # its workers end (and are joined) when the epoch ends
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+                           multiprocessing_context="fork" if workers else None)
+    return _counted(lambda e: loader, epochs, lambda: _shutdown(loader))
 
 
-def child_litdata(shards: str, chunks: str, batch: int, workers: int, seed: int) -> dict:
+def child_litdata(shards: str, chunks: str, batch: int, workers: int, seed: int, epochs: int) -> dict:
     """LitData's `StreamingDataLoader` over its own chunks of the same bytes (converted before)."""
     import torch
     from litdata import StreamingDataLoader, StreamingDataset
@@ -345,8 +392,16 @@ def child_litdata(shards: str, chunks: str, batch: int, workers: int, seed: int)
             return decode(s["jpg"]), s["cls"]
 
     ds = Images(chunks, shuffle=True, drop_last=True, seed=seed)
-    loader = StreamingDataLoader(ds, batch_size=batch, num_workers=workers, drop_last=True)
-    return _counted(loader)
+    loader = StreamingDataLoader(ds, batch_size=batch, num_workers=workers, drop_last=True,
+                                 persistent_workers=workers > 0)
+    return _counted(lambda e: loader, epochs, lambda: _shutdown(loader))
+
+
+def _shutdown(loader) -> None:
+    """A peer DataLoader's persistent workers stopped and joined now (their CPU time counted)."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
 
 
 
@@ -468,7 +523,7 @@ def litdata_chunks(clean: Path, shards: Path, env: dict) -> Path | None:
 
 def compare_limit(a: argparse.Namespace, clean: Path, shards: Path) -> None:
     env = peers_env(a)
-    common = {"shards": str(shards), "batch": a.batch_size, "workers": a.workers, "seed": a.seed}
+    common = {"shards": str(shards), "batch": a.batch_size, "workers": a.workers, "seed": a.seed, "epochs": a.epochs}
     ways = {"limit": ("the limit: decode_at in a loop", {"kind": "limit"}),
             "ours": ("ours, as pipe train reads", {"kind": "reader", "arg": "feed"}),
             "before": ("ours before (float in workers)", {"kind": "reader", "arg": "float"})}
@@ -487,8 +542,8 @@ def compare_limit(a: argparse.Namespace, clean: Path, shards: Path) -> None:
             got = run_child2({**common, **spec}, env)
             if got is not None:
                 runs[n].append(got)
-    print(f"decoded 224 px float batches from 512 px JPEG shards (batch {a.batch_size}, {a.workers} workers, "
-          f"{a.repeats} interleaved rounds, the least CPU a sample of each; load {load()}):")
+    print(f"decoded 224 px float batches from 512 px JPEG shards (batch {a.batch_size}, {a.workers} persistent workers, "
+          f"{a.epochs} epochs a run, {a.repeats} interleaved rounds, the least CPU a sample of each; load {load()}):")
     ms: dict[str, float] = {}
     for n, (what, _) in ways.items():
         if not runs[n]:
@@ -498,6 +553,7 @@ def compare_limit(a: argparse.Namespace, clean: Path, shards: Path) -> None:
         spread = [r["cpu_s"] / r["samples"] * 1e3 for r in runs[n]]
         print(f"  {what + ':':38s} {best['samples']} samples, {ms[n]:.3f} ms CPU a sample = {1e3 / ms[n]:6.0f} samples per "
               f"CPU second (rounds {', '.join(f'{x:.2f}' for x in spread)} ms); wall {best['samples'] / best['loop_s']:6.0f}/s")
+        print(f"  {'':38s} {startup(best)}")
     if "limit" in ms and "ours" in ms:
         r = ms["limit"] / ms["ours"]
         print(f"  ours / the limit, per core = {r:.2f}  (target >= 0.85: {'meets' if r >= 0.85 else 'MISSES'})")
@@ -505,6 +561,20 @@ def compare_limit(a: argparse.Namespace, clean: Path, shards: Path) -> None:
         if n in ms and "ours" in ms:
             print(f"  ours / {ways[n][0]}, per CPU second = {ms[n] / ms['ours']:.2f}"
                   + ("  (target > 1: " + ("beats)" if ms[n] > ms["ours"] else "DOES NOT beat)") if n != "before" else ""))
+
+
+def startup(run: dict) -> str:
+    """The run's start-up apart: its first epoch's CPU beyond a later epoch's (forking the workers,
+    first touches of shared memory and fresh buffers), and the later epochs' CPU a sample."""
+    per_epoch = run["epoch_cpu_s"]
+    if len(per_epoch) < 2:
+        return f"one epoch: start-up not told apart (--epochs 2 or more); closing {run['close_cpu_s'] * 1e3:.0f} ms"
+    later = sum(per_epoch[1:]) / (len(per_epoch) - 1)
+    each = run["samples"] / len(per_epoch)
+    extra = per_epoch[0] - later
+    return (f"start-up {f'{extra * 1e3:.0f} ms CPU once' if extra > 0 else 'none seen (load noise is larger)'} "
+            f"(epoch 1 {per_epoch[0] * 1e3:.0f} ms, later "
+            f"ones {later * 1e3:.0f} ms = {later / each * 1e3:.3f} ms a sample), closing {run['close_cpu_s'] * 1e3:.0f} ms")
 
 
 def compare_decoded(a: argparse.Namespace, clean: Path, shards: Path) -> None:
@@ -555,6 +625,10 @@ def main() -> None:
                     help="GB each side reads in the raw comparison (passes over the shards): enough that starting "
                          "Python, numpy and the index check (~0.3 s) is a small part, as in an epoch of a real dataset")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each measurement; the fastest counts")
+    ap.add_argument("--epochs", type=int, default=3,
+                    help="epochs each run of the limit comparison reads, with persistent workers as pipe train "
+                         "reads: a real epoch is far longer than these 2000 images, so the workers' start-up "
+                         "is spread as in training (and printed apart)")
     ap.add_argument("--max-count", type=int, default=1000, help="pipe shard --max-count (1000: its default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", choices=("limit", "decode", "raw"), help="run one of the three comparisons")
@@ -573,7 +647,7 @@ def main() -> None:
             return
         fn2 = CHILDREN2[spec["kind"]]
         args2 = [spec["shards"], *([spec.get("arg", "")] if spec["kind"] != "limit" else []),
-                 spec["batch"], spec["workers"], spec["seed"]]
+                 spec["batch"], spec["workers"], spec["seed"], spec["epochs"]]
         print(json.dumps(fn2(*args2)))
         return
     if a.child:

@@ -113,6 +113,35 @@ def test_batch_tensors(shards):
         assert int(_member(shards, k, ".cls")) == batch["label"][i]
 
 
+def test_small_tensors_shipped_by_value_from_workers_arrive_as_the_same_tensors(shards, monkeypatch):
+    """Labels, masks and lengths travel pickled from a worker (no shared-memory segment each) and
+    come out as the tensors shipping them as tensors gives: same dtypes and values, writable."""
+    import train.data.reader as reader_module
+
+    batches = {}
+    for by_value in (False, True):
+        if not by_value:
+            monkeypatch.setattr(reader_module, "_by_value", lambda batch: batch)  # the workers fork with this
+        reader = ShardReader(shards, "train", batch_size=8, max_text_len=6, normalize=False)
+        loader = make_loader(reader, 2)
+        reader.set_epoch(0)
+        batches[by_value] = list(loader)
+        close_loader(loader)
+        monkeypatch.undo()
+    assert len(batches[True]) == len(batches[False]) > 0
+    for got, want in zip(batches[True], batches[False]):
+        assert got.keys() == want.keys() and got["key"] == want["key"]
+        for name, v in want.items():
+            if isinstance(v, torch.Tensor):
+                assert isinstance(got[name], torch.Tensor) and got[name].dtype == v.dtype and torch.equal(got[name], v), name
+        got["label"] += 0  # writable, as before
+    made = next(iter(make_loader(ShardReader(shards, "train", batch_size=8, max_text_len=6, normalize=False), 0)))
+    shipped = reader_module._by_value(made)  # what a worker pickles: the small tensors as arrays
+    assert {"label", "valid", "has_image", "text", "text_len"} <= {k for k, v in shipped.items() if isinstance(v, np.ndarray)}
+    shared, big = torch.zeros(4).share_memory_(), torch.zeros(reader_module.SMALL + 1, dtype=torch.uint8)
+    assert all(v is reader_module._by_value({"x": v})["x"] for v in (shared, big))  # already shared, or large: as it was
+
+
 def test_train_images_normalize_to_zero_mean_unit_std(shards):
     reader = ShardReader(shards, "train", batch_size=1, fields=("image",))
     images = torch.cat([b["image"][b["has_image"]] for b in make_loader(reader, 0)])
