@@ -92,7 +92,9 @@ def _run(cfg: CleanConfig, place: CleanDir, executor: Executor, show_progress: b
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    listing, lab, label_notes = _candidates(cfg, place)
+    # a new CLEAN_DIR's first file is its first part's first item: the workers start on it while the rest is listed
+    first = partial(executor.ahead, items(cfg)) if place.fresh() else None
+    listing, lab, label_notes = _candidates(cfg, place, first)
     timings["discover_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -113,11 +115,11 @@ def _folder_prior(cfg: CleanConfig, results, listing, place: CleanDir) -> dict:
     return apply(results, listing, place, TextSettings(max_bytes=cfg.text_limit()))
 
 
-def _candidates(cfg: CleanConfig, place: CleanDir):
+def _candidates(cfg: CleanConfig, place: CleanDir, first=None):
     """The sorted, labelled candidates (a `Listing` on the staging disk), the labels file read
-    (or None) and its notes."""
+    (or None) and its notes; ``first``: `discover`'s."""
     lab = _labels(cfg, place)
-    listing = discover(place.inp, lab.labels if lab else None, lab.exclude if lab else None, place.staging)
+    listing = discover(place.inp, lab.labels if lab else None, lab.exclude if lab else None, place.staging, first)
     label_notes = {}
     if lab is not None:
         from pipeline.clean.labels import check_against

@@ -45,6 +45,11 @@ class LocalExecutor:
             if pool is not None:
                 pool.close()
 
+    def ahead(self, items: Items, item: Any) -> None:
+        """The session's pool starts on ``item`` (`OrderedPool.ahead`); `map_parts` takes its result."""
+        if self._pool is not None and self._pool_for == items.pool_key():
+            self._pool.ahead(item)
+
     def part_size(self, requested: int) -> int:
         return max(1, min(requested, PART_ITEMS))
 
