@@ -134,7 +134,7 @@ class OrderedPool(Generic[T, R]):
         self._starting: list[Future] = []  # start's no-op calls, done once a worker runs
         self._launcher: threading.Thread | None = None  # submits those calls (see `start`)
         self._from_server = False  # whether the last pool made forks its workers from the fork server
-        self._ahead: tuple[T, threading.Thread, list[Future]] | None = None  # `ahead`'s item, submitter, future
+        self._ahead: tuple[list[T], threading.Thread, list[Future]] | None = None  # `ahead`'s items, submitter, futures
 
     def _new_pool(self, workers: int) -> ProcessPoolExecutor:
         single_threaded_workers()
@@ -176,37 +176,39 @@ class OrderedPool(Generic[T, R]):
         except (BrokenProcessPool, RuntimeError):
             pass  # a pool that broke while it started: map's first submission finds out and recovers
 
-    def ahead(self, item: T) -> None:
-        """Start on ``item`` now, before `map` is called: the caller found it first and is still
-        listing the rest (on `pipe clean`'s start-up, ~0.1-0.2 s of the caller's CPU that the first
-        file no longer waits for). `map` takes its result if its first item is ``item``; if not,
-        the workers are killed (dropping the work) and a new pool starts: a caller that may be
-        wrong must tolerate what the dropped work left (pipe clean sweeps stray outputs).
+    def ahead(self, items: Sequence[T]) -> None:
+        """Start on ``items`` now, each alone, before `map` is called: the caller found them first
+        and is still listing the rest (on `pipe clean`'s start-up, ~0.1-0.2 s of the caller's CPU
+        that the first files no longer wait for). `map` takes their results while its first
+        items are these, in order; at the first that is not, the workers are killed (dropping
+        the work) and a new pool does the rest, the items already taken again: a caller that may
+        be wrong must tolerate what the dropped work left (pipe clean sweeps stray outputs).
 
-        The submission runs on a thread of its own: it waits for the launcher (`start`) to have
-        the workers, which takes until the fork server has imported what they need."""
+        The submissions run on a thread of their own: they wait for the launcher (`start`) to
+        have the workers, which takes until the fork server has imported what they need."""
         self.start()
-        if self._ahead is not None:
+        if self._ahead is not None or not items:
             return
-        launcher, got = self._launcher, []
+        launcher = self._launcher
+        got: list[Future] = []
 
         def submit() -> None:
             if launcher is not None:
                 launcher.join()
-            got.append(self._submit([item]))
+            got.extend(self._submit([item]) for item in items)
 
         thread = threading.Thread(target=submit, daemon=True, name="pool-ahead")
         thread.start()
-        self._ahead = (item, thread, got)
+        self._ahead = (list(items), thread, got)
 
-    def _take_ahead(self) -> tuple[T, Future] | None:
-        """The item `ahead` submitted and its future (once submitted), or None; forgotten here."""
+    def _take_ahead(self) -> list[tuple[T, Future]]:
+        """The items `ahead` submitted, each with its future (once submitted); forgotten here."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
-            return None
-        item, thread, got = ahead
+            return []
+        items, thread, got = ahead
         thread.join()
-        return (item, got[0]) if got else None  # (a pool shut down meanwhile: nothing was submitted)
+        return list(zip(items, got))  # (none where the pool shut down meanwhile)
 
     def _launched(self) -> None:
         """Wait for the thread `start` may have left launching the workers."""
@@ -272,23 +274,20 @@ class OrderedPool(Generic[T, R]):
             self.close()
 
     def _with_ahead(self, items: Iterator[T], pending: deque) -> Iterator[T]:
-        """``items`` less the first one when `ahead` already submitted it (its future then first
-        in ``pending``); else all of them, the work ahead dropped with the workers doing it."""
-        ahead = self._take_ahead()
-        if ahead is None:
-            return items
-        item, fut = ahead
-        try:
-            first = next(items)
-        except StopIteration:  # nothing to map: the workers (one busy ahead) end now
-            _kill(self._running())
-            self._pool = None
-            return items
-        if first == item:
-            pending.append(([first], fut))
-            return items
-        self._restart(pending, [])
-        return itertools.chain([first], items)
+        """``items`` less the first ones that `ahead` already submitted, in order (their futures
+        then first in ``pending``); from the first that differs on, the work ahead is dropped
+        with the workers doing it, and the ones taken are run again in a new pool."""
+        for item, fut in self._take_ahead():
+            try:
+                got = next(items)
+            except StopIteration:  # fewer items than were started ahead
+                self._restart(pending, [])
+                return items
+            if got != item:
+                self._restart(pending, [])
+                return itertools.chain([got], items)
+            pending.append(([got], fut))
+        return items
 
     def _running(self) -> ProcessPoolExecutor:
         """The pool in use: `map` starts one before it submits, replaces it while it runs, and

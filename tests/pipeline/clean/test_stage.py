@@ -319,8 +319,8 @@ def test_16_bit_scientific_images_keep_their_content_and_say_how(tmp_path, cli):
 
 @pytest.mark.parametrize("names", [("a.jpg", "b.jpg"), ("a.jpg", "a.png")], ids=["first-keyed-by-its-slug", "first-slug-shared"])
 def test_the_first_file_started_ahead_changes_nothing(tmp_path, monkeypatch, names):
-    # a new CLEAN_DIR's first file is started before the listing is made, keyed by its slug; when
-    # another file shares that slug its key differs, and the work started ahead is dropped
+    # a new CLEAN_DIR's first files are started before the listing is made, keyed by their slugs;
+    # when another file shares a slug its key differs, and the work started ahead is dropped
     from pipeline.core.executor import OrderedPool
 
     src = tmp_path / "raw"
@@ -328,11 +328,11 @@ def test_the_first_file_started_ahead_changes_nothing(tmp_path, monkeypatch, nam
         photo(src / name, seed=i, fmt="PNG" if name.endswith(".png") else "JPEG")
     started = []
     ahead = OrderedPool.ahead
-    monkeypatch.setattr(OrderedPool, "ahead", lambda self, item: (started.append(item.key), ahead(self, item)))
+    monkeypatch.setattr(OrderedPool, "ahead", lambda self, first: (started.extend(c.key for c in first), ahead(self, first)))
     run(src, tmp_path / "with", workers=1)
-    monkeypatch.setattr(OrderedPool, "ahead", lambda self, item: None)
+    monkeypatch.setattr(OrderedPool, "ahead", lambda self, first: None)
     run(src, tmp_path / "without", workers=1)
-    assert started == ["a"]
+    assert started == ["a", "b" if names[1] == "b.jpg" else "a"]
 
     def files(out: Path) -> dict[str, bytes]:
         return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
