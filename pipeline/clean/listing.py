@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.clean.candidate import Candidate
+from pipeline.clean.candidate import Candidate, class_folder
 from pipeline.clean.columns import KINDS, digest
 from pipeline.clean.keys import group_keys, slug
 from pipeline.formats.labels import label_name
@@ -79,8 +79,8 @@ class ListingWriter:
         if self._labels is not None:
             label = self._labels.get(source)
             return -1 if label is None else self._code(label)
-        folder = source.split("/", 1)[0] if "/" in source else None
-        if folder is None or folder in ("", ".", ".."):
+        folder = class_folder(source)
+        if folder is None:
             return -1
         code = self._folders.get(folder)
         if code is None:

@@ -127,6 +127,13 @@ class Executor(Protocol):
     def part_size(self, requested: int) -> int:
         """Items in one part: a part is what a killed run does again at most."""
 
+    def ahead(self, items: Items, first: Sequence[Any]) -> None:
+        """``items.fn`` started now on each of ``first``, where a warm session's workers can (else
+        nothing): the stage found them first and will most likely hand them to `map_parts` first,
+        in this order, once it has listed and planned the rest; `map_parts` then takes those
+        results. From the first that does not come in its place on, the work is dropped (what it
+        wrote, the stage must tolerate)."""
+
     def map_parts(self, items: Items, parts: Sequence[tuple[Any, Sequence[Any]]], on_part: OnPart,
                   on_item: Callable[[Any], None] | None = None, progress: bool = True) -> None:
         """``items.fn`` over every item of every part (``(meta, items)``); ``on_part(i, finish's

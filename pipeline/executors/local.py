@@ -65,6 +65,11 @@ class LocalExecutor:
             if pool is not None:
                 pool.close()
 
+    def ahead(self, items: Items, first: Sequence[Any]) -> None:
+        """The session's pool starts on ``first`` (`OrderedPool.ahead`); `map_parts` takes their results."""
+        if self._pool is not None and self._pool_for == items.pool_key():
+            self._pool.ahead(first)
+
     def part_size(self, requested: int) -> int:
         return max(1, min(requested, PART_ITEMS))
 

@@ -113,6 +113,9 @@ class RayExecutor:
             finally:
                 self._pool = None
 
+    def ahead(self, items: Items, first: Sequence[Any]) -> None:
+        """Nothing: a cluster's parts are the unit of work here, none starts before it is planned."""
+
     def part_size(self, requested: int) -> int:
         return max(1, requested)
 

@@ -315,3 +315,28 @@ def test_16_bit_scientific_images_keep_their_content_and_say_how(tmp_path, cli):
     assert r.exit_code == 2 and "--window '99,1' is not a window" in r.stderr
     bad = write(tmp_path / "bad.toml", '[clean]\nwindow = "p1,p99"\n')
     assert cli("clean", src, "-o", tmp_path / "out4", "--config", bad).exit_code == 2
+
+
+@pytest.mark.parametrize("names", [("a.jpg", "b.jpg"), ("a.jpg", "a.png")], ids=["first-keyed-by-its-slug", "first-slug-shared"])
+def test_the_first_file_started_ahead_changes_nothing(tmp_path, monkeypatch, names):
+    # a new CLEAN_DIR's first files are started before the listing is made, keyed by their slugs;
+    # when another file shares a slug its key differs, and the work started ahead is dropped
+    from pipeline.core.executor import OrderedPool
+
+    src = tmp_path / "raw"
+    for i, name in enumerate(names):
+        photo(src / name, seed=i, fmt="PNG" if name.endswith(".png") else "JPEG")
+    started = []
+    ahead = OrderedPool.ahead
+    monkeypatch.setattr(OrderedPool, "ahead", lambda self, first: (started.extend(c.key for c in first), ahead(self, first)))
+    run(src, tmp_path / "with", workers=1)
+    monkeypatch.setattr(OrderedPool, "ahead", lambda self, first: None)
+    run(src, tmp_path / "without", workers=1)
+    assert started == ["a", "b" if names[1] == "b.jpg" else "a"]
+
+    def files(out: Path) -> dict[str, bytes]:
+        return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
+                if p.is_file() and p.name != "report.json" and ".pipe" not in p.parts}
+
+    assert files(tmp_path / "with") == files(tmp_path / "without")
+    assert ("data/a.jpg" in files(tmp_path / "with")) == (names[1] == "b.jpg")

@@ -116,3 +116,36 @@ def test_a_stuck_item_in_a_batch_times_out_alone_and_its_batch_completes(preload
                         on_timeout=lambda i, s: ("timeout", i), batch=4, batchable=lambda x: True))
     assert out == [0, 1, 2, ("timeout", 3), *range(4, 12)]
     assert time.monotonic() - t < 40
+
+
+def logged_square(item: tuple[str, int]) -> int:
+    """Squares, each call logged in the file named (the workers are other processes)."""
+    log, x = item
+    with open(log, "a") as f:
+        f.write(f"{x}\n")
+    return x * x
+
+
+@HOW
+def test_items_started_ahead_are_the_maps_first_and_run_once(tmp_path, preload):
+    log = str(tmp_path / "calls")
+    pool = OrderedPool(logged_square, workers=2, preload=preload).start()
+    pool.ahead([(log, 3), (log, 4)])
+    items = [(log, x) for x in (3, 4, 5, 6)]
+    assert list(pool.map(items, on_crash=lambda i, e: -1, timeout=60, on_timeout=lambda i, s: -2)) == [9, 16, 25, 36]
+    assert sorted(Path(log).read_text().split()) == ["3", "4", "5", "6"]
+
+
+@HOW
+def test_items_started_ahead_that_do_not_come_first_are_dropped(tmp_path, preload):
+    import time
+
+    pool = OrderedPool(hang_on_three, workers=1, preload=preload)
+    pool.ahead([3])  # it never ends: dropped all the same (its worker killed), not waited for
+    t = time.monotonic()
+    assert list(pool.map([4, 5], on_crash=lambda i, e: -1)) == [4, 5]
+    pool.ahead([4, 3])  # the first taken, the second not its map's: the first is run again in the new pool
+    assert list(pool.map([4, 6], on_crash=lambda i, e: -1)) == [4, 6]
+    pool.ahead([3])
+    assert list(pool.map([], on_crash=lambda i, e: -1)) == []  # nothing to map: the worker busy ahead ends
+    assert time.monotonic() - t < 30
