@@ -93,10 +93,9 @@ class ShardReader(SampleReader, IterableDataset):
         None: the index's. ``tokenize``: texts -> a dict of [B, L] tensors (the model's
         tokenizer, e.g. ``input_ids`` and ``attention_mask``) put into the batch instead of byte
         ids; it runs here, in the dataloader workers. ``normalize``: False ships ``image`` as uint8
-        [B,3,S,S] (each image's colour planes, `decode_planes`: 4x fewer bytes to move and pin, no
-        float per pixel in the worker, a straight uint8 -> float pass where it is normalised) for
-        `normalize_batch` to normalise a whole batch at once where it is cheapest
-        (`train.data.device`: on the GPU). ``decode``: "gpu" leaves JPEGs undecoded
+        [B,3,S,S] (a channels-last view of [B,S,S,3]: 4x fewer bytes to move and pin, no float per
+        pixel in the worker) for `normalize_batch` to normalise a whole batch at once where it is
+        cheapest (`train.data.device`: on the GPU). ``decode``: "gpu" leaves JPEGs undecoded
         (``jpeg``, ``jpeg_offsets``; headers checked here) for the device to decode
         (`train.data.device.decode_batch`, the CPU decoder its fallback); implies ``normalize=False``."""
         if decode not in DECODES:
@@ -150,7 +149,7 @@ class ShardReader(SampleReader, IterableDataset):
         if self.normalize or "image" not in self.fields or self.num_workers < 1 or not _ORDERED_STORES:
             return None
         if self.ring is None:
-            self.ring = Ring(self.num_workers, slots, (self.batch_size, 3, self.image_size, self.image_size))
+            self.ring = Ring(self.num_workers, slots, (self.batch_size, self.image_size, self.image_size, 3))
         return self.ring
 
     def normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,13 +356,14 @@ class ShardReader(SampleReader, IterableDataset):
         ring_slot = None
         if self.normalize:  # float [B,3,S,S], normalised per image while it is in cache
             out = _batch_tensor((n, 3, size, size))
-            pixels = np.empty((3, size, size), dtype=np.uint8)
+            pixels = np.empty((size, size, 3), dtype=np.uint8)
         elif (ring_slot := self._ring_slot(n)) is not None:  # uint8 into a slot of the shared ring
             out = self.ring.pixels[ring_slot]  # type: ignore[union-attr]
-        else:  # uint8 [B,3,S,S]: each image decoded straight into its slot, as colour planes
-            out = _batch_tensor((n, 3, size, size), torch.uint8)
-        images = _Images(out, torch.zeros(n, dtype=torch.bool), [None] * n if self.decode == "gpu" else None, ring_slot)
-        slots = None if self.normalize else out.numpy()  # each image's [3,S,S] as a numpy view, made once a batch
+        else:  # uint8 [B,S,S,3]: each image decoded straight into its slot; [B,3,S,S] channels-last view
+            out = _batch_tensor((n, size, size, 3), torch.uint8)
+        images = _Images(out if self.normalize else out.permute(0, 3, 1, 2), torch.zeros(n, dtype=torch.bool),
+                         [None] * n if self.decode == "gpu" else None, ring_slot)
+        slots = None if self.normalize else out.numpy()  # each image's [S,S,3] as a numpy view, made once a batch
         for i, s in enumerate(samples):
             ext = s.image_ext
             if ext is None or i in bad:
@@ -374,14 +374,22 @@ class ShardReader(SampleReader, IterableDataset):
                     images.encoded[i] = _checked_jpeg(s.fields[ext], self.stored_size)
                     images.has[i] = True
                     continue
-                decode_planes(s.fields[ext], ext, self.stored_size, size, out=pixels if slots is None else slots[i])
+                if slots is None:
+                    arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=pixels)
+                else:
+                    slot = slots[i]
+                    arr = decode_at(s.fields[ext], ext, self.stored_size, size, out=slot)
+                    if arr is not slot and not np.shares_memory(arr, slot):  # e.g. a PNG: decoded into a new array
+                        slot[...] = arr
             except DecodeError as e:
                 self._bad(bad, i, s, _error(s, str(e)))
                 out[i].zero_()
                 continue
-            if self.normalize:  # uint8 planes -> float in one straight copy, then normalised in place, in cache
+            if self.normalize:
+                # HWC uint8 -> CHW float in one strided copy, then normalize in place: the image stays
+                # in cache (a whole-batch permute + normalize on the CPU is several times slower)
                 x = out[i]
-                x.copy_(torch.from_numpy(pixels))
+                x.copy_(torch.from_numpy(arr).permute(2, 0, 1))
                 x.mul_(self._scale).add_(self._shift)
             images.has[i] = True
         return images
@@ -447,62 +455,29 @@ def decode_at(data: bytes | memoryview, ext: str, stored: int, size: int, out: n
     with Lanczos-3, the way `pipe clean` resizes. Raises `DecodeError` for a damaged image or one
     whose size is not the index's.
     """
-    if size < stored and ext == "jpg":
-        small = np.asarray(_shrunk(data, stored, size))  # a read-only view of Pillow's pixels
-        if out is None or out.shape != small.shape:
-            return small.copy()
-        out[...] = small
-        return out
-    arr = decode_image(data, ext, out=out)  # into out only when it has the stored size
-    _check_stored(arr.shape[1], arr.shape[0], stored)
+    if size >= stored or ext != "jpg":
+        arr = decode_image(data, ext, out=out)  # into out only when it has the stored size
+        _check_stored(arr.shape[1], arr.shape[0], stored)
+    else:
+        import simplejpeg
+
+        try:
+            h, w = simplejpeg.decode_jpeg_header(data)[:2]
+        except Exception as e:  # noqa: BLE001 - as pipeline.formats.sample.decode_image: one kind of error
+            raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
+        _check_stored(w, h, stored)
+        sw, sh = scaled_size(w, h, dct_scale(w, h, size, "stretch"))
+        try:
+            arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, min_width=sw, min_height=sh)
+        except Exception as e:  # noqa: BLE001
+            raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
     if size >= stored:
         return arr
-    small = np.asarray(fit(Image.fromarray(arr), size, "stretch", (0, 0, 0)))
+    small = np.asarray(fit(Image.fromarray(arr), size, "stretch", (0, 0, 0)))  # a read-only view of Pillow's pixels
     if out is None or out.shape != small.shape:
         return small.copy()
     out[...] = small
     return out
-
-
-def decode_planes(data: bytes | memoryview, ext: str, stored: int, size: int, out: np.ndarray) -> np.ndarray:
-    """`decode_at`'s image as its three colour planes, written into ``out`` (uint8 [3, size, size]).
-
-    Why planes: the training process turns a batch into float [B,3,S,S]; from an interleaved
-    [S,S,3] image that conversion is a gather of every third byte (measured 0.060 ms for a 224 px
-    image), from planes a straight pass (0.010). Taking the planes apart costs the worker less than
-    the difference: a shrunk JPEG's pixels are read from Pillow as 32-bit RGBX words and split with
-    three shifts (0.038 ms, against 0.028 for today's interleaved copy). The same pixels either way."""
-    if size < stored and ext == "jpg":
-        _planes(_shrunk(data, stored, size), out)
-    else:
-        out[...] = decode_at(data, ext, stored, size).transpose(2, 0, 1)
-    return out
-
-
-def _shrunk(data: bytes | memoryview, stored: int, size: int) -> Image.Image:
-    """A stored JPEG decoded shrunk in the DCT domain and resized to ``size`` px (see `decode_at`)."""
-    import simplejpeg
-
-    try:
-        h, w = simplejpeg.decode_jpeg_header(data)[:2]
-    except Exception as e:  # noqa: BLE001 - as pipeline.formats.sample.decode_image: one kind of error
-        raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
-    _check_stored(w, h, stored)
-    sw, sh = scaled_size(w, h, dct_scale(w, h, size, "stretch"))
-    try:
-        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, min_width=sw, min_height=sh)
-    except Exception as e:  # noqa: BLE001
-        raise DecodeError(f"jpg image does not decode: {type(e).__name__}: {e}") from None
-    return fit(Image.fromarray(arr), size, "stretch", (0, 0, 0))
-
-
-def _planes(im: Image.Image, out: np.ndarray) -> None:
-    """An RGB Pillow image's pixels into ``out`` [3,H,W]: Pillow keeps a pixel as 4 bytes (R, G, B,
-    pad), so as little-endian 32-bit words each plane is one shift and a narrowing copy."""
-    words = np.frombuffer(im.tobytes("raw", "RGBX"), dtype="<u4").reshape(out.shape[1:])
-    np.copyto(out[0], words, casting="unsafe")  # uint32 -> uint8 keeps the low byte: R
-    np.right_shift(words, 8, out=out[1], casting="unsafe")
-    np.right_shift(words, 16, out=out[2], casting="unsafe")
 
 
 def _check_stored(w: int, h: int, stored: int) -> None:
@@ -569,7 +544,7 @@ new memory, as without the ring, rather than a slot freed before its reads are d
 
 
 class Ring:
-    """``slots`` uint8 batches [B,3,S,S] per dataloader worker in shared memory, and whether each is
+    """``slots`` uint8 batches [B,S,S,3] per dataloader worker in shared memory, and whether each is
     taken (see `ShardReader.share_ring`). A slot's flag is set only by its worker (free -> taken)
     and cleared only by the consumer (taken -> free), so neither needs a lock."""
 
@@ -585,8 +560,8 @@ class Ring:
         return None
 
     def images(self, slot: tuple[int, int]) -> torch.Tensor:
-        """The slot's images as uint8 [B,3,S,S]; valid until `free`."""
-        return self.pixels[slot]
+        """The slot's images as uint8 [B,3,S,S] (a channels-last view); valid until `free`."""
+        return self.pixels[slot].permute(0, 3, 1, 2)
 
     def free(self, slot: tuple[int, int]) -> None:
         self.busy[slot] = 0

@@ -172,7 +172,7 @@ def test_workers_decode_into_ring_slots_and_take_new_memory_when_none_is_free(bi
     reader = ShardReader(big_shards, "train", batch_size=4, seed=3, fields=("image",), image_size=24, normalize=False)
     loader = make_loader(reader, 2)
     ring = reader.share_ring(1)  # made before the workers fork; nobody frees a slot below
-    assert ring is not None and ring.pixels.shape == (2, 1, 4, 3, 24, 24)  # colour planes (`decode_planes`)
+    assert ring is not None and ring.pixels.shape == (2, 1, 4, 24, 24, 3)
     reader.set_epoch(0)
     try:
         batches = list(loader)

@@ -303,24 +303,6 @@ def test_images_come_at_the_requested_size_matching_a_full_decode(big_shards, wo
     assert seen == {".jpg", ".png"}
 
 
-@pytest.mark.parametrize("size", [24, 50, 96])  # DCT-domain shrink + Lanczos-3 (two scales), and the stored size
-def test_colour_planes_are_decode_at_pixels_exactly(big_shards, size):
-    """The workers' uint8 batches are `decode_planes`' [3,S,S]: byte for byte `decode_at`'s [S,S,3]
-    image transposed, for a JPEG and a PNG, so the model's float input is the same as before."""
-    from train.data.reader import decode_at, decode_planes
-
-    seen = set()
-    members = [m for tar in sorted(big_shards.glob("*.tar")) for m in tarfile.open(tar).getnames()]
-    for name in [m for m in members if m.endswith((".jpg", ".png"))]:
-        key, ext = name.rsplit(".", 1)
-        data = _member(big_shards, key, "." + ext)
-        planes = np.full((3, size, size), 7, dtype=np.uint8)
-        assert decode_planes(data, ext, 96, size, out=planes) is planes
-        assert np.array_equal(planes, decode_at(data, ext, 96, size).transpose(2, 0, 1)), (key, size)
-        seen.add(ext)
-    assert seen == {"jpg", "png"}
-
-
 def test_default_image_size_is_the_stored_one_and_never_enlarged(big_shards):
     assert ShardReader(big_shards, batch_size=4).image_size == 96
     assert ShardReader(big_shards, batch_size=4, image_size=96).image_size == 96
