@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import codecs
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -45,6 +45,19 @@ _SETTLED = ("utf-8", "ascii")
 FIELDS = ("source", "key", "encoding", "reason", "bytes", "output")
 # ...and what the prior reads besides: how sure the file's own reading was
 _FETCHED = (*FIELDS, "encoding_confidence")
+
+
+class _Fact(NamedTuple):
+    """One text's row number and its `_FETCHED` fields, as the prior reads them."""
+
+    row: int
+    source: str
+    key: str
+    encoding: str | None
+    reason: str | None
+    size: int
+    output: str | None
+    confidence: float | None
 
 
 def apply(results: Columns, listing, place, settings) -> dict:
@@ -73,7 +86,7 @@ def apply(results: Columns, listing, place, settings) -> dict:
             written[_output(f)] = _patch(results, place, row, f, o)
         decided.update(chosen)
         folders += bool(chosen)
-    _write_back(listing, place, settings, [f for f in back if f[0] not in decided])
+    _write_back(listing, place, settings, [f for f in back if f.row not in decided])
     _record(place, written)
     return {"files": len(decided), "folders": folders} if decided else {}
 
@@ -111,22 +124,22 @@ def _folder_stats(results: Columns) -> dict[str, tuple[int, set, bool]]:
     return stats
 
 
-def _members(results: Columns, wanted: set[str], earlier: set[str]) -> tuple[dict[str, list[tuple]], list[tuple]]:
+def _members(results: Columns, wanted: set[str], earlier: set[str]) -> tuple[dict[str, list[_Fact]], list[_Fact]]:
     """The (row, `_FETCHED`...) of the texts of each ``wanted`` folder the prior weighs, and of the
     texts whose outputs are ``earlier`` ones."""
-    members: dict[str, list[tuple]] = defaultdict(list)
+    members: dict[str, list[_Fact]] = defaultdict(list)
     back = []
     for rows, columns in _by_part(results, _FETCHED):
-        for f in zip(rows, *columns, strict=True):
-            folder = f[1].rpartition("/")[0]
-            if folder in wanted and _takes_part(f[3], f[4]):
+        for f in map(_Fact._make, zip(rows, *columns, strict=True)):
+            folder = f.source.rpartition("/")[0]
+            if folder in wanted and _takes_part(f.encoding, f.reason):
                 members[folder].append(f)
-            if f[6] and f[6] in earlier:
+            if f.output and f.output in earlier:
                 back.append(f)
     return members, back
 
 
-def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tuple]:
+def _decide_folder(listing, place, settings, facts: list[_Fact]) -> dict[int, tuple]:
     """by_folder over one folder's texts: {row: (its facts, the text stage's
     outcome on the prior's reading)} of each file it decides."""
     from pipeline.media.text.clean import clean_text
@@ -134,7 +147,7 @@ def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tu
 
     data, files = [], []
     for f in facts:
-        b = _read(place, listing[f[0]].path) if f[5] <= settings.max_bytes else b""
+        b = _read(place, listing[f.row].path) if f.size <= settings.max_bytes else b""
         data.append(b)
         files.append(_own(b, f, settings))
     out = {}
@@ -142,11 +155,11 @@ def _decide_folder(listing, place, settings, facts: list[tuple]) -> dict[int, tu
         if chosen.by_prior and b:
             o = clean_text(b, settings, reading=chosen.decoded())
             if o.reason is None and o.text is not None:
-                out[f[0]] = (f, o)
+                out[f.row] = (f, o)
     return out
 
 
-def _own(data: bytes, fact: tuple, settings) -> FolderFile:
+def _own(data: bytes, fact: _Fact, settings) -> FolderFile:
     """The file's own reading, as its worker made it: its row's encoding and confidence, and the
     text stage's text of its bytes decoded strictly in that encoding (what the detection decoded:
     detecting again would cost ten times as much; bytes that no longer decode so, changed since,
@@ -155,17 +168,19 @@ def _own(data: bytes, fact: tuple, settings) -> FolderFile:
     from pipeline.media.text.decoded import Decoded
     from pipeline.media.text.prior import FolderFile
 
-    _row, _source, _key, encoding, reason, _size, _output, confidence = fact
-    if reason is not None or not data:
+    encoding, confidence = fact.encoding, fact.confidence
+    if fact.reason is not None or not data:
         return FolderFile(data, None, encoding, confidence)
     try:
+        if encoding is None:
+            raise LookupError("no encoding recorded")
         o = clean_text(data, settings, reading=Decoded(data.decode(encoding), encoding, confidence), fingerprints=False)
     except (UnicodeDecodeError, LookupError, TypeError):
         o = clean_text(data, settings, fingerprints=False)
     return FolderFile(data, o.text if o.reason is None else None, o.encoding, o.confidence)
 
 
-def _patch(results: Columns, place, row: int, fact: tuple, o) -> int:
+def _patch(results: Columns, place, row: int, fact: _Fact, o) -> int:
     """The prior's reading of ``row`` written to its output and laid over its result; its size."""
     payload = o.text.encode("utf-8")
     output = _output(fact)
@@ -180,16 +195,16 @@ def _patch(results: Columns, place, row: int, fact: tuple, o) -> int:
     return len(payload)
 
 
-def _write_back(listing, place, settings, facts: list[tuple]) -> None:
+def _write_back(listing, place, settings, facts: list[_Fact]) -> None:
     """The file's own reading into each output the prior wrote in an earlier run and no longer
     decides (its result, reused, names that output)."""
     from pipeline.media.text.clean import clean_text
 
     for f in facts:
-        b = _read(place, listing[f[0]].path)
+        b = _read(place, listing[f.row].path)
         o = clean_text(b, settings) if b else None
-        if o is not None and o.text is not None:
-            _write(place, f[6], o.text.encode("utf-8"))
+        if o is not None and o.text is not None and f.output:
+            _write(place, f.output, o.text.encode("utf-8"))
 
 
 def _write(place, output: str, payload: bytes) -> None:
@@ -215,10 +230,9 @@ def _record(place, outputs: dict[str, int]) -> None:
     place.forget_prior()
 
 
-def _output(fact: tuple) -> str:
+def _output(fact: _Fact) -> str:
     """Where the prior's reading of a text goes: its own output, or where a kept text's goes."""
-    _row, source, key, _enc, _reason, _size, output = fact[:7]
-    return output or output_path(source, key, "txt")
+    return fact.output or output_path(fact.source, fact.key, "txt")
 
 
 def _read(place, path: str) -> bytes:
