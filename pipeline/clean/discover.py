@@ -104,23 +104,30 @@ def discover(root: Location | Folder, labels: dict[str, str] | None = None, excl
 
     writer = ListingWriter(where, labels)
     for begin in range(0, len(entries), BATCH):
-        batch = [e for e in entries[begin:begin + BATCH] if e is not None and not (exclude and e.rel in exclude)]
+        batch = [e for e in entries[begin:begin + BATCH] if e is not None and _wanted(e, exclude)]
         entries[begin:begin + BATCH] = [None] * min(BATCH, len(entries) - begin)  # (each entry freed once handed over)
-        files = [e for e in batch if not e.note]
-        heads = iter(folder.read_heads([e.target for e in files], HEAD_BYTES + 512))
-        writer.extend(_problem(e) if e.note else _classify(folder, e, next(heads)) for e in batch)
+        writer.extend(_candidates(folder, batch))
     return writer.finish()
+
+
+def _wanted(e: Entry, exclude: set[str] | None) -> bool:
+    return not (exclude and e.rel in exclude)
+
+
+def _candidates(folder: Folder, batch: list[Entry]) -> list[Candidate]:
+    """Each entry as a candidate: the files' heads read in one call, then sniffed."""
+    heads = iter(folder.read_heads([e.target for e in batch if not e.note], HEAD_BYTES + 512))
+    return [_problem(e) if e.note else _classify(folder, e, next(heads)) for e in batch]
 
 
 def _hand_first(folder: Folder, entries: list[Entry | None], labels: dict[str, str] | None,
                 exclude: set[str] | None, first: Callable[[list[Candidate]], None], n: int) -> None:
     """``first`` given the first ``n`` entries' candidates, labelled and keyed as the listing most
     likely has them (see `discover`); nothing when every entry is excluded."""
-    some = list(itertools.islice((e for e in entries if e is not None and not (exclude and e.rel in exclude)), n))
+    some = list(itertools.islice((e for e in entries if e is not None and _wanted(e, exclude)), n))
     if not some:
         return
-    heads = iter(folder.read_heads([e.target for e in some if not e.note], HEAD_BYTES + 512))
-    cands = [_problem(e) if e.note else _classify(folder, e, next(heads)) for e in some]
+    cands = _candidates(folder, some)
     for c in cands:
         c.label, c.key = label_of(c.source, labels), slug(c.source)
     first(cands)
