@@ -161,7 +161,6 @@ def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray,
     is_image = samples.image_ext >= 0
     recorded = is_image & (px[:, 0] >= 0)
     lossy = np.isin(samples.image_ext, [IMAGE_EXTS.index(e) for e in LOSSY_EXTS])
-    before_encoding = _before_encoding(Path(cfg.input))
     stats, sizes = shard_index.PixelStats(), Counter[tuple[int, int]]()
     lossy_recorded = False
     for lo in range(0, len(px), MEASURE_ROWS):  # a part at a time: no copy of every image's numbers
@@ -179,7 +178,7 @@ def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray,
         seen = ", ".join(f"{w}x{h} ({n} images)" for (w, h), n in sizes.most_common(3))
         raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
     size = next(iter(sizes))[0] if sizes else None
-    return stats, size, len(todo), before_encoding and lossy_recorded
+    return stats, size, len(todo), lossy_recorded and _before_encoding(Path(cfg.input))  # (its footer read only then)
 
 
 def _before_encoding(clean_dir: Path) -> bool:
