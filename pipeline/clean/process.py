@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from pipeline.clean.discover import Candidate
+from pipeline.clean.candidate import Candidate
 from pipeline.clean.records import FileResult
 from pipeline.formats.pixels import ImagePixels
 from pipeline.formats.vocabulary import Kind, Reason

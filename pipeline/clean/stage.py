@@ -167,10 +167,13 @@ def _warm_up_manifest_writer() -> None:
     """Importing pyarrow, numpy and the decide stage takes 0.2-0.5 s: let that happen on a spare
     core while the workers decode, instead of after them, before the manifest is written. So do
     the modules the run's tail imports after the last result (the prior, the near-duplicate
-    search and its pixel check with Pillow, finalize): ~15-30 ms of the tail on 2048x1536 photos."""
+    search and its pixel check with Pillow, finalize): ~15-30 ms of the tail on 2048x1536 photos.
+    And Pillow's common plugins, which its first Image.open imports (the pixel check's first
+    output read back: ~8-9 ms of the tail)."""
 
     def load() -> None:
         import pyarrow
+        from PIL import Image
 
         import pipeline.clean.decide  # noqa: F401
         import pipeline.clean.finalize  # noqa: F401
@@ -180,6 +183,7 @@ def _warm_up_manifest_writer() -> None:
         import pipeline.similarity.perceptual  # noqa: F401
 
         pyarrow.array([0])
+        Image.preinit()
 
     threading.Thread(target=load, name="pipe-warm-up", daemon=True).start()
 

@@ -62,6 +62,7 @@ def _asks_for_ray(argv: list[str]) -> bool:
 
 
 def main() -> None:
+    _skip_the_last_collection()
     _workers_skip_the_script()
     _warm_up_workers(sys.argv[1:])
     from pipeline.cli.commands import app_for
@@ -70,6 +71,20 @@ def main() -> None:
         app_for(sys.argv[1:])(prog_name="pipe")
     finally:
         _stop_workers()
+
+
+def _skip_the_last_collection() -> None:
+    """At exit, after every atexit handler (this one is registered first, so it runs last), the
+    interpreter's last garbage collection walks every object the command made and imported
+    (typer, pydantic, pyarrow, numpy): ~45 ms of every `pipe clean`'s tail on the 2-core VM,
+    after the manifest is committed and the report printed (measured: 79 -> 32 ms from the
+    report to the exit). The command is over by then and what it wrote is closed (outputs are
+    written atomically and renamed), so everything is frozen instead, as Ray's driver does
+    (`pipeline.executors.ray`). The modules are still torn down, their objects freed by count."""
+    import atexit
+    import gc
+
+    atexit.register(gc.freeze)
 
 
 def _stop_workers() -> None:

@@ -110,10 +110,11 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
     out.notes = list(dict.fromkeys(d.notes))  # each note once, in order
     if out.reason is not None:
         return out
-    rgb = d.image
+    # a JPEG's pixels as decoded (an array; its Pillow image is made only if asked for), or the image
+    rgb = d.pixels if d.pixels is not None else d.image
     if rgb is None:  # decode either sets the image or raises
         raise AssertionError("the decoder returned without an image or a reason")
-    out.content_hash = pixel_hash(rgb, d.pixels)
+    out.content_hash = pixel_hash(rgb)
     final, picture = fit_and_picture(rgb, s.size, s.resize_mode, s.background)
     shown = picture if picture is not None else final  # the picture as output, without padding
     hist = shown.histogram()  # one pass, for the blank test and the output's pixel sums
@@ -123,7 +124,10 @@ def clean_image(data: bytes, s: ImageSettings) -> ImageOutcome:
         return out
     # the hash squeezes the picture to 32x32: from the scaled picture it is the same hash at a
     # third of the cost of hashing the decoded one
-    out.phash = phash(picture if picture is not None else rgb)
+    whole = picture if picture is not None else d.image  # (crop: the whole picture was not resampled)
+    if whole is None:
+        raise AssertionError("the decoder returned pixels without an image")
+    out.phash = phash(whole)
     out.data, out.ext = encode(final, s.format, s.quality), s.format
     out.output_pixels = _measure(final, shown, hist, s.background)
     return out
@@ -179,14 +183,19 @@ def _blank(picture, depth=None, hist: list[int] | None = None) -> str:
             "nothing to learn from it")
 
 
-def pixel_hash(rgb, pixels=None) -> str:
-    """Exact-duplicate key: xxh3-128 of the size and the RGB bytes (``pixels``, when given, is
-    the same bytes as an (H, W, 3) uint8 array, hashed without copying them out of Pillow)."""
+def pixel_hash(rgb) -> str:
+    """Exact-duplicate key: xxh3-128 of the size and the RGB bytes of an RGB image, or of its
+    pixels as an (H, W, 3) uint8 array (hashed as they are, without a copy)."""
+    import numpy as np
     import xxhash
 
     h = xxhash.xxh3_128()
-    h.update(f"{rgb.width}x{rgb.height}".encode())
-    h.update(pixels if pixels is not None and pixels.flags.c_contiguous else rgb.tobytes())
+    if isinstance(rgb, np.ndarray):
+        h.update(f"{rgb.shape[1]}x{rgb.shape[0]}".encode())
+        h.update(rgb.data if rgb.flags.c_contiguous else rgb.tobytes())
+    else:
+        h.update(f"{rgb.width}x{rgb.height}".encode())
+        h.update(rgb.tobytes())
     return h.hexdigest()
 
 

@@ -22,6 +22,7 @@ import os
 import tempfile
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageFile
 
@@ -31,6 +32,9 @@ from pipeline.media.image.depth import Scaled
 from pipeline.media.image.resize import dct_scale, orient, scaled_size
 from pipeline.media.image.window import AUTO, Window
 from pipeline.media.reject import Reject
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Image.MAX_IMAGE_PIXELS = None  # --max-pixels is checked here, from the header, before decoding
 ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -62,10 +66,24 @@ class Decoded:
     width: int = 0  # as stored in the file (before orientation)
     height: int = 0
     format: str = ""
-    image: Image.Image | None = None  # upright RGB; smaller than width x height after a DCT shrink
-    pixels: object = None  # the same pixels as an (H, W, 3) uint8 array, when the decoder gave one
+    pixels: np.ndarray | None = None  # the upright RGB pixels as an (H, W, 3) uint8 array, when the decoder gave one
     notes: list[str] = field(default_factory=list)
     depth: Scaled | None = None  # how a source of more than 8 bits a sample was made 8-bit
+    _image: Image.Image | None = field(default=None, repr=False)
+
+    @property
+    def image(self) -> Image.Image | None:
+        """Upright RGB; smaller than width x height after a DCT shrink. A JPEG that colour and
+        orientation leave as decoded has only ``pixels`` until this is asked for: its resize
+        reads them directly (`resize.fit_and_picture`), and the Pillow copy of a 1024x768
+        picture (~0.3 ms, 2.5% of a camera JPEG's work) is made only where something needs it."""
+        if self._image is None and self.pixels is not None:
+            self._image = Image.fromarray(self.pixels, "RGB")
+        return self._image
+
+    @image.setter
+    def image(self, im: Image.Image | None) -> None:
+        self._image = im
 
 
 def decode(data: bytes, t: Target, d: Decoded | None = None) -> Decoded:
@@ -108,6 +126,9 @@ def _decode_jpeg(data: bytes, t: Target, d: Decoded) -> Decoded:
     orientation = _exif_orientation(h.exif, d.notes) if h.exif else None
     m = dct_scale(h.width, h.height, t.size, t.mode, orientation)
     arr = jpeg.decode(h, *scaled_size(h.width, h.height, m))
+    if h.components == 3 and not h.icc and orientation in (None, 1):
+        d.pixels = arr  # sRGB, upright, as decoded: nothing for colour or orientation to do
+        return d
     if h.components == 1:
         im = Image.fromarray(arr[:, :, 0], "L")
     elif h.components == 3:

@@ -76,6 +76,21 @@ def test_our_lanczos_is_pillows(mode):
         assert psnr(ours, np.asarray(pillow_fit(im, 256, mode))) >= 45, im.size
 
 
+@pytest.mark.parametrize("mode", ["pad", "stretch", "crop"])
+def test_pixels_and_their_image_resize_to_the_same_bytes(mode):
+    # a JPEG's decoded array is resized as 3-byte pixels, any other image as Pillow keeps it (4
+    # bytes): the same convolution, the same output, down or up, odd sizes, a crop box
+    rng = np.random.default_rng(3)
+    photo = np.asarray(Image.open(io.BytesIO(nasty.jpeg_bytes(zone_plate(1023, 767), quality=90))).convert("RGB"))
+    for px in (photo, photo[:301, :97].copy(), rng.integers(0, 256, (37, 91, 3), dtype=np.uint8)):
+        for size in (512, 61, 1):
+            ours = resize.fit_and_picture(px, size, mode, (12, 34, 56))
+            pillow = resize.fit_and_picture(Image.fromarray(px), size, mode, (12, 34, 56))
+            assert ours[0].mode == "RGB" and ours[0].tobytes() == pillow[0].tobytes(), (px.shape, size)
+            assert (ours[1] is None) == (pillow[1] is None)
+            assert ours[1] is None or ours[1].tobytes() == pillow[1].tobytes()
+
+
 @pytest.mark.parametrize("w, h, size, mode, want", [
     (2048, 1536, 512, "pad", 4),  # 1024x768 is 2x the 512x384 it becomes; 3/8 (768x576) would
                                   # do too, but its plain-C IDCT costs more than the resize saves
