@@ -609,7 +609,8 @@ def _as_is(batch):
     """The DataLoader's collate_fn: a batch stays as the reader made it. Its default (``batch_size=None``:
     ``default_convert``) makes numpy arrays tensors in the worker, so the small arrays `_by_value`
     ships by value went through new shared memory again, three segments and three file descriptors
-    a batch (measured: 3 fd passes a batch, ~0.01 ms of CPU a sample in the two processes)."""
+    a batch: measured (bench/loader.py, 224 px, batch 64) ~0.04 ms of CPU a sample in all, the training
+    process's own part 0.09-0.10 -> 0.07."""
     return batch
 
 
