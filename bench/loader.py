@@ -2,21 +2,22 @@
 
 0. The limit (issue 26, item 1): the training reader's decoded samples per CPU second, all its
    processes counted (512 px JPEG shards -> 224 px normalised float batches, 2 dataloader workers,
-   fed as `pipe train` feeds them: uint8 from the workers, `train.data.device.DeviceFeed`
-   normalising a batch at once) against one process decoding and resizing the same bytes in a tight
-   loop with the same decoder and resizer (`train.data.reader.decode_at`: DCT-domain scaling, then
-   Lanczos-3; uint8 out). Target: ours >= 0.85 of the limit. In the same rounds: the reader as it
-   was (float normalised per image in the workers), the stock webdataset `WebLoader` and LitData's
-   `StreamingDataLoader` over the same samples with the same decode and per-sample normalisation
-   (peers are skipped, said so, when they do not import: ``--install-peers`` puts them in
-   ``--peers DIR`` with pip, outside the venv; LitData reads its own chunks, converted from the
-   same bytes before timing). CPU seconds are each child's own accounting of its read loop (its
-   workers included: read from /proc while they run, and once they are waited for), so interpreter
-   start and imports are not counted. Each run reads ``--epochs`` epochs (3) with persistent workers,
-   as `pipe train` reads (`train.data.loaders`), the peers' loaders alike: these 2000 images are an
-   unrealistically short epoch, over which forking the workers and first touching their memory would
-   weigh as they never do in training; that start-up is printed apart (the first epoch's CPU beyond a
-   later one's).
+   fed as `pipe train` feeds them on this CPU with a built-in model: uint8 from the workers,
+   `train.data.device.DeviceFeed` normalising a batch at once, into channels-last float batches as
+   the model runs channels-last on a CPU, `train.components.wrapping.runs_channels_last`) against
+   one process decoding and resizing the same bytes in a tight loop with the same decoder and
+   resizer (`train.data.reader.decode_at`: DCT-domain scaling, then Lanczos-3; uint8 out). Target:
+   ours >= 0.85 of the limit. In the same rounds: the reader as it was (float normalised per image
+   in the workers), the stock webdataset `WebLoader` and LitData's `StreamingDataLoader` over the
+   same samples with the same decode and per-sample normalisation (peers are skipped, said so, when
+   they do not import: ``--install-peers`` puts them in ``--peers DIR`` with pip, outside the venv;
+   LitData reads its own chunks, converted from the same bytes before timing). CPU seconds are each
+   child's own accounting of its read loop (its workers included: read from /proc while they run,
+   and once they are waited for), so interpreter start and imports are not counted. Each run reads
+   ``--epochs`` epochs (3) with persistent workers, as `pipe train` reads (`train.data.loaders`),
+   the peers' loaders alike: these 2000 images are an unrealistically short epoch, over which
+   forking the workers and first touching their memory would weigh as they never do in training;
+   that start-up is printed apart (the first epoch's CPU beyond a later one's).
 1. Decoded batches: our `ShardReader` (shards, `make_loader`) against the way most training
    scripts load images: one JPEG file per sample, a map-style Dataset, `DistributedSampler`
    (shuffled) and a DataLoader. Both run 2 dataloader workers (forked), the same batch size and
@@ -324,8 +325,9 @@ def _counted(epoch, epochs: int, close=None, count=None) -> dict:
 
 def child_reader(shards: str, mode: str, batch: int, workers: int, seed: int, epochs: int) -> dict:
     """Ours, as pipe train reads: persistent workers (`train.data.loaders`). "feed": uint8 from the
-    workers, `DeviceFeed` normalising a batch at once on this CPU; "float": as it read before
-    (float normalised per image in the workers)."""
+    workers, `DeviceFeed` normalising a batch at once on this CPU, channels-last as pipe train
+    feeds a built-in model on a CPU (`train.components.wrapping.runs_channels_last`; the same
+    values as NCHW); "float": as it read before (float normalised per image in the workers)."""
     import torch
 
     from train.data.device import DeviceFeed
@@ -336,7 +338,7 @@ def child_reader(shards: str, mode: str, batch: int, workers: int, seed: int, ep
     reader = ShardReader(shards, "train", 0, 1, batch_size=batch, seed=seed, fields=("image",), image_size=LIMIT_SIZE,
                          normalize=mode == "float")
     loader = make_loader(reader, workers, persistent_workers=True)
-    batches = DeviceFeed(loader, torch.device("cpu"), reader) if mode == "feed" else loader
+    batches = DeviceFeed(loader, torch.device("cpu"), reader, channels_last=True) if mode == "feed" else loader
 
     def epoch(e: int):
         reader.set_epoch(e)

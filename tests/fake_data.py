@@ -95,8 +95,9 @@ class FakeReader:
 
 
 def open_fake(cfg, d, plan, fields, index, image_size=None, *, n_train: int = 96, n_val: int = 30,
-              skew_rank: int | None = None) -> DataSource:
-    """`train.data.loaders.open_shards`' signature; ``skew_rank`` gets differently normalised images."""
+              skew_rank: int | None = None, channels_last: bool = False) -> DataSource:
+    """`train.data.loaders.open_shards`' signature; ``skew_rank`` gets differently normalised images.
+    (``channels_last`` is the real reader's layout hint; these batches are NCHW, as to_device takes any.)"""
     size = image_size or int(index.get("image_size", 16))
     skew = {"scale": 3.0, "shift": 1.0} if d.rank == skew_rank else {}
     train = FakeReader(n_train, d.rank, d.world_size, plan.batch_size, cfg.seed, image_size=size,

@@ -22,6 +22,7 @@ def main(cfg: TrainConfig) -> dict:
     import torch.distributed as dist
 
     from pipeline.core.errors import StageFailed
+    from train.components.wrapping import runs_channels_last
     from train.data import sources
     from train.data.device import DeviceFeed
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
@@ -44,7 +45,7 @@ def main(cfg: TrainConfig) -> dict:
                              decode=cfg.decode if me.device.type == "cuda" else "cpu")
         loader = make_loader(reader, cfg.workers, persistent_workers=cfg.workers > 0, pin_memory=me.device.type == "cuda")
         # as training is fed (`train.data.loaders.open_shards`): uint8 from the workers, normalised by the rank
-        feed = DeviceFeed(loader, me.device, reader)
+        feed = DeviceFeed(loader, me.device, reader, runs_channels_last(cfg, me.device))
         rates = []
         try:
             if me.rank == 0:

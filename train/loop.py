@@ -179,7 +179,8 @@ class Trainer:
         if getattr(self.model, "tokenize", None) is not None:
             reader_input["tokenize"] = self.model.tokenize
         self.data = open_data(cfg, d, self.plan, self.objective.fields(self.model), self.index,
-                              image_size=reader_image_size(self.model, self.index.get("image_size")), **reader_input)
+                              image_size=reader_image_size(self.model, self.index.get("image_size")),
+                              channels_last=self.channels_last, **reader_input)
         check_epoch_fits(self.data.train.steps_per_epoch, self.plan)
         self.steps_per_epoch = self.data.train.steps_per_epoch // self.plan.accum
         per_epochs = cfg.epochs * self.steps_per_epoch

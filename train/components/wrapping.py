@@ -32,12 +32,7 @@ def place(model: nn.Module, cfg: TrainConfig, d: Dist) -> Placement:
     """Put ``model`` on the rank's device, in place: channels-last where that is faster, sharded
     under --strategy fsdp (build the optimizer after this: its parameters become DTensors)."""
     model.to(d.device)
-    # Channels-last on CPU: oneDNN's convolutions then skip a layout reorder per call, and a
-    # training step of the built-in image model takes ~1.4x less time. Only for the built-in
-    # models: a user's model may .view() its feature maps, which channels-last tensors refuse.
-    # (A torchvision ResNet-18 trained no faster with it: bench/train.py --resnet.)
-    # FSDP2 shards contiguous parameters only: no channels-last under --strategy fsdp.
-    channels_last = d.device.type == "cpu" and families.resolve(cfg.model).family.own_modules and cfg.strategy != "fsdp"
+    channels_last = runs_channels_last(cfg, d.device)
     if channels_last:
         model.to(memory_format=torch.channels_last)  # type: ignore[call-overload, unused-ignore]  # torch 2.13 stubs omit memory_format, 2.14 has it
     precision = resolve_precision(cfg.precision, d.device)
@@ -48,6 +43,18 @@ def place(model: nn.Module, cfg: TrainConfig, d: Dist) -> Placement:
                              "shards only; use --precision bf16 (or fp32)")
         fsdp.shard(model, d, precision)  # in place: parameters become shards (DTensors)
     return Placement(precision, channels_last, sharded)
+
+
+def runs_channels_last(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether the model computes channels-last on ``device`` (`place`; the reader's feed then
+    normalises images straight into that layout, `train.data.device.DeviceFeed`).
+
+    Channels-last on CPU: oneDNN's convolutions then skip a layout reorder per call, and a
+    training step of the built-in image model takes ~1.4x less time. Only for the built-in
+    models: a user's model may .view() its feature maps, which channels-last tensors refuse.
+    (A torchvision ResNet-18 trained no faster with it: bench/train.py --resnet.)
+    FSDP2 shards contiguous parameters only: no channels-last under --strategy fsdp."""
+    return device.type == "cpu" and families.resolve(cfg.model).family.own_modules and cfg.strategy != "fsdp"
 
 
 def for_trainable(model: nn.Module, wrapped: nn.Module | None, d: Dist, sharded: bool, trainable_params: int) -> nn.Module:

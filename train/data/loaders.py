@@ -81,13 +81,15 @@ def mixed(cfg: TrainConfig) -> Sources:
 
 def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, ...], index: dict,
                 image_size: int | None = None, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                tokenize: Callable[..., dict] | None = None) -> DataSource:
+                tokenize: Callable[..., dict] | None = None, channels_last: bool = False) -> DataSource:
     """The real readers over SHARD_DIR (`train.data.reader`); images decoded at ``image_size`` (the
     model's input size) in the dataloader workers, not at the stored size, and normalised with
     ``mean``/``std`` when the model brings its own (else the index's); texts through the model's
     ``tokenize`` when it has one, there too. The workers ship images as uint8 and `DeviceFeed`
     puts each batch on the rank's device, normalised there a batch at once (on a GPU: pinned,
-    copied one step ahead; with --decode gpu, its JPEGs decoded there)."""
+    copied one step ahead; with --decode gpu, its JPEGs decoded there). ``channels_last``: the model
+    runs channels-last (`train.components.wrapping.Placement`): a CPU rank's images are normalised
+    into that layout (`DeviceFeed`)."""
     from train.data.device import DeviceFeed
     from train.data.reader import SampleDecodeError, ShardReader, close_loader, make_loader
 
@@ -120,7 +122,7 @@ def open_shards(cfg: TrainConfig, d: Dist, plan: BatchPlan, fields: tuple[str, .
                                   pin_memory=d.device.type == "cuda")  # page-locked: async copies to the GPU
                for r in readers}
 
-    feeds = {id(r): DeviceFeed(loaders[id(r)], d.device, r) for r in readers}  # before the workers start
+    feeds = {id(r): DeviceFeed(loaders[id(r)], d.device, r, channels_last) for r in readers}  # before the workers start
 
     def close() -> None:
         for ld in loaders.values():

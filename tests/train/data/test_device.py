@@ -27,12 +27,12 @@ def _batches(reader, workers, epoch=0):
         close_loader(loader)
 
 
-def _fed(reader, workers):
+def _fed(reader, workers, channels_last=False):
     """The feed's batches (CPU: JPEGs left to the device are decoded by the CPU fallback)."""
     reader.set_epoch(0)
     loader = make_loader(reader, workers)
     try:
-        return list(DeviceFeed(loader, CPU, reader))
+        return list(DeviceFeed(loader, CPU, reader, channels_last))
     finally:
         close_loader(loader)
 
@@ -79,6 +79,58 @@ def test_normalize_batch_masks_and_keeps_any_layout():
     want = image.float() * scale + shift
     want[1] = 0
     assert out.is_contiguous() and torch.equal(out, want)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("size", [24, 96])
+def test_channels_last_feed_is_bit_for_bit_the_nchw_feed_and_the_models_input_as_it_stands(big_shards, workers, size):  # noqa: F811
+    """For a model that runs channels-last (a CPU rank's built-in model) the feed normalises into
+    channels-last batches: the very floats of the NCHW feed, and to_device hands them to the model
+    without a copy; a channels-last model computes the same output from either."""
+    from train.components.device import to_device
+
+    def reader():
+        return ShardReader(big_shards, "train", batch_size=4, seed=3, fields=("image",), image_size=size,
+                           normalize=False)
+
+    cl, nchw = _fed(reader(), workers, channels_last=True), _fed(reader(), workers)
+    assert [b["key"] for b in cl] == [b["key"] for b in nchw] and len(cl) > 2
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    model.to(memory_format=torch.channels_last)
+    for a, b in zip(cl, nchw):
+        assert a["image"].is_contiguous(memory_format=torch.channels_last) and b["image"].is_contiguous()
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["has_image"], b["has_image"])
+        fed_a, fed_b = to_device(a, CPU, channels_last=True), to_device(b, CPU, channels_last=True)
+        assert fed_a["image"].data_ptr() == a["image"].data_ptr()  # no transpose left to do
+        assert torch.equal(model(fed_a["image"]), model(fed_b["image"]))
+
+
+def test_channels_last_feed_keeps_the_mean_colour_where_a_slot_has_no_image(shards):  # noqa: F811
+    def reader(**kw):
+        return ShardReader(shards, "val", batch_size=5, seed=2, fields=("image", "text"), **kw)
+
+    cl, nchw = _fed(reader(normalize=False), 0, channels_last=True), _fed(reader(normalize=False), 0)
+    assert any(not b["has_image"].all() for b in cl)
+    for a, b in zip(cl, nchw):
+        assert a["image"].is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(a["image"], b["image"])
+    _same_tensors(nchw, _batches(reader(), 0))
+
+
+def test_normalize_batch_into_channels_last_is_the_nchw_result():
+    torch.manual_seed(1)
+    image = torch.randint(0, 256, (3, 5, 5, 3), dtype=torch.uint8).permute(0, 3, 1, 2)  # as the workers ship it
+    scale, shift = torch.tensor([0.3, 1.7, 2.0]).view(1, 3, 1, 1), torch.tensor([-1.5, 0.25, 1.0]).view(1, 3, 1, 1)
+    has = torch.tensor([True, False, True])
+    nchw = normalize_batch(image, has, scale, shift)
+    cl = normalize_batch(image, has, scale, shift, channels_last=True)
+    assert cl.is_contiguous(memory_format=torch.channels_last) and torch.equal(cl, nchw)
+    # from an NCHW uint8 batch too (not interleaved: the per-image path), and into a given batch
+    into = torch.empty(image.shape).contiguous(memory_format=torch.channels_last)
+    out = normalize_batch(image.contiguous(), has, scale, shift, out=into, channels_last=True)
+    assert out is into and torch.equal(out, nchw)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -166,6 +218,18 @@ def test_reused_float_batches_are_never_overwritten_while_held():
     ptr = a.data_ptr()
     del a
     assert pool.get(c.shape).data_ptr() == ptr  # nobody holds a: used again
+
+
+def test_reused_float_batches_come_in_the_layout_asked_for():
+    pool = Reused()
+    shape = torch.Size((2, 3, 4, 4))
+    a = pool.get(shape, channels_last=True)
+    assert a.is_contiguous(memory_format=torch.channels_last) and not a.is_contiguous()
+    ptr = a.data_ptr()
+    del a
+    b = pool.get(shape)  # an NCHW batch is not handed a channels-last buffer
+    assert b.is_contiguous() and b.data_ptr() != ptr
+    assert pool.get(shape, channels_last=True).data_ptr() == ptr
 
 
 def test_workers_decode_into_ring_slots_and_take_new_memory_when_none_is_free(big_shards):  # noqa: F811

@@ -135,6 +135,8 @@ def test_small_tensors_shipped_by_value_from_workers_arrive_as_the_same_tensors(
             if isinstance(v, torch.Tensor):
                 assert isinstance(got[name], torch.Tensor) and got[name].dtype == v.dtype and torch.equal(got[name], v), name
         got["label"] += 0  # writable, as before
+        # pickled, not a shared-memory segment each (the DataLoader's default_convert would make them tensors again)
+        assert want["label"].is_shared() and not any(got[k].is_shared() for k in ("label", "valid", "text", "text_len"))
     made = next(iter(make_loader(ShardReader(shards, "train", batch_size=8, max_text_len=6, normalize=False), 0)))
     shipped = reader_module._by_value(made)  # what a worker pickles: the small tensors as arrays
     assert {"label", "valid", "has_image", "text", "text_len"} <= {k for k, v in shipped.items() if isinstance(v, np.ndarray)}
