@@ -87,26 +87,16 @@ def process(cand: Candidate, settings: WorkerSettings | None = None) -> FileResu
         r.output = output_path(r.source, r.key, ext)
         s.output.write(r.output, payload)
         r.output_bytes = len(payload)
-        if cand.kind == Kind.IMAGE:
-            _measure_output(r, payload, ext, px)
+        if px is not None:  # an image's output
+            _measure_output(r, px)
     return r
 
 
-def _measure_output(r: FileResult, payload: bytes, ext: str, px: ImagePixels | None = None) -> None:
-    """Record the written image's size and pixel sums, so pipe shard need not decode it. ``px``:
-    those numbers taken from the pixels in hand before they were encoded (`clean_image` gives
-    them for every output: exact for a lossless format; for a lossy one they differ from a
-    reader's decode by what the encode changed, which the manifest says: `pipeline.formats.pixels.MANIFEST_KEY`).
-    Without them the written file is decoded; our own output failing to decode leaves them
-    None: pipe shard then decodes the file itself and says what is wrong with it."""
-    from pipeline.formats.pixels import measure
-    from pipeline.formats.sample import DecodeError
-
-    if px is None:
-        try:
-            px = measure(payload, ext)
-        except DecodeError:
-            return
+def _measure_output(r: FileResult, px: ImagePixels) -> None:
+    """Record the written image's size and pixel sums, so pipe shard need not decode it: taken
+    from the pixels in hand before they were encoded (`clean_image` gives them for every output:
+    exact for a lossless format; for a lossy one they differ from a reader's decode by what the
+    encode changed, which the manifest says: `pipeline.formats.pixels.MANIFEST_KEY`)."""
     r.output_width, r.output_height = px.width, px.height
     r.pixel_sums, r.pixel_squares = list(px.sums), list(px.squares)
 
