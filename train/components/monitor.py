@@ -203,7 +203,7 @@ class Monitor:
             # reduced in place over (batch, height, width): a channel-first copy of the whole batch
             # (transpose + reshape) cost a full pass over it in memory every step
             x = image.detach()[:, :3]
-            std, mean = torch.std_mean(x if x.dtype == torch.float32 else x.float(), dim=(0, 2, 3))
+            std, mean = torch.std_mean(x.float(), dim=(0, 2, 3))  # (.float() of a float32 batch is the batch)
             self.window[_MEAN] += mean.double()
             self.window[_STD] += std.double()
             self.window[_BATCHES] += 1

@@ -72,6 +72,10 @@ class EveryRankStopped(StageFailed):
     message and the launcher raises it once, instead of the agent restarting them into it."""
 
 
+STOPPED = "every_rank_stopped"
+"""The key of a rank's result that carries an `EveryRankStopped` message to the launcher."""
+
+
 def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[int, Any]:
     """Run ``entry(arg)`` on every rank; return {global rank: return value} of this node's ranks.
 
@@ -85,14 +89,10 @@ def launch(config: LaunchConfig, entry: Callable[[Any], Any], arg: Any) -> dict[
         return {0: _single_rank(entry, arg)}
     before_rendezvous(config)
     results = _elastic(config, entry, arg)
-    stopped = [r[STOPPED] for _, r in sorted(results.items()) if isinstance(r, dict) and STOPPED in r]
-    if stopped:
-        raise StageFailed(stopped[0])
+    stopped = next((r[STOPPED] for _, r in sorted(results.items()) if isinstance(r, dict) and STOPPED in r), None)
+    if stopped is not None:
+        raise StageFailed(stopped)
     return results
-
-
-STOPPED = "every_rank_stopped"
-"""The key of a rank's result that carries an `EveryRankStopped` message to the launcher."""
 
 
 def before_rendezvous(config: LaunchConfig) -> None:
