@@ -2,7 +2,7 @@
 sums, taken from the pixels a reader decodes from the image file.
 
 `pipe clean` measures each output image it writes from the pixels it encodes (a lossy JPEG or
-WebP as it was before encoding: within 2e-4 of a reader's mean and 1.5% of its std on the 0-1
+WebP as it was before encoding: within 2e-4 of a reader's mean and 1.4% of its std (bench/pixel_stats.py) on the 0-1
 scale, measured; the manifest says so, `MANIFEST_KEY`) and records the numbers in the manifest;
 `pipe shard` adds up the train images' numbers instead of decoding every image again, and
 decodes (`measure`) only the images a manifest has no numbers for.

@@ -141,7 +141,7 @@ def _measure(final, shown=None, hist: list[int] | None = None, background=(0, 0,
     and its histogram, already taken for the blank test; the padding's pixels are added to it
     rather than counting every output pixel again. Measured before the encode, not from the
     file decoded again (issue 26): for a lossy output the numbers differ from a reader's by
-    what the encode changed (pipe shard's mean by under 2e-4, its std by under 1.5%, on the
+    what the encode changed (pipe shard's mean by under 2e-4, its std by under 1.4%, on the
     0-1 scale; README), for a decode less per image (~1.5 ms at 512 px, 2 ms of a small image's ~7)."""
     from pipeline.formats.pixels import histogram_sums
 
