@@ -171,11 +171,13 @@ def _own(data: bytes, fact: _Fact, settings) -> FolderFile:
     encoding, confidence = fact.encoding, fact.confidence
     if fact.reason is not None or not data:
         return FolderFile(data, None, encoding, confidence)
-    try:
-        if encoding is None:
-            raise LookupError("no encoding recorded")
-        o = clean_text(data, settings, reading=Decoded(data.decode(encoding), encoding, confidence), fingerprints=False)
-    except (UnicodeDecodeError, LookupError, TypeError):
+    o = None
+    if encoding is not None:
+        try:
+            o = clean_text(data, settings, reading=Decoded(data.decode(encoding), encoding, confidence), fingerprints=False)
+        except (UnicodeDecodeError, LookupError):
+            pass  # changed since, or a codec this Python lacks: detected again
+    if o is None:
         o = clean_text(data, settings, fingerprints=False)
     return FolderFile(data, o.text if o.reason is None else None, o.encoding, o.confidence)
 

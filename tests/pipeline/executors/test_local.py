@@ -32,11 +32,12 @@ def test_many_whole_parts_are_shared_with_a_helper_and_each_reported_once(tmp_pa
     assert sorted(int(p.name) for p in tmp_path.iterdir()) == sorted(k for k, pid in got.values() if pid != os.getpid())
 
 
-@pytest.mark.parametrize("workers, hint", [(1, True), (2, False)])
-def test_one_worker_or_few_parts_run_here_alone(tmp_path, workers, hint):
-    calls = [(k, os.getpid(), str(tmp_path)) for k in range(local.SHARED_PARTS)]
+@pytest.mark.parametrize("workers, count, hint", [(1, local.SHARED_PARTS, True), (2, local.SHARED_PARTS - 1, True),
+                                                  (2, local.SHARED_PARTS, False)])
+def test_one_worker_few_parts_or_no_count_run_here_alone(tmp_path, workers, count, hint):
+    calls = [(k, os.getpid(), str(tmp_path)) for k in range(count)]
     got = run_parts(workers, calls if hint else (c for c in calls))  # a generator: no length hint, no helpers
-    assert {pid for _, pid in got.values()} == {os.getpid()} and sorted(got) == list(range(local.SHARED_PARTS))
+    assert {pid for _, pid in got.values()} == {os.getpid()} and sorted(got) == list(range(count))
 
 
 def test_a_part_that_fails_in_a_helper_fails_the_run(tmp_path):
