@@ -73,9 +73,11 @@ def run(cfg: CleanConfig, show_progress: bool = True, executor: Executor | None 
         CleanDir.claim(cfg, out)
         with out.staging("clean") as staging:
             place = CleanDir(cfg, out, inp, Path(staging))
-            with executor.session(items=items(cfg), warm=place.fresh()):
+            work, fresh = items(cfg), place.fresh()
+            with executor.session(items=work, warm=fresh):
                 try:
-                    return _run(cfg, place, executor, show_progress)
+                    # a new CLEAN_DIR's first files are its first part's first items: the workers start on them while the rest is listed
+                    return _run(cfg, place, executor, show_progress, partial(executor.ahead, work) if fresh else None)
                 except StageFailed:
                     if place.committed_elsewhere():  # (and cleared what this run still needed: say why it stopped)
                         raise committed_by_another_run(out, COMMIT) from None
@@ -91,13 +93,12 @@ def items(cfg: CleanConfig, start=None, finish=None) -> Items:
                  start=start, finish=finish, name="clean_part", preload=WORKER_MODULES)
 
 
-def _run(cfg: CleanConfig, place: CleanDir, executor: Executor, show_progress: bool) -> dict:
+def _run(cfg: CleanConfig, place: CleanDir, executor: Executor, show_progress: bool, first=None) -> dict:
+    """The stage in its session; ``first``: what `discover` hands the first files it finds to."""
     from pipeline.clean.parts import finish_part, process_in_parts, start_part
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    # a new CLEAN_DIR's first files are its first part's first items: the workers start on them while the rest is listed
-    first = partial(executor.ahead, items(cfg)) if place.fresh() else None
     listing, lab, label_notes = _candidates(cfg, place, first)
     timings["discover_s"] = time.perf_counter() - t
 
