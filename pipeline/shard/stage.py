@@ -162,12 +162,10 @@ def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray,
     recorded = is_image & (px[:, 0] >= 0)
     lossy = np.isin(samples.image_ext, [IMAGE_EXTS.index(e) for e in LOSSY_EXTS])
     stats, sizes = shard_index.PixelStats(), Counter[tuple[int, int]]()
-    lossy_recorded = False
     for lo in range(0, len(px), MEASURE_ROWS):  # a part at a time: no copy of every image's numbers
         part = slice(lo, lo + MEASURE_ROWS)
         rows = px[part]
         sizes.update(_size_counts(rows[recorded[part], :2]))  # (a size first seen in an earlier part keeps its place)
-        lossy_recorded = lossy_recorded or bool(np.any(recorded[part] & ~is_val[part] & lossy[part]))
         train = rows[recorded[part] & ~is_val[part]]
         stats.add(_exact_sum(train[:, 0], train[:, 1]), [_exact_sum(train[:, 2 + c]) for c in range(3)],
                   [_exact_sum(train[:, 5 + c]) for c in range(3)])
@@ -178,6 +176,7 @@ def measure(cfg: ShardConfig, samples: Samples, is_val: np.ndarray,
         seen = ", ".join(f"{w}x{h} ({n} images)" for (w, h), n in sizes.most_common(3))
         raise UsageError(f"images in {cfg.input} are not all one square size ({seen}); re-run pipe clean with one --size")
     size = next(iter(sizes))[0] if sizes else None
+    lossy_recorded = bool(np.any(recorded & ~is_val & lossy))  # a train JPEG or WebP with recorded numbers
     return stats, size, len(todo), lossy_recorded and _before_encoding(Path(cfg.input))  # (its footer read only then)
 
 
