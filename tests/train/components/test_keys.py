@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tests.fake_data import fake_source, write_index
+from tests.fake_data import fake_source, train_config
 from train import loop
 from train.components import checkpoint as ckpt
 from train.components import keys
@@ -20,12 +20,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(tmp: Path, name: str, **over) -> TrainConfig:
-    shards = tmp / "shards"
-    if not (shards / "index.json").exists():
-        write_index(shards)
-    values = dict(shard_dir=shards, output=tmp / name, epochs=2, batch_size=4, accum=2, workers=0, width=8,
-                  model="image", checkpoint_every=4, record_keys=True, log_every=50)
-    return TrainConfig(**{**values, **over})
+    values = dict(epochs=2, batch_size=4, accum=2, model="image", checkpoint_every=4, record_keys=True, log_every=50)
+    return train_config(tmp, name, **{**values, **over})
 
 
 def _run(cfg: TrainConfig) -> None:

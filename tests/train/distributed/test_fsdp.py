@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
-from tests.fake_data import open_fake, write_index
+from tests.fake_data import open_fake, train_config
 from tests.gloo import random_batch, run_world, tiny_model
 from train import loop
 from train.components import checkpoint as ckpt
@@ -190,10 +190,7 @@ def test_fsdp_bf16_a_block_unfrozen_later_trains_with_fp32_reduction_and_ranks_a
 
 
 def _cfg(workdir: Path, name: str, **over) -> TrainConfig:
-    shards = workdir / "shards"
-    if not (shards / "index.json").exists():
-        write_index(shards)
-    return TrainConfig(shard_dir=shards, output=workdir / name, **{**RUN, **over})
+    return train_config(workdir, name, **{"batch_size": None, **RUN, **over})  # (None: from --global-batch, as a user's)
 
 
 def _run(cfg: TrainConfig, open_data=open_fake) -> dict:
