@@ -13,6 +13,7 @@ by pipe clean.
 
 import hashlib
 import json
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -169,6 +170,18 @@ def test_shards_written_by_two_processes_are_the_bytes_one_writes(tmp_path, monk
     stage.run(stage.ShardConfig(clean, tmp_path / "one", workers=1, **settings), show_progress=False)
     monkeypatch.setattr(local, "SHARED_PARTS", 0)
     warm_up((stage.__name__,))  # the helper's fork server ready, so that it takes parts before they run out
+    taken, take = [], local._Helpers.take
+
+    def counted(helpers, i, call):  # this process waits a little on its parts while the helper starts
+        if take(helpers, i, call):
+            taken.append(i)
+            return True
+        if not helpers.pool.ready():
+            time.sleep(0.1)
+        return False
+
+    monkeypatch.setattr(local._Helpers, "take", counted)
     stage.run(stage.ShardConfig(clean, tmp_path / "two", workers=2, **settings), show_progress=False)
+    assert taken, "no part was written by the helper: the comparison below would say nothing"
     assert digests(tmp_path / "two") == digests(tmp_path / "one")
     assert (tmp_path / "two/.pipe/shards.jsonl").read_bytes() == (tmp_path / "one/.pipe/shards.jsonl").read_bytes()
